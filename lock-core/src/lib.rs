@@ -1,0 +1,2 @@
+pub mod machine;
+pub mod raft;

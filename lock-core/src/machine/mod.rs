@@ -1,0 +1,10 @@
+//! The pure lock state machine (no IO, no clock, no randomness). See [`LockMachine`].
+
+mod lock_machine;
+mod types;
+
+pub use lock_machine::{
+    DedupRecord, DedupState, Lease, LockMachine, LockView, MachineImage, MachineStats,
+    ResourceState, Waiter, DEFAULT_IDLE_RETAIN_MS,
+};
+pub use types::{Acquire, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone};

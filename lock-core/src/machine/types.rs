@@ -1,0 +1,169 @@
+//! Commands, responses and effects of the lock state machine.
+//!
+//! Everything here is replicated through the raft log, so every field is part of the
+//! on-disk format: add fields with `#[serde(default)]`, never reuse a name.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A lease identifier: 128 random bits chosen by the leader that proposed the grant.
+///
+/// It is a bearer capability (whoever knows it may renew or release), so it is never shown by
+/// read APIs. On the wire it is 32 lowercase hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub struct LeaseId(pub u128);
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl fmt::Debug for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Only a prefix: debug output ends up in logs, and the id is a capability.
+        write!(f, "LeaseId({:08x}…)", (self.0 >> 96) as u32)
+    }
+}
+
+impl From<LeaseId> for String {
+    fn from(id: LeaseId) -> String {
+        id.to_string()
+    }
+}
+
+impl TryFrom<String> for LeaseId {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl std::str::FromStr for LeaseId {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err("lease_id must be 32 hex digits".to_string());
+        }
+        u128::from_str_radix(s, 16)
+            .map(LeaseId)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// One entry of the replicated log's application payload: a command plus the facts the
+/// proposing leader stamped on it. Replicas never read their own clock or configuration while
+/// applying; everything time- or policy-dependent travels in here, which keeps apply
+/// deterministic on every node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proposal {
+    /// The proposing leader's wall clock, in ms since the Unix epoch.
+    pub now_ms: u64,
+    /// Extra time every live lease gets when a new leader's first command is applied
+    /// (SPEC §3.7), from the proposing leader's configuration.
+    pub failover_grace_ms: u64,
+    pub cmd: Command,
+}
+
+/// A state-changing command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    Acquire(Acquire),
+    Renew {
+        resource: String,
+        lease_id: LeaseId,
+    },
+    Release {
+        resource: String,
+        lease_id: LeaseId,
+    },
+    Cancel {
+        resource: String,
+        request_id: String,
+    },
+    /// Expire whatever is due at the stamped time: leases, waiters, dedup records, idle
+    /// resource records. Proposed by the leader's sweeper; also advances log time so a
+    /// failover never credits a lease with more than one sweep interval of idle time.
+    Tick {
+        /// Upper bound on the number of items processed, so one entry stays small.
+        max_items: u32,
+    },
+}
+
+/// An acquire, already validated and clamped to policy by the proposing node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Acquire {
+    pub resource: String,
+    pub request_id: String,
+    pub holder: Option<String>,
+    pub ttl_ms: u64,
+    /// 0 means try once.
+    pub wait_timeout_ms: u64,
+    /// The lease id to use if this acquire is granted, now or later by hand-off.
+    pub lease_id: LeaseId,
+    /// How long the result is remembered for retries with the same `request_id`, and how long
+    /// an idle resource record (with its last token) is kept.
+    pub retain_ms: u64,
+    /// Queue bound for this resource (429 `too_many_waiters` beyond it).
+    pub max_waiters: u32,
+    /// Bound on waiters across all resources.
+    pub max_total_waiters: u32,
+}
+
+/// What a granted (or renewed) lease looks like to its holder.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub resource: String,
+    pub lease_id: LeaseId,
+    pub fencing_token: u64,
+    pub ttl_ms: u64,
+    pub expires_at_ms: u64,
+}
+
+/// The result of applying one command; returned to the proposer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    Granted(Grant),
+    /// The acquire waits in the resource's FIFO queue (or already did, for a retry).
+    Queued {
+        position: u32,
+    },
+    /// Try-once acquire of a held resource.
+    Held {
+        retry_after_ms: u64,
+    },
+    TooManyWaiters,
+    Renewed(Grant),
+    LeaseLost,
+    Released(bool),
+    Cancelled(bool),
+    Ticked {
+        expired: u32,
+        handed_off: u32,
+    },
+    /// Blank and membership entries.
+    Noop,
+}
+
+/// Side effects of a command that the node acts on after apply (waking long-polls, metrics).
+/// They are not persisted; every replica emits the same ones.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// A queued acquire was granted the lock by hand-off.
+    HandedOff { request_id: String, grant: Grant },
+    /// A waiter left the queue without the lock.
+    WaiterRemoved {
+        resource: String,
+        request_id: String,
+        reason: WaiterGone,
+    },
+    /// A lease ran out without being renewed or released.
+    Expired { resource: String, fencing_token: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaiterGone {
+    TimedOut,
+    Cancelled,
+}

@@ -1,0 +1,5 @@
+//! openraft wiring: the type configuration and the raft configuration used by nodes.
+
+mod types;
+
+pub use types::{NodeInfo, RaftConfigExt, TypeConfig, FencegateRaft};

@@ -1,0 +1,56 @@
+//! The openraft type configuration of fencegate.
+
+use std::io::Cursor;
+
+use serde::{Deserialize, Serialize};
+
+use crate::machine::{Proposal, Response};
+
+/// How a raft member is reached: its API address, which also serves raft RPCs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// `host:port` of the node's HTTP API (raft RPCs are served on the same port).
+    pub api_addr: String,
+}
+
+impl std::fmt::Display for NodeInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.api_addr)
+    }
+}
+
+openraft::declare_raft_types!(
+    /// Types of the fencegate raft group: log payloads are stamped lock commands.
+    pub TypeConfig:
+        D = Proposal,
+        R = Response,
+        NodeId = u64,
+        Node = NodeInfo,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+pub type FencegateRaft = openraft::Raft<TypeConfig>;
+
+/// Raft timing used by nodes; see docs/architecture.md for the reasoning.
+pub trait RaftConfigExt {
+    fn fencegate_default() -> openraft::Config;
+}
+
+impl RaftConfigExt for openraft::Config {
+    fn fencegate_default() -> openraft::Config {
+        openraft::Config {
+            cluster_name: "fencegate".to_string(),
+            heartbeat_interval: 100,
+            election_timeout_min: 400,
+            election_timeout_max: 800,
+            // Log compaction: snapshot every 20k entries, keep 5k behind it for slow followers.
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(20_000),
+            max_in_snapshot_log_to_keep: 5_000,
+            max_payload_entries: 1_000,
+            install_snapshot_timeout: 2_000,
+            ..Default::default()
+        }
+    }
+}
