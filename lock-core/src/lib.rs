@@ -1,2 +1,6 @@
+pub mod api;
 pub mod machine;
+pub mod net;
+pub mod node;
 pub mod raft;
+pub mod store;

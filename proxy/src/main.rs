@@ -1,1 +1,50 @@
-fn main(){}
+//! `fencegate`: the node, the embedded local cluster (`dev`) and an operator CLI.
+
+mod cli;
+mod dev;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "fencegate",
+    version,
+    about = "Fenced locks and an enforcing write proxy"
+)]
+struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a complete local system: 3 raft nodes in this process (SPEC §8).
+    Dev(dev::DevArgs),
+    /// Run one production node from a config file (see docs/operations.md).
+    Node {
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
+    /// Cluster status and membership changes.
+    Cluster(cli::ClusterArgs),
+    /// Acquire, renew, release or inspect a lock.
+    Lock(cli::LockArgs),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                "info,openraft=error,lsm_tree=warn,fjall=warn,fencegate::audit=warn".into()
+            }),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Args::parse().cmd {
+        Cmd::Dev(args) => dev::run(args).await,
+        Cmd::Node { config } => dev::run_node(&config).await,
+        Cmd::Cluster(args) => cli::cluster(args).await,
+        Cmd::Lock(args) => cli::lock(args).await,
+    }
+}

@@ -20,9 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use super::types::{
-    Acquire, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone,
-};
+use super::types::{Acquire, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone};
 
 /// A granted lease as stored in the replicated state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -139,9 +137,7 @@ impl LockMachine {
         let resp = match &proposal.cmd {
             Command::Acquire(a) => self.acquire(a, &mut fx),
             Command::Renew { resource, lease_id } => self.renew(resource, *lease_id, &mut fx),
-            Command::Release { resource, lease_id } => {
-                self.release(resource, *lease_id, &mut fx)
-            }
+            Command::Release { resource, lease_id } => self.release(resource, *lease_id, &mut fx),
             Command::Cancel {
                 resource,
                 request_id,
@@ -178,11 +174,7 @@ impl LockMachine {
         for (exp, res) in live {
             self.lease_expiry.remove(&(exp, res.clone()));
             self.lease_expiry.insert((exp + by, res.clone()));
-            if let Some(lease) = self
-                .resources
-                .get_mut(&res)
-                .and_then(|r| r.lease.as_mut())
-            {
+            if let Some(lease) = self.resources.get_mut(&res).and_then(|r| r.lease.as_mut()) {
                 lease.expires_at_ms = exp + by;
             }
         }
@@ -222,12 +214,7 @@ impl LockMachine {
         let res = self.resources.entry(a.resource.clone()).or_default();
         if res.lease.is_none() {
             debug_assert!(res.waiters.is_empty(), "settled free resource has waiters");
-            let grant = self.grant(
-                &a.resource,
-                a.lease_id,
-                a.holder.clone(),
-                a.ttl_ms,
-            );
+            let grant = self.grant(&a.resource, a.lease_id, a.holder.clone(), a.ttl_ms);
             self.remember(&key, DedupState::Granted(grant.clone()), a.retain_ms);
             return Response::Granted(grant);
         }
@@ -454,8 +441,11 @@ impl LockMachine {
                 return;
             };
             self.total_waiters -= 1;
-            self.waiter_deadlines
-                .remove(&(w.deadline_ms, resource.to_string(), w.request_id.clone()));
+            self.waiter_deadlines.remove(&(
+                w.deadline_ms,
+                resource.to_string(),
+                w.request_id.clone(),
+            ));
             let key = (resource.to_string(), w.request_id.clone());
             if w.deadline_ms <= now {
                 self.forget(&key);

@@ -159,7 +159,10 @@ pub enum Effect {
         reason: WaiterGone,
     },
     /// A lease ran out without being renewed or released.
-    Expired { resource: String, fencing_token: u64 },
+    Expired {
+        resource: String,
+        fencing_token: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

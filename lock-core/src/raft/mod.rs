@@ -2,4 +2,4 @@
 
 mod types;
 
-pub use types::{NodeInfo, RaftConfigExt, TypeConfig, FencegateRaft};
+pub use types::{FencegateRaft, NodeInfo, RaftConfigExt, TypeConfig};

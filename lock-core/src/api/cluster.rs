@@ -1,0 +1,214 @@
+//! Cluster status, membership changes, health, metrics and the fault-injection admin call.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::{parse_json, ApiError};
+use crate::net::FaultSnapshot;
+use crate::node::Node;
+use crate::raft::NodeInfo;
+
+/// `GET /v1/cluster`: this node's view of the cluster (not linearizable: it is a status page).
+pub async fn status(State(node): State<Arc<Node>>) -> Json<Value> {
+    let m = node.raft.metrics().borrow().clone();
+    let membership = m.membership_config.membership();
+    let voters: BTreeSet<u64> = membership.voter_ids().collect();
+    let members: Vec<Value> = membership
+        .nodes()
+        .map(|(id, n)| json!({ "id": id, "addr": n.api_addr, "voter": voters.contains(id) }))
+        .collect();
+    let stats = node.machine.read(|s| s.stats());
+    Json(json!({
+        "node_id": node.id,
+        "leader_id": m.current_leader,
+        "term": m.current_term,
+        "state": format!("{:?}", m.state),
+        "members": members,
+        "last_log_index": m.last_log_index,
+        "last_applied": m.last_applied.map(|l| l.index),
+        "snapshot_index": m.snapshot.map(|l| l.index),
+        "purged_index": m.purged.map(|l| l.index),
+        "millis_since_quorum_ack": m.millis_since_quorum_ack,
+        "locks": stats,
+    }))
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddMember {
+    node_id: u64,
+    addr: String,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemoveMember {
+    node_id: u64,
+}
+
+/// Membership changes run on the leader; a follower relays the call there.
+async fn relay_to_leader(node: &Node, path: &str, body: &Value) -> Result<Value, ApiError> {
+    let leader = node
+        .current_leader()
+        .ok_or_else(|| ApiError::from(crate::node::ProposeError::NoQuorum))?;
+    let addr = {
+        let m = node.raft.metrics();
+        let m = m.borrow();
+        m.membership_config
+            .membership()
+            .get_node(&leader)
+            .map(|n| n.api_addr.clone())
+    }
+    .ok_or_else(|| ApiError::from(crate::node::ProposeError::NoQuorum))?;
+    node.peers
+        .post::<_, Value>(leader, &addr, path, body, Duration::from_secs(30))
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no_quorum",
+                format!("Could not reach the leader: {e}"),
+            )
+        })
+}
+
+fn membership_error(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "membership_change_failed",
+        format!("The membership change was refused: {e}. Check /v1/cluster and retry."),
+    )
+}
+
+/// `POST /v1/cluster/members/add {node_id, addr}`: adds a node as a learner, waits for it to
+/// catch up, then promotes it to voter.
+pub async fn add_member(
+    State(node): State<Arc<Node>>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let req: AddMember = parse_json(&body)?;
+    if req.addr.is_empty() {
+        return Err(ApiError::invalid("Field 'addr' must be host:port."));
+    }
+    if node.current_leader() != Some(node.id) {
+        let body = serde_json::to_value(&req).unwrap_or_default();
+        return relay_to_leader(&node, "/v1/cluster/members/add", &body)
+            .await
+            .map(Json);
+    }
+    node.raft
+        .add_learner(req.node_id, NodeInfo { api_addr: req.addr }, true)
+        .await
+        .map_err(membership_error)?;
+    let mut voters: BTreeSet<u64> = node
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    voters.insert(req.node_id);
+    node.raft
+        .change_membership(voters.clone(), false)
+        .await
+        .map_err(membership_error)?;
+    Ok(Json(json!({ "voters": voters })))
+}
+
+/// `POST /v1/cluster/members/remove {node_id}`: removes a voter (and forgets the node).
+pub async fn remove_member(
+    State(node): State<Arc<Node>>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let req: RemoveMember = parse_json(&body)?;
+    if node.current_leader() != Some(node.id) {
+        let body = serde_json::to_value(&req).unwrap_or_default();
+        return relay_to_leader(&node, "/v1/cluster/members/remove", &body)
+            .await
+            .map(Json);
+    }
+    let mut voters: BTreeSet<u64> = node
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect();
+    if !voters.remove(&req.node_id) {
+        return Err(ApiError::invalid(format!(
+            "Node {} is not a voter.",
+            req.node_id
+        )));
+    }
+    if voters.is_empty() {
+        return Err(ApiError::invalid("Cannot remove the last voter."));
+    }
+    node.raft
+        .change_membership(voters.clone(), false)
+        .await
+        .map_err(membership_error)?;
+    Ok(Json(json!({ "voters": voters })))
+}
+
+pub async fn healthz() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+/// Ready when this node knows a leader (it can then serve every call).
+pub async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<Value>, ApiError> {
+    match node.current_leader() {
+        Some(leader) => Ok(Json(json!({ "status": "ready", "leader_id": leader }))),
+        None => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_leader",
+            "This node does not know a leader yet (election in progress or partitioned).",
+        )),
+    }
+}
+
+pub async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
+    node.refresh_gauges();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        node.metrics.render(),
+    )
+}
+
+fn faults_enabled(node: &Node) -> Result<(), ApiError> {
+    if node.config.enable_fault_injection {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "fault_injection_disabled",
+            "Fault injection is off on this node (enable_fault_injection in its config).",
+        ))
+    }
+}
+
+pub async fn get_faults(State(node): State<Arc<Node>>) -> Result<Json<FaultSnapshot>, ApiError> {
+    faults_enabled(&node)?;
+    Ok(Json(node.faults().snapshot()))
+}
+
+/// `PUT /v1/admin/faults`: replaces this node's fault rules (per peer id) and clock offset.
+pub async fn put_faults(
+    State(node): State<Arc<Node>>,
+    body: Bytes,
+) -> Result<Json<FaultSnapshot>, ApiError> {
+    faults_enabled(&node)?;
+    let snapshot: FaultSnapshot = parse_json(&body)?;
+    node.faults().replace(snapshot);
+    Ok(Json(node.faults().snapshot()))
+}

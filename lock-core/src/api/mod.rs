@@ -1,0 +1,50 @@
+//! The node's HTTP API (SPEC §4): lock calls, cluster and health endpoints, raft RPCs.
+
+mod cluster;
+mod error;
+mod locks;
+mod raft_rpc;
+
+use std::sync::Arc;
+
+use axum::routing::{get, post};
+use axum::Router;
+
+pub use error::ApiError;
+
+use crate::node::Node;
+
+/// All routes of a node. Every node serves every call; writes and linearizable reads are
+/// routed to the leader internally.
+pub fn router(node: Arc<Node>) -> Router {
+    Router::new()
+        .route("/v1/locks", get(locks::list))
+        .route("/v1/locks/{*path}", get(locks::get).post(locks::post))
+        .route("/v1/cluster", get(cluster::status))
+        .route("/v1/cluster/members/add", post(cluster::add_member))
+        .route("/v1/cluster/members/remove", post(cluster::remove_member))
+        .route(
+            "/v1/admin/faults",
+            get(cluster::get_faults).put(cluster::put_faults),
+        )
+        .route("/healthz", get(cluster::healthz))
+        .route("/readyz", get(cluster::readyz))
+        .route("/metrics", get(cluster::metrics))
+        .route("/raft/append", post(raft_rpc::append))
+        .route("/raft/vote", post(raft_rpc::vote))
+        .route("/raft/snapshot", post(raft_rpc::snapshot))
+        .route("/internal/propose", post(raft_rpc::propose))
+        .route("/internal/read_index", post(raft_rpc::read_index))
+        .fallback(|| async { ApiError::not_found("No such endpoint; see docs/api.md.") })
+        .with_state(node)
+}
+
+/// Parses a JSON body, turning every failure into a 400 with the serde message.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let body = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}".as_slice()
+    } else {
+        body
+    };
+    serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("Bad JSON body: {e}.")))
+}

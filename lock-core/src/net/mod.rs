@@ -1,0 +1,10 @@
+//! Peer transport: raft RPCs and internal forwarding between nodes, over HTTP on real TCP,
+//! with a fault layer tests and the chaos harness use to partition, delay and drop.
+
+mod faults;
+mod peer_client;
+mod raft_network;
+
+pub use faults::{FaultLayer, FaultRule, FaultSnapshot};
+pub use peer_client::{PeerClient, PeerError, FROM_HEADER};
+pub use raft_network::NetworkFactory;

@@ -1,0 +1,113 @@
+//! openraft's network traits over [`PeerClient`]: one HTTP POST per RPC.
+//!
+//! The receiving side is `api::raft_rpc`. Replies carry the remote `Result` as JSON so a
+//! remote raft error (e.g. a higher vote) reaches openraft as a `RemoteError`, while transport
+//! failures and injected drops become `Unreachable`, which openraft retries with backoff.
+
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::{de::DeserializeOwned, Serialize};
+
+use super::peer_client::{PeerClient, PeerError};
+use crate::raft::{NodeInfo, TypeConfig};
+
+#[derive(Clone)]
+pub struct NetworkFactory {
+    client: PeerClient,
+}
+
+impl NetworkFactory {
+    pub fn new(client: PeerClient) -> Self {
+        Self { client }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerNetwork;
+
+    async fn new_client(&mut self, target: u64, node: &NodeInfo) -> PeerNetwork {
+        PeerNetwork {
+            client: self.client.clone(),
+            target,
+            node: node.clone(),
+        }
+    }
+}
+
+pub struct PeerNetwork {
+    client: PeerClient,
+    target: u64,
+    node: NodeInfo,
+}
+
+impl PeerNetwork {
+    async fn call<Req, Resp, E>(
+        &self,
+        path: &str,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<u64, NodeInfo, E>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let timeout = option.hard_ttl().max(Duration::from_millis(50));
+        let reply: Result<Result<Resp, E>, PeerError> = self
+            .client
+            .post(self.target, &self.node.api_addr, path, req, timeout)
+            .await;
+        match reply {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(remote)) => Err(RPCError::RemoteError(RemoteError::new_with_node(
+                self.target,
+                self.node.clone(),
+                remote,
+            ))),
+            Err(e @ PeerError::Status { .. }) => Err(RPCError::Network(NetworkError::new(&e))),
+            Err(e) => Err(RPCError::Unreachable(Unreachable::new(&e))),
+        }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerNetwork {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, NodeInfo, RaftError<u64>>> {
+        self.call("/raft/append", &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<u64>,
+        RPCError<u64, NodeInfo, RaftError<u64, InstallSnapshotError>>,
+    > {
+        self.call("/raft/snapshot", &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<u64>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<u64>, RPCError<u64, NodeInfo, RaftError<u64>>> {
+        self.call("/raft/vote", &rpc, &option).await
+    }
+
+    fn backoff(&self) -> openraft::network::Backoff {
+        // Short: a healed partition or restarted node should rejoin within a heartbeat or two.
+        openraft::network::Backoff::new(std::iter::repeat(Duration::from_millis(100)))
+    }
+}

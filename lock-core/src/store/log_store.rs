@@ -1,0 +1,271 @@
+//! The raft log, vote and committed id in fjall (openraft `RaftLogStorage`, storage-v2).
+
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use fjall::PersistMode;
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
+
+use super::{blocking, decode, encode, Db, StoreError};
+use crate::raft::TypeConfig;
+
+const VOTE_KEY: &[u8] = b"vote";
+const COMMITTED_KEY: &[u8] = b"committed";
+const PURGED_KEY: &[u8] = b"purged";
+
+/// How many log entries one removal batch deletes (truncate and purge).
+const REMOVE_BATCH: usize = 1024;
+
+/// The raft log store. Cloning is cheap; clones share the same database and serve as openraft's
+/// log readers for replication.
+#[derive(Clone)]
+pub struct LogStore {
+    db: Arc<Db>,
+}
+
+fn log_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+fn key_index(key: &[u8]) -> Result<u64, StoreError> {
+    let bytes: [u8; 8] = key.try_into().map_err(|_| StoreError::Corrupt {
+        what: "log key",
+        detail: format!("{} bytes, expected 8", key.len()),
+    })?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+fn map_bound(b: Bound<&u64>) -> Bound<[u8; 8]> {
+    match b {
+        Bound::Included(i) => Bound::Included(log_key(*i)),
+        Bound::Excluded(i) => Bound::Excluded(log_key(*i)),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+impl LogStore {
+    pub(crate) fn open(db: Arc<Db>) -> Result<Self, StoreError> {
+        let store = LogStore { db };
+        // A crash between recording the purge marker and deleting the entries leaves entries at
+        // or below it behind; finish that purge now so the log starts right after the marker.
+        if let Some(purged) = store.read_meta::<LogId<u64>>(PURGED_KEY, "purged log id")? {
+            store.remove_range(..=purged.index, false)?;
+        }
+        Ok(store)
+    }
+
+    fn read_meta<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &[u8],
+        what: &'static str,
+    ) -> Result<Option<T>, StoreError> {
+        match self.db.meta.get(key)? {
+            Some(v) => Ok(Some(decode(what, &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes one meta value and syncs it to disk.
+    async fn write_meta(&self, key: &'static [u8], value: Vec<u8>) -> Result<(), StoreError> {
+        let db = self.db.clone();
+        blocking(move || {
+            let mut batch = db.db.batch().durability(Some(PersistMode::SyncAll));
+            batch.insert(&db.meta, key, value);
+            batch.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    fn read_entries<R: RangeBounds<u64>>(
+        &self,
+        range: R,
+    ) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
+        let bounds = (map_bound(range.start_bound()), map_bound(range.end_bound()));
+        let mut entries = Vec::new();
+        for guard in self.db.log.range::<[u8; 8], _>(bounds) {
+            let (key, value) = guard.into_inner()?;
+            let entry: Entry<TypeConfig> = decode("log entry", &value)?;
+            let index = key_index(&key)?;
+            if entry.log_id.index != index {
+                return Err(StoreError::Corrupt {
+                    what: "log entry",
+                    detail: format!("entry {} stored under index {index}", entry.log_id),
+                });
+            }
+            entries.push(entry);
+        }
+        Ok(entries)
+    }
+
+    fn last_entry_id(&self) -> Result<Option<LogId<u64>>, StoreError> {
+        match self.db.log.last_key_value() {
+            Some(guard) => {
+                let (_, value) = guard.into_inner()?;
+                let entry: Entry<TypeConfig> = decode("log entry", &value)?;
+                Ok(Some(entry.log_id))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Deletes the entries whose index lies in `range`, in batches of [`REMOVE_BATCH`].
+    ///
+    /// With `from_top` the highest entries go first, so an interrupted truncation leaves a
+    /// shorter but still gap-free log. Every batch is synced: a truncated entry must not come
+    /// back after a restart, and a purge is rare enough that the fsyncs do not matter.
+    fn remove_range<R: RangeBounds<u64>>(
+        &self,
+        range: R,
+        from_top: bool,
+    ) -> Result<(), StoreError> {
+        let bounds = (map_bound(range.start_bound()), map_bound(range.end_bound()));
+        let mut keys = Vec::new();
+        for guard in self.db.log.range::<[u8; 8], _>(bounds) {
+            keys.push(guard.key()?);
+        }
+        if from_top {
+            keys.reverse();
+        }
+        for chunk in keys.chunks(REMOVE_BATCH) {
+            let mut batch = self.db.db.batch().durability(Some(PersistMode::SyncAll));
+            for key in chunk {
+                batch.remove(&self.db.log, key.clone());
+            }
+            batch.commit()?;
+        }
+        Ok(())
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<u64>> {
+        self.read_entries(range)
+            .map_err(|e| e.into_raft(StorageIOError::read_logs))
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<u64>> {
+        let read = || -> Result<LogState<TypeConfig>, StoreError> {
+            let last_purged_log_id = self.read_meta::<LogId<u64>>(PURGED_KEY, "purged log id")?;
+            // An empty log (everything purged) ends at the purge marker.
+            let last_log_id = self.last_entry_id()?.max(last_purged_log_id);
+            Ok(LogState {
+                last_purged_log_id,
+                last_log_id,
+            })
+        };
+        read().map_err(|e| e.into_raft(StorageIOError::read_logs))
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError<u64>> {
+        let write = async {
+            let value = encode("vote", vote)?;
+            self.write_meta(VOTE_KEY, value).await
+        };
+        write
+            .await
+            .map_err(|e| e.into_raft(StorageIOError::write_vote))
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, StorageError<u64>> {
+        self.read_meta(VOTE_KEY, "vote")
+            .map_err(|e| e.into_raft(StorageIOError::read_vote))
+    }
+
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<u64>>,
+    ) -> Result<(), StorageError<u64>> {
+        let write = async {
+            let value = encode("committed log id", &committed)?;
+            self.write_meta(COMMITTED_KEY, value).await
+        };
+        write.await.map_err(|e| e.into_raft(StorageIOError::write))
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, StorageError<u64>> {
+        // Stored as JSON of `Option<LogId>`, so a saved `None` reads back as `None` too.
+        let read = || -> Result<Option<LogId<u64>>, StoreError> {
+            Ok(self
+                .read_meta::<Option<LogId<u64>>>(COMMITTED_KEY, "committed log id")?
+                .flatten())
+        };
+        read().map_err(|e| e.into_raft(StorageIOError::read))
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError<u64>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let rows: Result<Vec<([u8; 8], Vec<u8>)>, StoreError> = entries
+            .into_iter()
+            .map(|e| Ok((log_key(e.log_id.index), encode("log entry", &e)?)))
+            .collect();
+        let db = self.db.clone();
+        let written = match rows {
+            Ok(rows) => {
+                blocking(move || {
+                    // One batch, synced: all entries are on disk before raft hears they are.
+                    let mut batch = db.db.batch().durability(Some(PersistMode::SyncAll));
+                    for (key, value) in rows {
+                        batch.insert(&db.log, key, value);
+                    }
+                    batch.commit()?;
+                    Ok(())
+                })
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        match written {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(io::Error::other(e.to_string())));
+                Err(e.into_raft(StorageIOError::write_logs))
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
+        let this = self.clone();
+        blocking(move || this.remove_range(log_id.index.., true))
+            .await
+            .map_err(|e| e.into_raft(StorageIOError::write_logs))
+    }
+
+    async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
+        let this = self.clone();
+        let purge = async move {
+            let value = encode("purged log id", &log_id)?;
+            // The marker first: once it is durable, get_log_state no longer reports the purged
+            // entries, and open() finishes deleting them if we crash halfway.
+            this.write_meta(PURGED_KEY, value).await?;
+            blocking(move || this.remove_range(..=log_id.index, false)).await
+        };
+        purge
+            .await
+            .map_err(|e| e.into_raft(StorageIOError::write_logs))
+    }
+}

@@ -1,0 +1,145 @@
+//! Durable storage for the raft group: the log, the vote and the state-machine snapshots, all in
+//! one fjall [`Database`].
+//!
+//! Layout (one database per node, three keyspaces):
+//!
+//! | keyspace   | key                          | value                                   |
+//! |------------|------------------------------|-----------------------------------------|
+//! | `log`      | log index, 8 bytes big-endian| JSON of the `openraft::Entry`           |
+//! | `meta`     | `vote`, `committed`, `purged`| JSON of the `Vote` / `LogId`            |
+//! | `snapshot` | `header`, `chunk/<u32 BE>`   | JSON header; the snapshot bytes, chunked|
+//!
+//! Big-endian keys make fjall's byte order the log order, so ranges and "last entry" are plain
+//! keyspace ranges.
+//!
+//! Durability: every write openraft must be able to rely on (log append, vote, committed id,
+//! purge marker, snapshot) is committed with [`PersistMode::SyncAll`] before the call returns
+//! (STYLE.md §9). The lock state machine itself lives in memory and is persisted only through
+//! snapshots; after a restart openraft re-applies the committed log entries that follow the
+//! snapshot, which is why the committed log id is stored.
+//!
+//! fjall calls block (an fsync can take milliseconds), so every write runs on tokio's blocking
+//! pool rather than on the async worker that drives raft.
+//!
+//! Errors: any fjall or decoding failure is reported to openraft as a `StorageError`, which stops
+//! the raft node. That is deliberate: after a failed write the on-disk state is unknown, and a
+//! node that limps on could vote or acknowledge twice (STYLE.md §6).
+
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod log_store;
+mod state_machine;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions};
+use openraft::{AnyError, StorageError, StorageIOError};
+
+pub use log_store::LogStore;
+pub use state_machine::{SharedMachine, SnapshotBuilder, StateMachineStore};
+
+use crate::machine::Effect;
+
+/// Receives the effects of each applied log entry (the `u64` is the entry's log index), after the
+/// state-machine lock has been released. Called on every replica, and again for entries that are
+/// re-applied after a restart, so receivers must tolerate effects nobody waits for.
+pub type EffectSink = Arc<dyn Fn(u64, &[Effect]) + Send + Sync>;
+
+/// Errors of the storage layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The storage engine failed; the on-disk state may be unknown.
+    #[error("fjall storage error: {0}")]
+    Fjall(#[from] fjall::Error),
+    /// Bytes read from disk (or received as a snapshot) do not decode.
+    #[error("cannot decode {what}: {source}")]
+    Decode {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A value could not be encoded for writing.
+    #[error("cannot encode {what}: {source}")]
+    Encode {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Data that decodes but contradicts itself (e.g. a log entry stored under another index).
+    #[error("corrupt {what}: {detail}")]
+    Corrupt { what: &'static str, detail: String },
+    /// A blocking storage task panicked or was cancelled.
+    #[error("storage task failed: {0}")]
+    Task(String),
+    /// The in-memory state machine lock was poisoned by a panic during apply.
+    #[error("state machine lock poisoned by an earlier panic")]
+    Poisoned,
+}
+
+impl StoreError {
+    /// Converts into openraft's error, naming what was being done (`make` is one of the
+    /// `StorageIOError` constructors such as `StorageIOError::write_logs`).
+    fn into_raft(self, make: impl FnOnce(AnyError) -> StorageIOError<u64>) -> StorageError<u64> {
+        StorageError::from(make(AnyError::new(&self)))
+    }
+}
+
+/// The database and its keyspaces, shared by the log store and the state machine store.
+pub(crate) struct Db {
+    pub(crate) db: Database,
+    pub(crate) log: Keyspace,
+    pub(crate) meta: Keyspace,
+    pub(crate) snapshot: Keyspace,
+}
+
+const LOG_KEYSPACE: &str = "log";
+const META_KEYSPACE: &str = "meta";
+const SNAPSHOT_KEYSPACE: &str = "snapshot";
+
+/// Opens (or creates) the node's storage in `dir` and returns the two halves openraft needs.
+///
+/// If a snapshot was persisted, the state machine is restored from it; openraft then re-applies
+/// the committed log entries after it when the raft node starts.
+pub fn open(dir: &Path, effects: EffectSink) -> Result<(LogStore, StateMachineStore), StoreError> {
+    let db = Database::builder(dir).open()?;
+    let log = db.keyspace(LOG_KEYSPACE, KeyspaceCreateOptions::default)?;
+    let meta = db.keyspace(META_KEYSPACE, KeyspaceCreateOptions::default)?;
+    // Snapshot chunks are large values written once and replaced whole: keep them out of the
+    // LSM tree's blocks (key-value separation) so compaction does not rewrite them.
+    let snapshot = db.keyspace(SNAPSHOT_KEYSPACE, || {
+        KeyspaceCreateOptions::default().with_kv_separation(Some(KvSeparationOptions::default()))
+    })?;
+    let db = Arc::new(Db {
+        db,
+        log,
+        meta,
+        snapshot,
+    });
+    let log_store = LogStore::open(db.clone())?;
+    let sm_store = StateMachineStore::open(db, effects)?;
+    Ok((log_store, sm_store))
+}
+
+/// Runs blocking fjall work off the async worker threads.
+async fn blocking<T, F>(f: F) -> Result<T, StoreError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::Task(e.to_string()))?
+}
+
+fn encode<T: serde::Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(value).map_err(|source| StoreError::Encode { what, source })
+}
+
+fn decode<T: serde::de::DeserializeOwned>(
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|source| StoreError::Decode { what, source })
+}

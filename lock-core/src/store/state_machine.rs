@@ -1,0 +1,411 @@
+//! The lock state machine as openraft sees it (`RaftStateMachine`), and its snapshots.
+//!
+//! The machine lives in memory behind a [`SharedMachine`] so the API can read it between
+//! applies. It is persisted only as snapshots in the `snapshot` keyspace: a JSON payload of
+//! `{last_applied, last_membership, image}`, cut into chunks, plus a small header with the
+//! snapshot meta. Header and chunks are written in one synced batch, so a reader never sees half
+//! of a snapshot.
+
+use std::io::Cursor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockWriteGuard};
+
+use fjall::PersistMode;
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
+    StorageError, StorageIOError, StoredMembership,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{blocking, decode, encode, Db, EffectSink, StoreError};
+use crate::machine::{Effect, LockMachine, MachineImage, Response};
+use crate::raft::{NodeInfo, TypeConfig};
+
+type Membership = StoredMembership<u64, NodeInfo>;
+type Meta = SnapshotMeta<u64, NodeInfo>;
+
+const HEADER_KEY: &[u8] = b"header";
+const CHUNK_PREFIX: &[u8] = b"chunk/";
+/// Snapshot bytes are stored in values of at most this size.
+const CHUNK_SIZE: usize = 1 << 20;
+
+/// The in-memory state: the lock machine plus what raft needs to know about it. Both are
+/// updated under one lock so a snapshot always pairs an image with the log id it reflects.
+struct Applied {
+    machine: LockMachine,
+    last_applied: Option<LogId<u64>>,
+    last_membership: Membership,
+}
+
+/// A handle on the applied state, for readers outside raft (API handlers, metrics).
+#[derive(Clone)]
+pub struct SharedMachine {
+    inner: Arc<RwLock<Applied>>,
+}
+
+impl SharedMachine {
+    /// Runs `f` on the machine under the read lock. Keep `f` short: apply waits for it.
+    pub fn read<R>(&self, f: impl FnOnce(&LockMachine) -> R) -> R {
+        // A poisoned lock means apply panicked; raft has stopped by then, and reads of the last
+        // state are still better than a second panic in an HTTP handler.
+        let guard = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+        f(&guard.machine)
+    }
+
+    /// Index of the last applied log entry (0 before anything was applied).
+    pub fn last_applied_index(&self) -> u64 {
+        self.last_applied().map_or(0, |id| id.index)
+    }
+
+    /// The last applied log id.
+    pub fn last_applied(&self) -> Option<LogId<u64>> {
+        self.inner
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .last_applied
+    }
+
+    fn write(&self) -> Result<RwLockWriteGuard<'_, Applied>, StoreError> {
+        self.inner.write().map_err(|_| StoreError::Poisoned)
+    }
+}
+
+/// What a snapshot's bytes contain.
+#[derive(Serialize, Deserialize)]
+struct SnapshotPayload {
+    last_applied: Option<LogId<u64>>,
+    last_membership: Membership,
+    image: MachineImage,
+}
+
+/// The persisted description of the current snapshot.
+#[derive(Clone, Serialize, Deserialize)]
+struct SnapshotHeader {
+    meta: Meta,
+    /// Total length of the snapshot bytes and the number of chunks they are stored in.
+    len: u64,
+    chunks: u32,
+    /// Build counter at the time it was written; restarts continue after it so snapshot ids
+    /// stay unique.
+    seq: u64,
+}
+
+/// The snapshot keyspace. Writes and reads of the current snapshot are serialised by `current`,
+/// which also caches its header.
+struct SnapshotStore {
+    db: Arc<Db>,
+    current: Mutex<Option<SnapshotHeader>>,
+    seq: AtomicU64,
+}
+
+fn chunk_key(n: u32) -> Vec<u8> {
+    let mut key = CHUNK_PREFIX.to_vec();
+    key.extend_from_slice(&n.to_be_bytes());
+    key
+}
+
+impl SnapshotStore {
+    fn open(db: Arc<Db>) -> Result<Self, StoreError> {
+        let header: Option<SnapshotHeader> = match db.snapshot.get(HEADER_KEY)? {
+            Some(v) => Some(decode("snapshot header", &v)?),
+            None => None,
+        };
+        let seq = header.as_ref().map_or(0, |h| h.seq);
+        Ok(SnapshotStore {
+            db,
+            current: Mutex::new(header),
+            seq: AtomicU64::new(seq),
+        })
+    }
+
+    fn next_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Option<SnapshotHeader>>, StoreError> {
+        self.current.lock().map_err(|_| StoreError::Poisoned)
+    }
+
+    /// Makes `data` the current snapshot, synced to disk. Unless `force`, a snapshot older than
+    /// the current one is not written: a build that raced with an installed snapshot must not
+    /// replace it, or a restart would come back behind the purged log. Returns whether it wrote.
+    fn persist(&self, meta: &Meta, data: &[u8], seq: u64, force: bool) -> Result<bool, StoreError> {
+        let mut current = self.lock()?;
+        let old_chunks = match current.as_ref() {
+            Some(cur) if !force && cur.meta.last_log_id > meta.last_log_id => return Ok(false),
+            Some(cur) => cur.chunks,
+            None => 0,
+        };
+        let chunks =
+            u32::try_from(data.len().div_ceil(CHUNK_SIZE)).map_err(|_| StoreError::Corrupt {
+                what: "snapshot",
+                detail: format!("{} bytes is too large", data.len()),
+            })?;
+        let header = SnapshotHeader {
+            meta: meta.clone(),
+            len: data.len() as u64,
+            chunks,
+            seq,
+        };
+        let mut batch = self.db.db.batch().durability(Some(PersistMode::SyncAll));
+        for (n, chunk) in (0u32..).zip(data.chunks(CHUNK_SIZE)) {
+            batch.insert(&self.db.snapshot, chunk_key(n), chunk);
+        }
+        for n in chunks..old_chunks {
+            batch.remove(&self.db.snapshot, chunk_key(n));
+        }
+        batch.insert(
+            &self.db.snapshot,
+            HEADER_KEY,
+            encode("snapshot header", &header)?,
+        );
+        batch.commit()?;
+        *current = Some(header);
+        Ok(true)
+    }
+
+    /// Reads the current snapshot back from disk.
+    fn read_current(&self) -> Result<Option<(Meta, Vec<u8>)>, StoreError> {
+        let current = self.lock()?;
+        let Some(header) = current.as_ref() else {
+            return Ok(None);
+        };
+        let mut data = Vec::with_capacity(usize::try_from(header.len).unwrap_or(0));
+        for n in 0..header.chunks {
+            let chunk = self
+                .db
+                .snapshot
+                .get(chunk_key(n))?
+                .ok_or_else(|| StoreError::Corrupt {
+                    what: "snapshot",
+                    detail: format!("chunk {n} of {} missing", header.chunks),
+                })?;
+            data.extend_from_slice(&chunk);
+        }
+        if data.len() as u64 != header.len {
+            return Err(StoreError::Corrupt {
+                what: "snapshot",
+                detail: format!("{} bytes read, header says {}", data.len(), header.len),
+            });
+        }
+        Ok(Some((header.meta.clone(), data)))
+    }
+}
+
+/// openraft's state machine: applies committed entries to the [`LockMachine`] and manages its
+/// snapshots.
+pub struct StateMachineStore {
+    shared: SharedMachine,
+    snapshots: Arc<SnapshotStore>,
+    effects: EffectSink,
+}
+
+impl StateMachineStore {
+    pub(crate) fn open(db: Arc<Db>, effects: EffectSink) -> Result<Self, StoreError> {
+        let snapshots = SnapshotStore::open(db)?;
+        let applied = match snapshots.read_current()? {
+            Some((meta, data)) => {
+                let payload: SnapshotPayload = decode("snapshot", &data)?;
+                check_payload(&meta, &payload)?;
+                Applied {
+                    machine: LockMachine::from_image(payload.image),
+                    last_applied: payload.last_applied,
+                    last_membership: payload.last_membership,
+                }
+            }
+            None => Applied {
+                machine: LockMachine::new(),
+                last_applied: None,
+                last_membership: Membership::default(),
+            },
+        };
+        Ok(StateMachineStore {
+            shared: SharedMachine {
+                inner: Arc::new(RwLock::new(applied)),
+            },
+            snapshots: Arc::new(snapshots),
+            effects,
+        })
+    }
+
+    /// A read handle on the applied state.
+    pub fn shared(&self) -> SharedMachine {
+        self.shared.clone()
+    }
+
+    fn apply_entries(
+        &self,
+        entries: impl IntoIterator<Item = Entry<TypeConfig>>,
+    ) -> Result<Vec<Response>, StoreError> {
+        let mut responses = Vec::new();
+        let mut effects: Vec<(u64, Vec<Effect>)> = Vec::new();
+        {
+            let mut st = self.shared.write()?;
+            for entry in entries {
+                st.last_applied = Some(entry.log_id);
+                let response = match entry.payload {
+                    EntryPayload::Blank => Response::Noop,
+                    EntryPayload::Membership(m) => {
+                        st.last_membership = StoredMembership::new(Some(entry.log_id), m);
+                        Response::Noop
+                    }
+                    EntryPayload::Normal(proposal) => {
+                        let (response, fx) =
+                            st.machine.apply(&proposal, entry.log_id.leader_id.term);
+                        if !fx.is_empty() {
+                            effects.push((entry.log_id.index, fx));
+                        }
+                        response
+                    }
+                };
+                responses.push(response);
+            }
+        }
+        // Outside the lock: receivers may read the machine.
+        for (index, fx) in &effects {
+            (self.effects)(*index, fx);
+        }
+        Ok(responses)
+    }
+}
+
+/// The snapshot's own record of what it contains must agree with its meta.
+fn check_payload(meta: &Meta, payload: &SnapshotPayload) -> Result<(), StoreError> {
+    if payload.last_applied != meta.last_log_id || payload.last_membership != meta.last_membership {
+        return Err(StoreError::Corrupt {
+            what: "snapshot",
+            detail: format!(
+                "payload covers {:?}, meta says {:?}",
+                payload.last_applied, meta.last_log_id
+            ),
+        });
+    }
+    Ok(())
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<u64>>, Membership), StorageError<u64>> {
+        let st = self
+            .shared
+            .inner
+            .read()
+            .map_err(|_| StoreError::Poisoned.into_raft(StorageIOError::read_state_machine))?;
+        Ok((st.last_applied, st.last_membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError<u64>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        self.apply_entries(entries)
+            .map_err(|e| e.into_raft(StorageIOError::write_state_machine))
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        SnapshotBuilder {
+            shared: self.shared.clone(),
+            snapshots: self.snapshots.clone(),
+        }
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<u64>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &Meta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<u64>> {
+        let meta = meta.clone();
+        let snapshots = self.snapshots.clone();
+        let shared = self.shared.clone();
+        let install = blocking(move || {
+            let data = snapshot.into_inner();
+            let payload: SnapshotPayload = decode("received snapshot", &data)?;
+            check_payload(&meta, &payload)?;
+            let machine = LockMachine::from_image(payload.image);
+            // On disk first: once the machine is replaced, raft may purge the log it replaces.
+            snapshots.persist(&meta, &data, snapshots.next_seq(), true)?;
+            let mut st = shared.write()?;
+            *st = Applied {
+                machine,
+                last_applied: payload.last_applied,
+                last_membership: payload.last_membership,
+            };
+            Ok(())
+        });
+        install
+            .await
+            .map_err(|e| e.into_raft(|err| StorageIOError::write_snapshot(None, err)))
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
+        let snapshots = self.snapshots.clone();
+        let current = blocking(move || snapshots.read_current())
+            .await
+            .map_err(|e| e.into_raft(|err| StorageIOError::read_snapshot(None, err)))?;
+        Ok(current.map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        }))
+    }
+}
+
+/// Builds snapshots of the current state, concurrently with apply.
+pub struct SnapshotBuilder {
+    shared: SharedMachine,
+    snapshots: Arc<SnapshotStore>,
+}
+
+impl SnapshotBuilder {
+    fn build(&self) -> Result<(Meta, Vec<u8>), StoreError> {
+        // Copy under the read lock, serialise outside it: apply is blocked only for the copy.
+        let payload = {
+            let st = self.shared.inner.read().map_err(|_| StoreError::Poisoned)?;
+            SnapshotPayload {
+                last_applied: st.last_applied,
+                last_membership: st.last_membership.clone(),
+                image: st.machine.image(),
+            }
+        };
+        let data = encode("snapshot", &payload)?;
+        let seq = self.snapshots.next_seq();
+        let (term, index) = payload
+            .last_applied
+            .map_or((0, 0), |id| (id.leader_id.term, id.index));
+        let meta = Meta {
+            last_log_id: payload.last_applied,
+            last_membership: payload.last_membership,
+            snapshot_id: format!("{term}-{index}-{seq}"),
+        };
+        self.snapshots.persist(&meta, &data, seq, false)?;
+        Ok((meta, data))
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
+        let builder = SnapshotBuilder {
+            shared: self.shared.clone(),
+            snapshots: self.snapshots.clone(),
+        };
+        let (meta, data) = blocking(move || builder.build())
+            .await
+            .map_err(|e| e.into_raft(|err| StorageIOError::write_snapshot(None, err)))?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
