@@ -1,4 +1,5 @@
 pub mod api;
+pub mod client;
 pub mod machine;
 pub mod net;
 pub mod node;

@@ -397,27 +397,26 @@ fn waiter_times_out_via_tick() {
 }
 
 /// SPEC §4 waiting: a waiter whose time ran out before the sweeper saw it is skipped at
-/// hand-off; the lock goes to the next live waiter.
+/// hand-off (a wait ends at its deadline, like a lease); the lock goes to the next live waiter.
 #[test]
 fn timed_out_waiter_is_skipped_at_hand_off() {
     let mut m = LockMachine::new();
     granted(run(&mut m, T0, try_once("a", "r1", 1)));
     run(&mut m, T0, wait("a", "r2", 2, 5_000));
-    run(&mut m, T0, wait("a", "r3", 3, 60_000));
+    run(&mut m, T0, wait("a", "r3", 3, 10_000));
+    run(&mut m, T0, wait("a", "r4", 4, 60_000));
 
     let (resp, fx) = m.apply(&at(T0 + 10_000, release("a", 1)), 1);
     assert_eq!(resp, Response::Released(true));
-    assert_eq!(fx.len(), 2, "{fx:?}");
-    assert_eq!(
-        fx[0],
-        Effect::WaiterRemoved {
-            resource: "a".into(),
-            request_id: "r2".into(),
-            reason: WaiterGone::TimedOut,
-        }
-    );
-    assert!(matches!(&fx[1], Effect::HandedOff { request_id, grant }
-        if request_id == "r3" && grant.lease_id == lease(3) && grant.fencing_token == 2));
+    let gone = |rid: &str| Effect::WaiterRemoved {
+        resource: "a".into(),
+        request_id: rid.into(),
+        reason: WaiterGone::TimedOut,
+    };
+    assert_eq!(fx.len(), 3, "{fx:?}");
+    assert_eq!(fx[..2], [gone("r2"), gone("r3")]);
+    assert!(matches!(&fx[2], Effect::HandedOff { request_id, grant }
+        if request_id == "r4" && grant.lease_id == lease(4) && grant.fencing_token == 2));
     assert_eq!(m.stats().waiters, 0);
     m.check_indexes().expect("indexes");
 }
@@ -1041,6 +1040,7 @@ impl Model {
                 }
             }
             Command::Tick { max_items } => self.tick(*max_items as usize, &mut fx),
+            other => unreachable!("the model does not generate {other:?}"),
         };
         (resp, fx)
     }
@@ -1259,7 +1259,6 @@ impl Model {
             .collect();
         due.sort();
         for (_, name) in due.into_iter().take(budget) {
-            budget -= 1;
             self.res.remove(&name);
         }
         Response::Ticked {
@@ -1378,8 +1377,8 @@ impl World {
                     wait_timeout_ms: *wait_ms,
                     lease_id: id,
                     retain_ms: *retain_ms,
-                    max_waiters: 3,
-                    max_total_waiters: 6,
+                    max_waiters: 2,
+                    max_total_waiters: 4,
                 })
             }
             Op::Renew { res, pick } => Command::Renew {
@@ -1484,10 +1483,20 @@ impl World {
             _ => return self.check_retry_and_failover(p, resp, fx, before, failover),
         };
         let held = before.leases.get(resource);
-        if succeeded {
+        // The lock may have changed hands inside this very command (the holder's lease ran out
+        // and a waiter got it); then the new lease is the current one.
+        let handed_off_now = fx.iter().any(|e| {
+            matches!(e, Effect::HandedOff { grant, .. }
+                if grant.resource == *resource && grant.lease_id == *lease_id)
+        });
+        if succeeded && !handed_off_now {
             let (id, _, exp) =
                 held.ok_or_else(|| TestCaseError::fail("renew/release without a lease"))?;
-            prop_assert_eq!(id, lease_id);
+            prop_assert_eq!(
+                id.0,
+                lease_id.0,
+                "renew/release with a lease id not current"
+            );
             if !failover {
                 prop_assert!(*exp > now, "renewed/released a lease that had run out");
             }
@@ -1519,7 +1528,15 @@ impl World {
         // (6) A retry returns the original result and never adds a lease or a waiter.
         if let Command::Acquire(a) = &p.cmd {
             let key = (a.resource.clone(), a.request_id.clone());
-            match before.model.dedup.get(&key) {
+            // Settling the resource may first find that this request's wait ran out: then the
+            // original acquire is over (timed out) and this one is a new acquire.
+            let timed_out = fx.contains(&Effect::WaiterRemoved {
+                resource: a.resource.clone(),
+                request_id: a.request_id.clone(),
+                reason: WaiterGone::TimedOut,
+            });
+            let retry = before.model.dedup.get(&key).filter(|_| !timed_out);
+            match retry {
                 Some(MDedup::Granted { grant, .. }) => {
                     let Response::Granted(g) = resp else {
                         return Err(TestCaseError::fail(format!("retry got {resp:?}")));
@@ -1543,7 +1560,7 @@ impl World {
                 }
                 None => {}
             }
-            if before.model.dedup.contains_key(&key) {
+            if retry.is_some() {
                 let queued_before = before
                     .model
                     .res
@@ -1597,7 +1614,7 @@ impl World {
         let m = &self.m;
         m.check_indexes().map_err(TestCaseError::fail)?;
         let image = m.image();
-        prop_assert_eq!(LockMachine::from_image(image.clone()).image(), image);
+        prop_assert_eq!(&LockMachine::from_image(image.clone()).image(), &image);
         prop_assert_eq!(m.now_ms(), self.model.now);
         prop_assert_eq!(m.last_token(), self.model.last_token);
 

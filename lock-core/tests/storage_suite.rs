@@ -21,6 +21,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for FjallBui
 }
 
 #[test]
-fn openraft_storage_suite() -> Result<(), StorageError<u64>> {
-    Suite::test_all(FjallBuilder)
+fn openraft_storage_suite() -> anyhow::Result<()> {
+    Suite::test_all(FjallBuilder)?;
+    Ok(())
 }

@@ -1,6 +1,9 @@
 //! Operator CLI verbs: thin HTTP calls to any node, printing the JSON answer.
 
+use std::time::Duration;
+
 use anyhow::Context;
+use lock_core::client::{AcquireOptions, Client};
 use serde_json::{json, Value};
 
 #[derive(clap::Args)]
@@ -32,7 +35,7 @@ enum ClusterCmd {
 
 #[derive(clap::Args)]
 pub struct LockArgs {
-    /// Any node's API address.
+    /// Node API addresses, comma-separated (any node serves any call).
     #[arg(long, default_value = "127.0.0.1:7001", global = true)]
     node: String,
     #[command(subcommand)]
@@ -117,8 +120,30 @@ pub async fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
     }
 }
 
+/// `--node` may list several nodes (`a:7001,b:7002`); the client moves between them on
+/// connection errors and `503`s. Bare `host:port` means `http://host:port`.
+fn node_urls(node: &str) -> Vec<String> {
+    node.split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(|n| {
+            if n.starts_with("http://") || n.starts_with("https://") {
+                n.to_string()
+            } else {
+                format!("http://{n}")
+            }
+        })
+        .collect()
+}
+
+fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
 pub async fn lock(args: LockArgs) -> anyhow::Result<()> {
-    let base = format!("http://{}/v1/locks", args.node);
+    let nodes = node_urls(&args.node);
+    let client = || Client::new(nodes.clone()).context("lock client");
     match args.cmd {
         LockCmd::Acquire {
             resource,
@@ -127,48 +152,27 @@ pub async fn lock(args: LockArgs) -> anyhow::Result<()> {
             ttl_ms,
             wait_timeout_ms,
         } => {
-            let request_id = request_id.unwrap_or_else(|| format!("cli-{:032x}", rand_id()));
-            let mut body = json!({ "request_id": request_id });
-            if let Some(h) = holder {
-                body["holder"] = json!(h);
-            }
-            if let Some(t) = ttl_ms {
-                body["ttl_ms"] = json!(t);
-            }
-            if let Some(w) = wait_timeout_ms {
-                body["wait_timeout_ms"] = json!(w);
-            }
-            let url = format!("{base}/{}/acquire", path_segment(&resource));
-            call(reqwest::Method::POST, url, Some(body)).await
+            let mut opts = AcquireOptions::default();
+            opts.ttl = ttl_ms.map(Duration::from_millis);
+            opts.wait_timeout = Duration::from_millis(wait_timeout_ms.unwrap_or(0));
+            opts.holder = holder;
+            opts.request_id = request_id;
+            let guard = client()?.acquire(&resource, opts).await?;
+            // The CLI exits right away: keep the lease (no renewal, no release) and print it,
+            // so `lock renew` / `lock release` can use its id.
+            print_json(&guard.detach())
         }
         LockCmd::Renew { resource, lease_id } => {
-            let url = format!("{base}/{}/renew", path_segment(&resource));
-            call(
-                reqwest::Method::POST,
-                url,
-                Some(json!({ "lease_id": lease_id })),
-            )
-            .await
+            print_json(&client()?.renew(&resource, &lease_id).await?)
         }
         LockCmd::Release { resource, lease_id } => {
-            let url = format!("{base}/{}/release", path_segment(&resource));
-            call(
-                reqwest::Method::POST,
-                url,
-                Some(json!({ "lease_id": lease_id })),
-            )
-            .await
+            let released = client()?.release(&resource, &lease_id).await?;
+            print_json(&json!({ "released": released }))
         }
         LockCmd::Status { resource } => {
-            let url = format!("{base}/{}", path_segment(&resource));
+            let base = nodes.first().context("--node is empty")?;
+            let url = format!("{base}/v1/locks/{}", path_segment(&resource));
             call(reqwest::Method::GET, url, None).await
         }
     }
-}
-
-fn rand_id() -> u128 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    nanos ^ (u128::from(std::process::id()) << 64)
 }

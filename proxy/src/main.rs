@@ -25,6 +25,11 @@ enum Cmd {
         #[arg(long)]
         config: std::path::PathBuf,
     },
+    /// Run the bundled demo store alone (a key-value store that cannot check tokens).
+    DemoStore {
+        #[arg(long, default_value = "127.0.0.1:9000")]
+        listen: String,
+    },
     /// Cluster status and membership changes.
     Cluster(cli::ClusterArgs),
     /// Acquire, renew, release or inspect a lock.
@@ -44,6 +49,7 @@ async fn main() -> anyhow::Result<()> {
     match Args::parse().cmd {
         Cmd::Dev(args) => dev::run(args).await,
         Cmd::Node { config } => dev::run_node(&config).await,
+        Cmd::DemoStore { listen } => dev::run_demo_store(&listen).await,
         Cmd::Cluster(args) => cli::cluster(args).await,
         Cmd::Lock(args) => cli::lock(args).await,
     }

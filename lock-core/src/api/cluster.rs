@@ -7,13 +7,13 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{parse_json, ApiError};
-use crate::net::FaultSnapshot;
+use crate::net::{FaultSnapshot, PeerError};
 use crate::node::Node;
 use crate::raft::NodeInfo;
 
@@ -55,8 +55,10 @@ struct RemoveMember {
     node_id: u64,
 }
 
-/// Membership changes run on the leader; a follower relays the call there.
-async fn relay_to_leader(node: &Node, path: &str, body: &Value) -> Result<Value, ApiError> {
+/// Membership changes run on the leader; a follower relays the call there and hands back
+/// the leader's answer as it is — an error the leader gives (400, 409) is the caller's answer,
+/// not a 503 about reaching the leader.
+async fn relay_to_leader(node: &Node, path: &str, body: &Value) -> Result<Response, ApiError> {
     let leader = node
         .current_leader()
         .ok_or_else(|| ApiError::from(crate::node::ProposeError::NoQuorum))?;
@@ -69,16 +71,34 @@ async fn relay_to_leader(node: &Node, path: &str, body: &Value) -> Result<Value,
             .map(|n| n.api_addr.clone())
     }
     .ok_or_else(|| ApiError::from(crate::node::ProposeError::NoQuorum))?;
-    node.peers
+    let unreachable = |e: &dyn std::fmt::Display| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no_quorum",
+            format!("Could not reach the leader: {e}"),
+        )
+    };
+    match node
+        .peers
         .post::<_, Value>(leader, &addr, path, body, Duration::from_secs(30))
         .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "no_quorum",
-                format!("Could not reach the leader: {e}"),
-            )
-        })
+    {
+        Ok(v) => Ok(Json(v).into_response()),
+        Err(PeerError::Status {
+            status,
+            body: answer,
+            ..
+        }) => match (
+            StatusCode::from_u16(status),
+            serde_json::from_str::<Value>(&answer),
+        ) {
+            (Ok(status), Ok(answer)) => Ok((status, Json(answer)).into_response()),
+            _ => Err(unreachable(&format!(
+                "node {leader} answered {status}: {answer}"
+            ))),
+        },
+        Err(e) => Err(unreachable(&e)),
+    }
 }
 
 fn membership_error(e: impl std::fmt::Display) -> ApiError {
@@ -91,19 +111,14 @@ fn membership_error(e: impl std::fmt::Display) -> ApiError {
 
 /// `POST /v1/cluster/members/add {node_id, addr}`: adds a node as a learner, waits for it to
 /// catch up, then promotes it to voter.
-pub async fn add_member(
-    State(node): State<Arc<Node>>,
-    body: Bytes,
-) -> Result<Json<Value>, ApiError> {
+pub async fn add_member(State(node): State<Arc<Node>>, body: Bytes) -> Result<Response, ApiError> {
     let req: AddMember = parse_json(&body)?;
     if req.addr.is_empty() {
         return Err(ApiError::invalid("Field 'addr' must be host:port."));
     }
     if node.current_leader() != Some(node.id) {
         let body = serde_json::to_value(&req).unwrap_or_default();
-        return relay_to_leader(&node, "/v1/cluster/members/add", &body)
-            .await
-            .map(Json);
+        return relay_to_leader(&node, "/v1/cluster/members/add", &body).await;
     }
     node.raft
         .add_learner(req.node_id, NodeInfo { api_addr: req.addr }, true)
@@ -122,20 +137,18 @@ pub async fn add_member(
         .change_membership(voters.clone(), false)
         .await
         .map_err(membership_error)?;
-    Ok(Json(json!({ "voters": voters })))
+    Ok(Json(json!({ "voters": voters })).into_response())
 }
 
 /// `POST /v1/cluster/members/remove {node_id}`: removes a voter (and forgets the node).
 pub async fn remove_member(
     State(node): State<Arc<Node>>,
     body: Bytes,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let req: RemoveMember = parse_json(&body)?;
     if node.current_leader() != Some(node.id) {
         let body = serde_json::to_value(&req).unwrap_or_default();
-        return relay_to_leader(&node, "/v1/cluster/members/remove", &body)
-            .await
-            .map(Json);
+        return relay_to_leader(&node, "/v1/cluster/members/remove", &body).await;
     }
     let mut voters: BTreeSet<u64> = node
         .raft
@@ -158,7 +171,7 @@ pub async fn remove_member(
         .change_membership(voters.clone(), false)
         .await
         .map_err(membership_error)?;
-    Ok(Json(json!({ "voters": voters })))
+    Ok(Json(json!({ "voters": voters })).into_response())
 }
 
 pub async fn healthz() -> Json<Value> {

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -62,9 +63,20 @@ struct CancelBody {
 /// `POST /v1/locks/{resource}/{action}`; the resource may itself contain `/`.
 pub async fn post(
     State(node): State<Arc<Node>>,
-    Path(path): Path<String>,
-    body: Bytes,
+    path: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    let path = path_param(path)?;
+    // Axum's own rejections (e.g. 413 for an oversized body) are plain text; SPEC §4 wants
+    // every error as {error, message}.
+    let body = body.map_err(|e| {
+        let code = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            "payload_too_large"
+        } else {
+            "invalid_request"
+        };
+        ApiError::new(e.status(), code, e.body_text())
+    })?;
     let Some((resource, action)) = path.rsplit_once('/') else {
         return Err(ApiError::not_found(
             "Use POST /v1/locks/{resource}/acquire|renew|release|cancel.",
@@ -87,6 +99,12 @@ pub async fn post(
     };
     record(&node, op, started, &result);
     result.map(Json)
+}
+
+/// The `{*path}` part of the URL; a path that does not decode (e.g. `%FF`) is a JSON 400.
+fn path_param(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    path.map(|Path(p)| p)
+        .map_err(|e| ApiError::invalid(format!("Bad resource in the URL: {}.", e.body_text())))
 }
 
 fn record(node: &Node, op: &str, started: Instant, result: &Result<Value, ApiError>) {
@@ -199,11 +217,21 @@ async fn acquire(node: &Arc<Node>, resource: &str, body: &[u8]) -> Result<Value,
         )),
         Response::Queued { .. } => match ticket.as_mut() {
             Some(t) => wait_in_queue(node, &cmd, t).await,
-            None => Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "Queued without a wait registration; retry with the same request_id.",
-            )),
+            // A try-once retry (wait_timeout_ms 0) of a request_id that is still waiting in
+            // the queue: the original wait goes on untouched; this call just reports it.
+            None => {
+                let retry_after_ms = node.machine.read(|m| {
+                    let now = m.now_ms();
+                    m.view(resource, now)
+                        .expires_at_ms
+                        .map_or(0, |e| e.saturating_sub(now))
+                });
+                Err(lock_held(
+                    retry_after_ms,
+                    "This request_id is already waiting in the queue; retry it with \
+                     wait_timeout_ms to wait for its outcome, or cancel it.",
+                ))
+            }
         },
         other => Err(unexpected(other)),
     };
@@ -369,8 +397,9 @@ fn unexpected(resp: Response) -> ApiError {
 /// `GET /v1/locks/{resource}`: linearizable; never shows the lease id.
 pub async fn get(
     State(node): State<Arc<Node>>,
-    Path(resource): Path<String>,
+    resource: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    let resource = path_param(resource)?;
     let started = Instant::now();
     let result = async {
         validate_resource(&resource)?;

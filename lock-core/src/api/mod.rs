@@ -7,10 +7,12 @@ mod raft_rpc;
 
 use std::sync::Arc;
 
+use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Router;
 
 pub use error::ApiError;
+pub use locks::{validate_resource, MAX_ID_LEN, MAX_RESOURCE_LEN};
 
 use crate::node::Node;
 
@@ -35,6 +37,14 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/raft/snapshot", post(raft_rpc::snapshot))
         .route("/internal/propose", post(raft_rpc::propose))
         .route("/internal/read_index", post(raft_rpc::read_index))
+        // After every route: it applies to the routes added so far.
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "This endpoint does not take that HTTP method; see docs/api.md.",
+            )
+        })
         .fallback(|| async { ApiError::not_found("No such endpoint; see docs/api.md.") })
         .with_state(node)
 }

@@ -20,7 +20,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use super::types::{Acquire, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone};
+use super::types::{
+    Acquire, AdmitOutcome, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone,
+};
 
 /// A granted lease as stored in the replicated state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,8 +54,27 @@ pub struct ResourceState {
     pub waiters: VecDeque<Waiter>,
     /// Highest fencing token ever issued for this resource.
     pub last_token: u64,
+    /// Highest token a fencing proxy was admitted to forward writes with.
+    #[serde(default)]
+    pub admitted: u64,
+    /// Live proxy admission grants for the current token (see `Command::Admit`).
+    #[serde(default)]
+    pub grants: Vec<FenceGrant>,
+    /// Set when the lease ended while proxy grants were live: no new token is issued for the
+    /// resource before this time, so writes already admitted under the old token have
+    /// completed or timed out before a newer token can exist (the epoch barrier).
+    #[serde(default)]
+    pub reissue_at_ms: Option<u64>,
     /// When the record became idle (no lease, no waiters) and when it may be dropped.
     pub idle_until_ms: Option<u64>,
+}
+
+/// A proxy's permission to forward writes with `fencing_token` until `until_ms` (log time).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FenceGrant {
+    pub proxy: u64,
+    pub fencing_token: u64,
+    pub until_ms: u64,
 }
 
 /// What a retried acquire with the same `request_id` gets back.
@@ -104,6 +125,9 @@ pub struct LockMachine {
     last_token: u64,
     resources: BTreeMap<String, ResourceState>,
     dedup: HashMap<DedupKey, DedupRecord>,
+    /// Highest token of any resource record dropped as idle: a token at or below it for a
+    /// resource without a record is stale, above it was never issued for that resource.
+    gc_floor: u64,
 
     // Indexes, derived from the above and rebuilt on restore. Kept in step by the helpers
     // below; `check_indexes` verifies them in tests.
@@ -111,6 +135,7 @@ pub struct LockMachine {
     waiter_deadlines: BTreeSet<(u64, String, String)>,
     dedup_expiry: BTreeSet<(u64, String, String)>,
     idle_expiry: BTreeSet<(u64, String)>,
+    reissue_index: BTreeSet<(u64, String)>,
     total_waiters: u64,
 }
 
@@ -120,6 +145,8 @@ pub struct MachineImage {
     pub now_ms: u64,
     pub term: u64,
     pub last_token: u64,
+    #[serde(default)]
+    pub gc_floor: u64,
     pub resources: Vec<(String, ResourceState)>,
     pub dedup: Vec<(String, String, DedupRecord)>,
 }
@@ -142,6 +169,12 @@ impl LockMachine {
                 resource,
                 request_id,
             } => self.cancel(resource, request_id, &mut fx),
+            Command::Admit {
+                resource,
+                fencing_token,
+                proxy,
+                grant_ms,
+            } => self.admit(resource, *fencing_token, *proxy, *grant_ms, &mut fx),
             Command::Tick { max_items } => self.tick(*max_items, &mut fx),
         };
         (resp, fx)
@@ -178,6 +211,24 @@ impl LockMachine {
                 lease.expires_at_ms = exp + by;
             }
         }
+        for res in self.resources.values_mut() {
+            for g in res.grants.iter_mut().filter(|g| g.until_ms > prev) {
+                g.until_ms = g.until_ms.saturating_add(by);
+            }
+        }
+        let reissues: Vec<(u64, String)> = self
+            .reissue_index
+            .range((prev + 1, String::new())..)
+            .cloned()
+            .collect();
+        for (at, res) in reissues {
+            self.reissue_index.remove(&(at, res.clone()));
+            self.reissue_index
+                .insert((at.saturating_add(by), res.clone()));
+            if let Some(r) = self.resources.get_mut(&res) {
+                r.reissue_at_ms = Some(at.saturating_add(by));
+            }
+        }
         let waiting: Vec<(u64, String, String)> = self
             .waiter_deadlines
             .range((prev + 1, String::new(), String::new())..)
@@ -212,16 +263,21 @@ impl LockMachine {
         }
         let now = self.now_ms;
         let res = self.resources.entry(a.resource.clone()).or_default();
-        if res.lease.is_none() {
+        if res.lease.is_none() && res.reissue_at_ms.is_none() {
             debug_assert!(res.waiters.is_empty(), "settled free resource has waiters");
             let grant = self.grant(&a.resource, a.lease_id, a.holder.clone(), a.ttl_ms);
             self.remember(&key, DedupState::Granted(grant.clone()), a.retain_ms);
             return Response::Granted(grant);
         }
-        let lease_exp = res.lease.as_ref().map_or(now, |l| l.expires_at_ms);
+        let busy_until = res
+            .lease
+            .as_ref()
+            .map(|l| l.expires_at_ms)
+            .or(res.reissue_at_ms)
+            .unwrap_or(now);
         if a.wait_timeout_ms == 0 {
             return Response::Held {
-                retry_after_ms: lease_exp.saturating_sub(now),
+                retry_after_ms: busy_until.saturating_sub(now),
             };
         }
         if res.waiters.len() >= a.max_waiters as usize
@@ -285,8 +341,7 @@ impl LockMachine {
             // Idempotent, and a stale release never touches the new holder (SPEC §3.4).
             return Response::Released(false);
         }
-        self.end_lease(resource);
-        self.hand_off(resource, fx);
+        self.free(resource, fx);
         Response::Released(true)
     }
 
@@ -321,8 +376,7 @@ impl LockMachine {
                 if !current {
                     return Response::Cancelled(false);
                 }
-                self.end_lease(resource);
-                self.hand_off(resource, fx);
+                self.free(resource, fx);
                 Response::Cancelled(true)
             }
         }
@@ -343,6 +397,21 @@ impl LockMachine {
             }
             budget -= 1;
             expired += 1;
+            let before = fx.len();
+            self.settle(&res, fx);
+            handed_off += fx[before..]
+                .iter()
+                .filter(|e| matches!(e, Effect::HandedOff { .. }))
+                .count() as u32;
+        }
+        while budget > 0 {
+            let Some((at, res)) = self.reissue_index.first().cloned() else {
+                break;
+            };
+            if at > now {
+                break;
+            }
+            budget -= 1;
             let before = fx.len();
             self.settle(&res, fx);
             handed_off += fx[before..]
@@ -389,7 +458,9 @@ impl LockMachine {
             self.idle_expiry.remove(&(until, res.clone()));
             // The global counter keeps every token ever issued below `last_token`, so dropping
             // the record loses no monotonicity (SPEC §3.2).
-            self.resources.remove(&res);
+            if let Some(gone) = self.resources.remove(&res) {
+                self.gc_floor = self.gc_floor.max(gone.last_token).max(gone.admitted);
+            }
         }
         Response::Ticked {
             expired,
@@ -401,21 +472,98 @@ impl LockMachine {
     /// waiter. Called before any command looks at a resource.
     fn settle(&mut self, resource: &str, fx: &mut Vec<Effect>) {
         let now = self.now_ms;
-        let Some(res) = self.resources.get(resource) else {
+        let Some(res) = self.resources.get_mut(resource) else {
             return;
         };
-        let Some(lease) = &res.lease else {
-            return;
-        };
-        if lease.expires_at_ms > now {
+        match (&res.lease, res.reissue_at_ms) {
+            (Some(lease), _) if lease.expires_at_ms <= now => {
+                fx.push(Effect::Expired {
+                    resource: resource.to_string(),
+                    fencing_token: lease.fencing_token,
+                });
+                self.free(resource, fx);
+            }
+            (None, Some(at)) if at <= now => {
+                res.reissue_at_ms = None;
+                self.reissue_index.remove(&(at, resource.to_string()));
+                self.hand_off(resource, fx);
+            }
+            _ => {}
+        }
+    }
+
+    /// Ends the current lease and passes the lock on: to the next waiter now, or — if proxy
+    /// grants for the ended token are still live — once they have run out.
+    fn free(&mut self, resource: &str, fx: &mut Vec<Effect>) {
+        self.end_lease(resource);
+        let now = self.now_ms;
+        let hold = self.resources.get_mut(resource).and_then(|r| {
+            r.grants.retain(|g| g.until_ms > now);
+            r.grants.iter().map(|g| g.until_ms).max()
+        });
+        if let Some(until) = hold {
+            if let Some(r) = self.resources.get_mut(resource) {
+                r.reissue_at_ms = Some(until);
+            }
+            self.reissue_index.insert((until, resource.to_string()));
             return;
         }
-        fx.push(Effect::Expired {
-            resource: resource.to_string(),
-            fencing_token: lease.fencing_token,
-        });
-        self.end_lease(resource);
         self.hand_off(resource, fx);
+    }
+
+    fn admit(
+        &mut self,
+        resource: &str,
+        token: u64,
+        proxy: u64,
+        grant_ms: u64,
+        fx: &mut Vec<Effect>,
+    ) -> Response {
+        self.settle(resource, fx);
+        let now = self.now_ms;
+        let Some(res) = self.resources.get_mut(resource) else {
+            return Response::Admit(if token <= self.gc_floor {
+                AdmitOutcome::Stale {
+                    highest: self.gc_floor,
+                }
+            } else {
+                AdmitOutcome::Unknown
+            });
+        };
+        let highest = res.last_token.max(res.admitted);
+        if token < highest {
+            return Response::Admit(AdmitOutcome::Stale { highest });
+        }
+        if token > res.last_token {
+            return Response::Admit(AdmitOutcome::Unknown);
+        }
+        let Some(expires) = res
+            .lease
+            .as_ref()
+            .filter(|l| l.fencing_token == token && l.expires_at_ms > now)
+            .map(|l| l.expires_at_ms)
+        else {
+            return Response::Admit(AdmitOutcome::Ended);
+        };
+        // Capped at the lease's expiry, so an expiring lease never delays the next holder.
+        let until = now.saturating_add(grant_ms).min(expires);
+        res.grants.retain(|g| g.until_ms > now);
+        match res
+            .grants
+            .iter_mut()
+            .find(|g| g.proxy == proxy && g.fencing_token == token)
+        {
+            Some(g) => g.until_ms = g.until_ms.max(until),
+            None => res.grants.push(FenceGrant {
+                proxy,
+                fencing_token: token,
+                until_ms: until,
+            }),
+        }
+        res.admitted = res.admitted.max(token);
+        Response::Admit(AdmitOutcome::Admitted {
+            grant_ms: until - now,
+        })
     }
 
     fn end_lease(&mut self, resource: &str) {
@@ -539,7 +687,11 @@ impl LockMachine {
         let Some(res) = self.resources.get_mut(resource) else {
             return;
         };
-        if res.lease.is_some() || !res.waiters.is_empty() || res.idle_until_ms.is_some() {
+        if res.lease.is_some()
+            || !res.waiters.is_empty()
+            || res.idle_until_ms.is_some()
+            || res.reissue_at_ms.is_some()
+        {
             return;
         }
         // Idle records are kept as long as retries may still refer to them.
@@ -633,6 +785,7 @@ impl LockMachine {
             self.waiter_deadlines.first().map(|(t, _, _)| *t),
             self.dedup_expiry.first().map(|(t, _, _)| *t),
             self.idle_expiry.first().map(|(t, _)| *t),
+            self.reissue_index.first().map(|(t, _)| *t),
         ]
         .into_iter()
         .flatten()
@@ -670,6 +823,7 @@ impl LockMachine {
             now_ms: self.now_ms,
             term: self.term,
             last_token: self.last_token,
+            gc_floor: self.gc_floor,
             resources: self
                 .resources
                 .iter()
@@ -684,6 +838,7 @@ impl LockMachine {
             now_ms: image.now_ms,
             term: image.term,
             last_token: image.last_token,
+            gc_floor: image.gc_floor,
             ..Default::default()
         };
         for (name, res) in image.resources {
@@ -697,6 +852,9 @@ impl LockMachine {
             m.total_waiters += res.waiters.len() as u64;
             if let Some(until) = res.idle_until_ms {
                 m.idle_expiry.insert((until, name.clone()));
+            }
+            if let Some(at) = res.reissue_at_ms {
+                m.reissue_index.insert((at, name.clone()));
             }
             m.resources.insert(name, res);
         }
@@ -724,6 +882,9 @@ impl LockMachine {
         }
         if rebuilt.idle_expiry != self.idle_expiry {
             return Err("idle_expiry index out of step".into());
+        }
+        if rebuilt.reissue_index != self.reissue_index {
+            return Err("reissue_index out of step".into());
         }
         if rebuilt.total_waiters != self.total_waiters {
             return Err("total_waiters out of step".into());

@@ -4,7 +4,9 @@ mod lock_machine;
 mod types;
 
 pub use lock_machine::{
-    DedupRecord, DedupState, Lease, LockMachine, LockView, MachineImage, MachineStats,
+    DedupRecord, DedupState, FenceGrant, Lease, LockMachine, LockView, MachineImage, MachineStats,
     ResourceState, Waiter, DEFAULT_IDLE_RETAIN_MS,
 };
-pub use types::{Acquire, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone};
+pub use types::{
+    Acquire, AdmitOutcome, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone,
+};

@@ -82,6 +82,16 @@ pub enum Command {
         resource: String,
         request_id: String,
     },
+    /// A fencing proxy asks to forward writes carrying `token` for `resource` (SPEC §3.3).
+    /// Granted only for the resource's current, live lease; the grant lets `proxy` forward
+    /// such writes without another round trip for `grant_ms` (capped at the lease's expiry),
+    /// and a new token for the resource is not issued while a grant for an older one lives.
+    Admit {
+        resource: String,
+        fencing_token: u64,
+        proxy: u64,
+        grant_ms: u64,
+    },
     /// Expire whatever is due at the stamped time: leases, waiters, dedup records, idle
     /// resource records. Proposed by the leader's sweeper; also advances log time so a
     /// failover never credits a lease with more than one sweep interval of idle time.
@@ -142,8 +152,23 @@ pub enum Response {
         expired: u32,
         handed_off: u32,
     },
+    Admit(AdmitOutcome),
     /// Blank and membership entries.
     Noop,
+}
+
+/// The state machine's verdict on a proxy's admission request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AdmitOutcome {
+    /// The token is the resource's current live lease: forward for up to `grant_ms`.
+    Admitted { grant_ms: u64 },
+    /// A larger token was issued or admitted for the resource (`highest` is a lower bound
+    /// when the resource's record was already dropped).
+    Stale { highest: u64 },
+    /// The token was never issued for this resource.
+    Unknown,
+    /// The token is the resource's latest, but its lease expired or was released.
+    Ended,
 }
 
 /// Side effects of a command that the node acts on after apply (waking long-polls, metrics).

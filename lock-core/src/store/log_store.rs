@@ -69,11 +69,37 @@ impl LogStore {
     }
 
     /// Writes one meta value and syncs it to disk.
-    async fn write_meta(&self, key: &'static [u8], value: Vec<u8>) -> Result<(), StoreError> {
+    async fn write_meta(
+        &self,
+        key: &'static [u8],
+        value: Vec<u8>,
+        durability: Option<PersistMode>,
+    ) -> Result<(), StoreError> {
+        let db = self.db.clone();
+        blocking(move || {
+            let mut batch = db.db.batch().durability(durability);
+            batch.insert(&db.meta, key, value);
+            batch.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Writes entries in one batch, synced: all of them are on disk before raft hears they are.
+    async fn write_entries(
+        &self,
+        entries: impl IntoIterator<Item = Entry<TypeConfig>>,
+    ) -> Result<(), StoreError> {
+        let mut rows = Vec::new();
+        for entry in entries {
+            rows.push((log_key(entry.log_id.index), encode("log entry", &entry)?));
+        }
         let db = self.db.clone();
         blocking(move || {
             let mut batch = db.db.batch().durability(Some(PersistMode::SyncAll));
-            batch.insert(&db.meta, key, value);
+            for (key, value) in rows {
+                batch.insert(&db.log, key, value);
+            }
             batch.commit()?;
             Ok(())
         })
@@ -174,7 +200,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError<u64>> {
         let write = async {
             let value = encode("vote", vote)?;
-            self.write_meta(VOTE_KEY, value).await
+            self.write_meta(VOTE_KEY, value, Some(PersistMode::SyncAll))
+                .await
         };
         write
             .await
@@ -192,7 +219,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     ) -> Result<(), StorageError<u64>> {
         let write = async {
             let value = encode("committed log id", &committed)?;
-            self.write_meta(COMMITTED_KEY, value).await
+            // Not synced: a lost or older committed id only means fewer entries are re-applied
+            // at startup (raft re-learns the commit index from the leader). It rides along
+            // with the next synced append, as fjall has one journal for all keyspaces.
+            self.write_meta(COMMITTED_KEY, value, None).await
         };
         write.await.map_err(|e| e.into_raft(StorageIOError::write))
     }
@@ -216,26 +246,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let rows: Result<Vec<([u8; 8], Vec<u8>)>, StoreError> = entries
-            .into_iter()
-            .map(|e| Ok((log_key(e.log_id.index), encode("log entry", &e)?)))
-            .collect();
-        let db = self.db.clone();
-        let written = match rows {
-            Ok(rows) => {
-                blocking(move || {
-                    // One batch, synced: all entries are on disk before raft hears they are.
-                    let mut batch = db.db.batch().durability(Some(PersistMode::SyncAll));
-                    for (key, value) in rows {
-                        batch.insert(&db.log, key, value);
-                    }
-                    batch.commit()?;
-                    Ok(())
-                })
-                .await
-            }
-            Err(e) => Err(e),
-        };
+        let written = self.write_entries(entries).await;
         match written {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));
@@ -261,7 +272,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let value = encode("purged log id", &log_id)?;
             // The marker first: once it is durable, get_log_state no longer reports the purged
             // entries, and open() finishes deleting them if we crash halfway.
-            this.write_meta(PURGED_KEY, value).await?;
+            this.write_meta(PURGED_KEY, value, Some(PersistMode::SyncAll))
+                .await?;
             blocking(move || this.remove_range(..=log_id.index, false)).await
         };
         purge

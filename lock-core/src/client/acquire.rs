@@ -1,0 +1,216 @@
+//! One logical acquire: a single request id, retried until granted, refused or out of time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::guard::{LeaseGuard, LeaseState};
+use super::schedule::new_request_id;
+use super::transport::{AttemptError, CallFailure, Transport};
+use super::{AcquireOptions, Error, Lease};
+
+/// How long the server keeps a long-poll open past its `wait_timeout_ms` before it cancels
+/// the wait itself (`WAIT_SLACK` in the API). Our attempt must outlast it: if we hung up
+/// first, the server would take the disconnect as "caller gone" and drop our place in line.
+const SERVER_WAIT_SLACK: Duration = Duration::from_secs(2);
+
+/// A `lock_held` that arrives while this much of our wait is still left cannot be the wait
+/// running out: a stale cancel (from an earlier attempt's dropped connection) removed us.
+/// Re-queue with the same request id instead of reporting the lock as held.
+const EARLY_WAIT_END: Duration = Duration::from_millis(250);
+
+pub(crate) async fn acquire(
+    transport: &Arc<Transport>,
+    resource: &str,
+    opts: AcquireOptions,
+) -> Result<LeaseGuard, Error> {
+    validate_resource(resource)?;
+    if let Some(ttl) = opts.ttl {
+        check_margin(transport, ttl)?;
+    }
+    let request_id = opts.request_id.clone().unwrap_or_else(new_request_id);
+    // Every grant this acquire can receive was stamped by the leader after this instant: the
+    // first attempt is sent after it, and retries only replay or continue that attempt.
+    let started = Instant::now();
+    let wait = opts.wait_timeout;
+    let wait_end = started + wait;
+    let deadline = started
+        + opts
+            .deadline
+            .unwrap_or(wait.saturating_add(transport.opts.call_timeout));
+    let mut cancel = CancelOnDrop {
+        transport: transport.clone(),
+        resource: resource.to_string(),
+        request_id: request_id.clone(),
+        armed: true,
+    };
+    // Whether the server may hold state for this request id (a queued waiter, or a grant we
+    // never saw). If not, a definite refusal needs no cancel.
+    let mut maybe_pending = false;
+    let mut attempts = 0u32;
+    let mut last = String::from("no attempt made");
+    let lease = loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(Error::Timeout {
+                elapsed: started.elapsed(),
+                attempts,
+                last,
+            });
+        }
+        attempts += 1;
+        let left = deadline - now;
+        let mut body = json!({ "request_id": request_id });
+        if let Some(ttl) = opts.ttl {
+            body["ttl_ms"] = json!(millis(ttl));
+        }
+        if let Some(h) = &opts.holder {
+            body["holder"] = json!(h);
+        }
+        let timeout = if wait.is_zero() {
+            transport.opts.request_timeout
+        } else {
+            // Never send 0 on a retry of a waiting acquire: if we are still queued, a
+            // try-once request cannot collect the grant.
+            let wait_ms = millis(wait_end.saturating_duration_since(now).min(left)).max(1);
+            body["wait_timeout_ms"] = json!(wait_ms);
+            maybe_pending = true;
+            Duration::from_millis(wait_ms) + SERVER_WAIT_SLACK + transport.opts.request_timeout
+        };
+        match transport
+            .post(resource, "acquire", &body, timeout.min(left))
+            .await
+        {
+            Ok(v) => match parse_lease(resource, v) {
+                Some(lease) => break lease,
+                None => {
+                    maybe_pending = true;
+                    last = "grant answer without the expected fields".into();
+                }
+            },
+            Err(AttemptError::Api(reply)) => {
+                let early = reply.code == "lock_held"
+                    && !wait.is_zero()
+                    && wait_end.saturating_duration_since(Instant::now()) > EARLY_WAIT_END;
+                if !early {
+                    cancel.armed = maybe_pending;
+                    return Err(reply.into_error(resource));
+                }
+                last = format!("wait ended early: {}", reply.message);
+            }
+            Err(AttemptError::Uncertain(why)) => {
+                tracing::debug!(resource, attempts, %why, "acquire outcome uncertain; retrying with the same request id");
+                maybe_pending = true;
+                last = why;
+            }
+        }
+        let pause = transport.backoff(attempts);
+        tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
+    };
+
+    let ttl = lease.ttl();
+    check_margin(transport, ttl)?;
+    let margin = transport.opts.margin_for(ttl);
+    let usable = ttl.saturating_sub(margin);
+    let provable = started + usable;
+    // Renew at once if the answer could be a replay (a retry returns the original grant even
+    // if that lease has since been released or expired), or if the conservative deadline is
+    // mostly used up (a long wait: we only know the grant came after `started`). The renewal
+    // both proves the lease still exists and measures a fresh deadline from its send time.
+    let verify = attempts > 1 || provable.saturating_duration_since(Instant::now()) < usable / 2;
+    let local_deadline = if verify {
+        let until = deadline.max(Instant::now() + transport.opts.request_timeout);
+        let body = json!({ "lease_id": lease.lease_id });
+        match transport.call_until(resource, "renew", &body, until).await {
+            Ok((sent, v))
+                if v.get("fencing_token").and_then(Value::as_u64) == Some(lease.fencing_token) =>
+            {
+                sent + usable
+            }
+            Ok(_) => {
+                return Err(Error::LeaseLost {
+                    resource: resource.to_string(),
+                })
+            }
+            Err(CallFailure::Api(reply)) => return Err(reply.into_error(resource)),
+            Err(f) => return Err(f.into_error(resource)),
+        }
+    } else {
+        provable
+    };
+    cancel.armed = false;
+    Ok(LeaseGuard::start(
+        transport.clone(),
+        LeaseState::new(lease, margin, local_deadline),
+    ))
+}
+
+fn parse_lease(resource: &str, v: Value) -> Option<Lease> {
+    let mut lease: Lease = serde_json::from_value(v).ok()?;
+    if lease.resource.is_empty() {
+        lease.resource = resource.to_string();
+    }
+    Some(lease)
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn check_margin(transport: &Transport, ttl: Duration) -> Result<(), Error> {
+    let margin = transport.opts.margin_for(ttl);
+    if margin.saturating_mul(2) > ttl {
+        return Err(Error::Invalid(format!(
+            "a ttl of {ttl:?} is too short for the safety margin of {margin:?}; use a ttl of at \
+             least twice the margin"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a resource name like the server does (1–256 bytes of `[A-Za-z0-9._:/-]`), so a bad
+/// name fails before anything is sent and never needs escaping in a URL.
+pub(crate) fn validate_resource(resource: &str) -> Result<(), Error> {
+    let ok = |b: u8| b.is_ascii_alphanumeric() || b"._:/-".contains(&b);
+    if resource.is_empty() || resource.len() > 256 || !resource.bytes().all(ok) {
+        return Err(Error::Invalid(format!(
+            "resource '{resource}' must be 1–256 bytes of letters, digits and . _ : / -"
+        )));
+    }
+    Ok(())
+}
+
+/// Cancels the server-side side of an acquire that ends without handing a guard to the
+/// caller: the future was dropped (caller gave up, `select!` lost, timeout), or it failed
+/// after an attempt whose outcome we never learned. Cancel removes a queued waiter, and
+/// releases a grant the caller never saw so the lock does not sit idle for a whole TTL.
+struct CancelOnDrop {
+    transport: Arc<Transport>,
+    resource: String,
+    request_id: String,
+    armed: bool,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // No runtime (process shutting down): the server drops the waiter when our
+        // connection closes, and its wait deadline bounds it anyway.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let transport = self.transport.clone();
+        let resource = std::mem::take(&mut self.resource);
+        let body = json!({ "request_id": std::mem::take(&mut self.request_id) });
+        rt.spawn(async move {
+            let until = Instant::now() + transport.opts.call_timeout;
+            match transport.call_until(&resource, "cancel", &body, until).await {
+                Ok((_, v)) => tracing::debug!(%resource, answer = %v, "abandoned acquire cancelled"),
+                Err(e) => tracing::warn!(%resource, error = ?e, "cancel of an abandoned acquire failed; the server's wait deadline will remove it"),
+            }
+        });
+    }
+}

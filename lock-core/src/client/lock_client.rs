@@ -1,0 +1,118 @@
+//! The client handle: node addresses, options, and the lock calls.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use super::acquire::{acquire, validate_resource};
+use super::guard::LeaseGuard;
+use super::transport::Transport;
+use super::{AcquireOptions, ClientOptions, Error, Lease};
+
+/// A client for a fencegate cluster. Cheap to clone; clones share one connection pool.
+///
+/// It talks to one node at a time and moves to the next after a connection error, a timeout
+/// or a `503`; any node serves any call (followers forward to the leader).
+#[derive(Clone)]
+pub struct Client {
+    transport: Arc<Transport>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("nodes", &self.transport.nodes())
+            .field("options", &self.transport.opts)
+            .finish()
+    }
+}
+
+impl Client {
+    /// A client with default options. `nodes` are base URLs such as `http://127.0.0.1:7001`.
+    pub fn new<I, S>(nodes: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::with_options(nodes, ClientOptions::default())
+    }
+
+    pub fn with_options<I, S>(nodes: I, options: ClientOptions) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let nodes = nodes.into_iter().map(Into::into).collect();
+        Ok(Client {
+            transport: Arc::new(Transport::new(nodes, options)?),
+        })
+    }
+
+    pub fn options(&self) -> &ClientOptions {
+        &self.transport.opts
+    }
+
+    pub fn nodes(&self) -> &[String] {
+        self.transport.nodes()
+    }
+
+    /// Acquires `resource` and returns a guard that keeps renewing it.
+    ///
+    /// One request id covers the whole call: timeouts, connection errors and `503`s are
+    /// retried with it (exponential backoff with jitter, moving between nodes) until
+    /// `opts.deadline`, so a retry can never create a second lease. `lock_held` is returned
+    /// at once unless `opts.wait_timeout` is set, in which case the call queues (FIFO) for
+    /// up to that long.
+    ///
+    /// Dropping the returned future before it completes cancels the acquire on the server:
+    /// a queued wait is removed, and a grant that was made but never seen is released.
+    pub async fn acquire(&self, resource: &str, opts: AcquireOptions) -> Result<LeaseGuard, Error> {
+        acquire(&self.transport, resource, opts).await
+    }
+
+    /// Renews a lease by id, once (retrying uncertain outcomes up to `call_timeout`). For
+    /// tools like the CLI; applications hold a [`LeaseGuard`], which renews by itself.
+    pub async fn renew(&self, resource: &str, lease_id: &str) -> Result<Lease, Error> {
+        validate_resource(resource)?;
+        let body = json!({ "lease_id": lease_id });
+        let (_, v) = self.call(resource, "renew", &body).await?;
+        let mut lease: Lease = serde_json::from_value(v.clone()).map_err(|e| Error::Api {
+            status: 200,
+            code: "bad_answer".into(),
+            message: format!("renew answer not understood ({e}): {v}"),
+        })?;
+        lease.resource = resource.to_string();
+        Ok(lease)
+    }
+
+    /// Releases a lease by id. `Ok(false)` if it was not held (already expired, released or
+    /// replaced): release is idempotent and never touches a newer holder.
+    pub async fn release(&self, resource: &str, lease_id: &str) -> Result<bool, Error> {
+        validate_resource(resource)?;
+        let body = json!({ "lease_id": lease_id });
+        let (_, v) = self.call(resource, "release", &body).await?;
+        Ok(v.get("released").and_then(Value::as_bool).unwrap_or(false))
+    }
+
+    /// Cancels a pending (or granted but unseen) acquire by its request id.
+    pub async fn cancel(&self, resource: &str, request_id: &str) -> Result<bool, Error> {
+        validate_resource(resource)?;
+        let body = json!({ "request_id": request_id });
+        let (_, v) = self.call(resource, "cancel", &body).await?;
+        Ok(v.get("cancelled").and_then(Value::as_bool).unwrap_or(false))
+    }
+
+    async fn call(
+        &self,
+        resource: &str,
+        action: &str,
+        body: &Value,
+    ) -> Result<(Instant, Value), Error> {
+        let until = Instant::now() + self.transport.opts.call_timeout;
+        self.transport
+            .call_until(resource, action, body, until)
+            .await
+            .map_err(|f| f.into_error(resource))
+    }
+}

@@ -1,0 +1,257 @@
+//! HTTP to the nodes: one attempt at a time, sorted into definite answers and uncertain
+//! outcomes, and a retry loop for calls that are safe to repeat.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::schedule::backoff_delay;
+use super::{ClientOptions, Error};
+
+/// A definite error answer from a node (anything but 5xx).
+#[derive(Debug, Clone)]
+pub(crate) struct ApiReply {
+    pub status: u16,
+    pub code: String,
+    pub message: String,
+    pub retry_after_ms: Option<u64>,
+}
+
+impl ApiReply {
+    /// The caller-facing error for this answer.
+    pub fn into_error(self, resource: &str) -> Error {
+        match self.code.as_str() {
+            "lock_held" => Error::LockHeld {
+                resource: resource.to_string(),
+                retry_after: Duration::from_millis(self.retry_after_ms.unwrap_or(0)),
+            },
+            "lease_lost" => Error::LeaseLost {
+                resource: resource.to_string(),
+            },
+            "too_many_waiters" => Error::TooManyWaiters {
+                resource: resource.to_string(),
+            },
+            _ => Error::Api {
+                status: self.status,
+                code: self.code,
+                message: self.message,
+            },
+        }
+    }
+}
+
+/// The outcome of one attempt that did not succeed.
+#[derive(Debug)]
+pub(crate) enum AttemptError {
+    /// The node answered, and the answer is final for this call.
+    Api(ApiReply),
+    /// We do not know whether the command was applied: timeout, connection error, `503`
+    /// (`no_quorum` may still commit later), other 5xx, or a garbled answer. Safe to retry
+    /// with the same request id / lease id.
+    Uncertain(String),
+}
+
+/// How a retried call ended without success.
+#[derive(Debug)]
+pub(crate) enum CallFailure {
+    Api(ApiReply),
+    Exhausted {
+        attempts: u32,
+        elapsed: Duration,
+        last: String,
+    },
+}
+
+impl CallFailure {
+    pub fn into_error(self, resource: &str) -> Error {
+        match self {
+            CallFailure::Api(reply) => reply.into_error(resource),
+            CallFailure::Exhausted {
+                attempts,
+                elapsed,
+                last,
+            } => Error::Timeout {
+                elapsed,
+                attempts,
+                last,
+            },
+        }
+    }
+}
+
+pub(crate) struct Transport {
+    /// Base URLs without a trailing slash.
+    nodes: Vec<String>,
+    /// Index of the node we currently talk to; moves on after an uncertain outcome.
+    current: AtomicUsize,
+    http: reqwest::Client,
+    pub opts: ClientOptions,
+}
+
+impl Transport {
+    pub fn new(nodes: Vec<String>, opts: ClientOptions) -> Result<Self, Error> {
+        if nodes.is_empty() {
+            return Err(Error::NoNodes);
+        }
+        let mut clean = Vec::with_capacity(nodes.len());
+        for n in nodes {
+            let n = n.trim().trim_end_matches('/').to_string();
+            if !(n.starts_with("http://") || n.starts_with("https://")) {
+                return Err(Error::Invalid(format!(
+                    "node '{n}' must be a base URL such as http://127.0.0.1:7001"
+                )));
+            }
+            clean.push(n);
+        }
+        if opts.request_timeout.is_zero() || opts.call_timeout.is_zero() {
+            return Err(Error::Invalid(
+                "request_timeout and call_timeout must be positive".into(),
+            ));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(opts.request_timeout)
+            .build()?;
+        Ok(Transport {
+            nodes: clean,
+            current: AtomicUsize::new(0),
+            http,
+            opts,
+        })
+    }
+
+    pub fn nodes(&self) -> &[String] {
+        &self.nodes
+    }
+
+    /// One `POST /v1/locks/{resource}/{action}` to the current node, bounded by `timeout`.
+    /// After an uncertain outcome the next call goes to the next node.
+    pub async fn post(
+        &self,
+        resource: &str,
+        action: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<Value, AttemptError> {
+        let idx = self.current.load(Ordering::Relaxed) % self.nodes.len();
+        let base = &self.nodes[idx];
+        let url = format!("{base}/v1/locks/{resource}/{action}");
+        let outcome = if timeout.is_zero() {
+            Err(AttemptError::Uncertain("no time left".into()))
+        } else {
+            // The outer timeout also bounds reading the body, whatever reqwest's own covers.
+            match tokio::time::timeout(timeout, self.attempt(&url, body, timeout)).await {
+                Ok(r) => r,
+                Err(_) => Err(AttemptError::Uncertain(format!(
+                    "{base}: no answer within {timeout:?}"
+                ))),
+            }
+        };
+        if matches!(outcome, Err(AttemptError::Uncertain(_))) {
+            // Only the first of several concurrent callers that saw this node fail moves on.
+            let next = (idx + 1) % self.nodes.len();
+            let _ = self
+                .current
+                .compare_exchange(idx, next, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        outcome
+    }
+
+    async fn attempt(
+        &self,
+        url: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<Value, AttemptError> {
+        let resp = self
+            .http
+            .post(url)
+            .json(body)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| AttemptError::Uncertain(format!("{url}: {e}")))?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| AttemptError::Uncertain(format!("{url}: reading the answer: {e}")))?;
+        let parsed: Option<Value> = serde_json::from_str(&text).ok();
+        if status == 200 {
+            return parsed.ok_or_else(|| {
+                AttemptError::Uncertain(format!("{url}: answer is not JSON: {text:.200}"))
+            });
+        }
+        let field = |k: &str| {
+            parsed
+                .as_ref()
+                .and_then(|v| v.get(k))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        let code = field("error").unwrap_or_else(|| format!("http_{status}"));
+        let message = field("message").unwrap_or_else(|| format!("{text:.200}"));
+        if status >= 500 {
+            return Err(AttemptError::Uncertain(format!(
+                "{url}: {status} {code}: {message}"
+            )));
+        }
+        Err(AttemptError::Api(ApiReply {
+            status,
+            code,
+            message,
+            retry_after_ms: parsed
+                .as_ref()
+                .and_then(|v| v.get("retry_after_ms"))
+                .and_then(Value::as_u64),
+        }))
+    }
+
+    /// Repeats a call that is safe to repeat (renew, release, cancel) on uncertain outcomes,
+    /// with backoff, until `until`. Returns the answer and when the successful attempt was
+    /// sent (the only moment a renewal's lease is provably measured from).
+    pub async fn call_until(
+        &self,
+        resource: &str,
+        action: &str,
+        body: &Value,
+        until: Instant,
+    ) -> Result<(Instant, Value), CallFailure> {
+        let started = Instant::now();
+        let mut attempts = 0u32;
+        let mut last = String::from("no attempt made");
+        loop {
+            let sent = Instant::now();
+            let left = until.saturating_duration_since(sent);
+            if left.is_zero() {
+                return Err(CallFailure::Exhausted {
+                    attempts,
+                    elapsed: started.elapsed(),
+                    last,
+                });
+            }
+            attempts += 1;
+            let timeout = self.opts.request_timeout.min(left);
+            match self.post(resource, action, body, timeout).await {
+                Ok(v) => return Ok((sent, v)),
+                Err(AttemptError::Api(reply)) => return Err(CallFailure::Api(reply)),
+                Err(AttemptError::Uncertain(why)) => {
+                    tracing::debug!(resource, action, attempts, %why, "uncertain outcome; retrying");
+                    last = why;
+                }
+            }
+            let pause = self.backoff(attempts);
+            let left = until.saturating_duration_since(Instant::now());
+            tokio::time::sleep(pause.min(left)).await;
+        }
+    }
+
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        backoff_delay(
+            attempt,
+            self.opts.backoff_base,
+            self.opts.backoff_max,
+            &mut rand::rng(),
+        )
+    }
+}

@@ -1,0 +1,56 @@
+//! Proxy configuration (the `[proxy]` table of a node's config file).
+
+use serde::{Deserialize, Serialize};
+
+use crate::route::RouteConfig;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Address the proxy listens on.
+    pub listen: String,
+    /// How long one admission lets this proxy forward a token's writes without asking the
+    /// cluster again (capped at the lease's expiry). Must exceed every route's upstream
+    /// timeout; a release defers the next lease of the resource by at most this much.
+    #[serde(default = "default_grant_ms")]
+    pub grant_ms: u64,
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+}
+
+fn default_grant_ms() -> u64 {
+    2_000
+}
+
+impl ProxyConfig {
+    /// The `fencegate dev` route: `/kv/{key}` to the demo store, fenced on `kv:{key}`.
+    pub fn dev(listen: String, demo_store: String) -> Self {
+        ProxyConfig {
+            listen,
+            grant_ms: default_grant_ms(),
+            routes: vec![RouteConfig {
+                path: "/kv/{key}".into(),
+                resource: "kv:{key}".into(),
+                upstream: demo_store,
+                protected_methods: ["POST", "PUT", "PATCH", "DELETE"]
+                    .map(String::from)
+                    .to_vec(),
+                upstream_timeout_ms: 1_000,
+            }],
+        }
+    }
+
+    /// Checks what serde cannot: timeouts against the grant.
+    pub fn validate(&self) -> Result<(), String> {
+        for r in &self.routes {
+            if r.upstream_timeout_ms == 0 || r.upstream_timeout_ms + 200 > self.grant_ms {
+                return Err(format!(
+                    "route {}: upstream_timeout_ms ({}) must be > 0 and at least 200 ms below \
+                     grant_ms ({})",
+                    r.path, r.upstream_timeout_ms, self.grant_ms
+                ));
+            }
+        }
+        Ok(())
+    }
+}

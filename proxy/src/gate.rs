@@ -1,0 +1,160 @@
+//! The fence gate: decides whether a protected write may be forwarded, against linearizable
+//! state, paying a consensus round trip only for the first write of an epoch.
+//!
+//! How (docs/fencing.md has the full argument):
+//! - The first write with token T for resource R commits `Admit{R, T, proxy}` through raft.
+//!   The state machine admits only R's current, live lease token and answers with a grant:
+//!   this proxy may forward T-writes for R for `grant_ms` (capped at the lease's expiry).
+//! - While the grant has at least the upstream timeout left, further T-writes are forwarded
+//!   with no round trip (the fast path). A lower token is rejected locally.
+//! - The state machine never issues a token newer than T for R while a grant for T lives:
+//!   expiry needs no wait (grants end with the lease), a release defers the next grant until
+//!   the grants ran out. So when a newer token exists, every T-write forwarded under a grant
+//!   has completed or hit the upstream timeout: the epoch barrier.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_core::machine::{Command, Response};
+use lock_core::node::{Node, ProposeError};
+
+use crate::verdict::{fast_verdict, grant_from_outcome, FastVerdict, LocalGrant, Rejection};
+
+/// Slack subtracted from every grant for clock-rate differences between this node and the
+/// leader that stamped the grant.
+pub const CLOCK_MARGIN: Duration = Duration::from_millis(100);
+/// Lock stripes serialising admissions per resource (so a burst of first writes makes one
+/// consensus round trip, not many).
+const STRIPES: usize = 256;
+/// Grants kept before expired ones are swept.
+const SWEEP_AT: usize = 100_000;
+
+pub struct FenceGate {
+    node: Arc<Node>,
+    grant_ms: u64,
+    grants: parking_lot::Mutex<HashMap<String, LocalGrant>>,
+    stripes: Vec<tokio::sync::Mutex<()>>,
+}
+
+/// How a request was admitted, for metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    FastPath,
+    Consensus,
+}
+
+impl FenceGate {
+    pub fn new(node: Arc<Node>, grant_ms: u64) -> Self {
+        FenceGate {
+            node,
+            grant_ms,
+            grants: parking_lot::Mutex::new(HashMap::new()),
+            stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+        }
+    }
+
+    fn local(&self, resource: &str) -> Option<LocalGrant> {
+        self.grants.lock().get(resource).copied()
+    }
+
+    /// Decides whether a write with `token` for `resource` may be forwarded now.
+    pub async fn admit(
+        &self,
+        resource: &str,
+        token: u64,
+        upstream_timeout: Duration,
+    ) -> Result<Admission, Rejection> {
+        match fast_verdict(
+            self.local(resource).as_ref(),
+            token,
+            Instant::now(),
+            upstream_timeout,
+        ) {
+            FastVerdict::Forward => return Ok(Admission::FastPath),
+            FastVerdict::Reject(r) => return Err(r),
+            FastVerdict::Consult => {}
+        }
+        let _serial = self.stripes[stripe(resource)].lock().await;
+        // Someone may have refreshed the grant while we queued for the stripe.
+        match fast_verdict(
+            self.local(resource).as_ref(),
+            token,
+            Instant::now(),
+            upstream_timeout,
+        ) {
+            FastVerdict::Forward => return Ok(Admission::FastPath),
+            FastVerdict::Reject(r) => return Err(r),
+            FastVerdict::Consult => {}
+        }
+        let sent = Instant::now();
+        let cmd = Command::Admit {
+            resource: resource.to_string(),
+            fencing_token: token,
+            proxy: self.node.id,
+            grant_ms: self.grant_ms,
+        };
+        let outcome = match self.node.propose(cmd).await {
+            Ok(Response::Admit(outcome)) => outcome,
+            Ok(other) => {
+                tracing::error!(?other, "unexpected answer to an admission");
+                return Err(Rejection::NoQuorum);
+            }
+            Err(ProposeError::NoQuorum | ProposeError::NotLeader(_)) => {
+                return Err(Rejection::NoQuorum)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "admission failed");
+                return Err(Rejection::NoQuorum);
+            }
+        };
+        let grant = grant_from_outcome(&outcome, token, sent, CLOCK_MARGIN);
+        if let Err(Rejection::Stale { highest, .. }) = &grant {
+            self.remember_floor(resource, *highest);
+        }
+        let grant = grant?;
+        self.remember(resource, grant);
+        // A grant too short for a request to finish (the lease is about to end) must not be
+        // used: the write could land after the next holder's.
+        if Instant::now() + upstream_timeout > grant.deadline {
+            return Err(Rejection::Ended { presented: token });
+        }
+        Ok(Admission::Consensus)
+    }
+
+    fn remember(&self, resource: &str, grant: LocalGrant) {
+        let mut grants = self.grants.lock();
+        if grants.len() >= SWEEP_AT {
+            let now = Instant::now();
+            grants.retain(|_, g| g.deadline > now);
+        }
+        match grants.get_mut(resource) {
+            Some(g) if g.token > grant.token => {}
+            Some(g) => *g = grant,
+            None => {
+                grants.insert(resource.to_string(), grant);
+            }
+        }
+    }
+
+    /// Records that `highest` was admitted, so lower tokens are refused locally from now on.
+    fn remember_floor(&self, resource: &str, highest: u64) {
+        let floor = LocalGrant {
+            token: highest,
+            deadline: Instant::now(),
+        };
+        self.remember(resource, floor);
+    }
+
+    /// Number of resources with a local grant or floor (for metrics).
+    pub fn cached(&self) -> usize {
+        self.grants.lock().len()
+    }
+}
+
+fn stripe(resource: &str) -> usize {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    resource.hash(&mut h);
+    (h.finish() as usize) % STRIPES
+}

@@ -1,0 +1,16 @@
+//! The fencing proxy: pingora in front of stores that cannot check fencing tokens.
+//!
+//! A protected write reaches the upstream only if its `Fence-Token` is the current token of
+//! the resource its path maps to, decided against the lock cluster's replicated state
+//! (SPEC §3.3, §5). The decision logic is pure ([`verdict`]); [`gate`] adds the local grant
+//! cache and the consensus round trip; [`service`] is the pingora glue; [`server`] runs it
+//! inside a node's tokio runtime on a listener the caller bound.
+
+pub mod config;
+pub mod demo_store;
+pub mod gate;
+pub mod metrics;
+pub mod route;
+pub mod server;
+pub mod service;
+pub mod verdict;

@@ -1,0 +1,245 @@
+//! Routes: which upstream a request goes to and which resource its writes are fenced on.
+//!
+//! A route pattern is a path of literal segments, `{name}` captures (one segment each) and an
+//! optional trailing `**` (any rest). The resource template uses the captures, e.g. pattern
+//! `/accounts/{id}/**` with template `account:{id}`. The client never chooses the resource.
+
+use serde::{Deserialize, Serialize};
+
+/// One configured route.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Path pattern, e.g. `/kv/{key}`.
+    pub path: String,
+    /// Resource template, e.g. `kv:{key}`.
+    pub resource: String,
+    /// `host:port` of the protected store.
+    pub upstream: String,
+    /// Methods that must carry a fencing token.
+    #[serde(default = "default_protected")]
+    pub protected_methods: Vec<String>,
+    /// Bound on how long a forwarded request may wait for the upstream's response header
+    /// (and on each read/write to it). The epoch barrier's guarantee is stated in terms of it.
+    #[serde(default = "default_upstream_timeout")]
+    pub upstream_timeout_ms: u64,
+}
+
+fn default_protected() -> Vec<String> {
+    ["POST", "PUT", "PATCH", "DELETE"]
+        .map(String::from)
+        .to_vec()
+}
+
+fn default_upstream_timeout() -> u64 {
+    1_000
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    Capture(String),
+    Rest,
+}
+
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RouteError {
+    #[error("route pattern '{0}' must start with '/'")]
+    NotAbsolute(String),
+    #[error("route pattern '{0}': '**' may only be the last segment")]
+    RestNotLast(String),
+    #[error("resource template '{template}' uses '{{{name}}}', which pattern '{pattern}' does not capture")]
+    UnknownCapture {
+        template: String,
+        pattern: String,
+        name: String,
+    },
+}
+
+/// A compiled route.
+#[derive(Clone, Debug)]
+pub struct Route {
+    pub config: RouteConfig,
+    segments: Vec<Segment>,
+    protected: Vec<String>,
+}
+
+/// The outcome of matching a path against the routes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteMatch {
+    pub route: usize,
+    pub resource: String,
+}
+
+impl Route {
+    pub fn compile(config: RouteConfig) -> Result<Route, RouteError> {
+        let Some(rest) = config.path.strip_prefix('/') else {
+            return Err(RouteError::NotAbsolute(config.path.clone()));
+        };
+        let mut segments = Vec::new();
+        let parts: Vec<&str> = rest.split('/').collect();
+        for (i, part) in parts.iter().enumerate() {
+            let seg = if *part == "**" {
+                if i + 1 != parts.len() {
+                    return Err(RouteError::RestNotLast(config.path.clone()));
+                }
+                Segment::Rest
+            } else if let Some(name) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) {
+                Segment::Capture(name.to_string())
+            } else {
+                Segment::Literal(part.to_string())
+            };
+            segments.push(seg);
+        }
+        // Every {name} in the template must be captured by the pattern.
+        let mut t = config.resource.as_str();
+        while let Some(start) = t.find('{') {
+            let Some(len) = t[start..].find('}') else {
+                break;
+            };
+            let name = &t[start + 1..start + len];
+            if !segments.contains(&Segment::Capture(name.to_string())) {
+                return Err(RouteError::UnknownCapture {
+                    template: config.resource.clone(),
+                    pattern: config.path.clone(),
+                    name: name.to_string(),
+                });
+            }
+            t = &t[start + len + 1..];
+        }
+        let protected = config
+            .protected_methods
+            .iter()
+            .map(|m| m.to_ascii_uppercase())
+            .collect();
+        Ok(Route {
+            config,
+            segments,
+            protected,
+        })
+    }
+
+    pub fn is_protected(&self, method: &str) -> bool {
+        self.protected
+            .iter()
+            .any(|m| m.eq_ignore_ascii_case(method))
+    }
+
+    /// The resource this path maps to, if the path matches.
+    fn resource_for(&self, path: &str) -> Option<String> {
+        let path = path.strip_prefix('/')?;
+        let parts: Vec<&str> = path.split('/').collect();
+        let mut captures: Vec<(&str, &str)> = Vec::new();
+        let mut i = 0;
+        for seg in &self.segments {
+            match seg {
+                Segment::Rest => {
+                    i = parts.len();
+                    break;
+                }
+                Segment::Literal(l) => {
+                    if parts.get(i) != Some(&l.as_str()) {
+                        return None;
+                    }
+                }
+                Segment::Capture(name) => {
+                    let value = parts.get(i).filter(|v| !v.is_empty())?;
+                    captures.push((name, value));
+                }
+            }
+            i += 1;
+        }
+        if i != parts.len() {
+            return None;
+        }
+        let mut resource = self.config.resource.clone();
+        for (name, value) in captures {
+            resource = resource.replace(&format!("{{{name}}}"), value);
+        }
+        Some(resource)
+    }
+}
+
+/// The route table: first match wins.
+#[derive(Clone, Debug, Default)]
+pub struct Routes {
+    routes: Vec<Route>,
+}
+
+impl Routes {
+    pub fn new(configs: Vec<RouteConfig>) -> Result<Routes, RouteError> {
+        Ok(Routes {
+            routes: configs
+                .into_iter()
+                .map(Route::compile)
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    pub fn get(&self, index: usize) -> Option<&Route> {
+        self.routes.get(index)
+    }
+
+    /// Matches a request path (without query string).
+    pub fn find(&self, path: &str) -> Option<RouteMatch> {
+        self.routes.iter().enumerate().find_map(|(i, r)| {
+            r.resource_for(path)
+                .map(|resource| RouteMatch { route: i, resource })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(path: &str, resource: &str) -> RouteConfig {
+        RouteConfig {
+            path: path.into(),
+            resource: resource.into(),
+            upstream: "127.0.0.1:9000".into(),
+            protected_methods: default_protected(),
+            upstream_timeout_ms: 1000,
+        }
+    }
+
+    #[test]
+    fn captures_and_rest() {
+        let routes = Routes::new(vec![
+            route("/kv/{key}", "kv:{key}"),
+            route("/accounts/{id}/**", "account:{id}"),
+        ])
+        .unwrap();
+        assert_eq!(routes.find("/kv/a").unwrap().resource, "kv:a");
+        assert_eq!(routes.find("/kv/a/b"), None);
+        assert_eq!(routes.find("/kv/"), None);
+        let m = routes.find("/accounts/7/orders/9").unwrap();
+        assert_eq!((m.route, m.resource.as_str()), (1, "account:7"));
+        assert_eq!(routes.find("/accounts/7").unwrap().resource, "account:7");
+        assert_eq!(routes.find("/other"), None);
+    }
+
+    #[test]
+    fn bad_patterns_are_rejected() {
+        assert!(matches!(
+            Route::compile(route("kv/{key}", "kv:{key}")),
+            Err(RouteError::NotAbsolute(_))
+        ));
+        assert!(matches!(
+            Route::compile(route("/a/**/b", "x")),
+            Err(RouteError::RestNotLast(_))
+        ));
+        assert!(matches!(
+            Route::compile(route("/kv/{key}", "kv:{id}")),
+            Err(RouteError::UnknownCapture { .. })
+        ));
+    }
+
+    #[test]
+    fn protected_methods_default_to_writes() {
+        let r = Route::compile(route("/kv/{key}", "kv:{key}")).unwrap();
+        assert!(r.is_protected("PUT") && r.is_protected("delete"));
+        assert!(!r.is_protected("GET") && !r.is_protected("HEAD"));
+    }
+}

@@ -1,0 +1,54 @@
+//! Runs the fencing proxy inside the node's tokio runtime, on a listener the caller bound
+//! (so tests can use port 0), until the shutdown watch turns true.
+
+use std::os::fd::IntoRawFd;
+use std::sync::Arc;
+
+use lock_core::node::Node;
+use pingora::server::configuration::ServerConf;
+use pingora::server::{Fds, ListenFds};
+use pingora::services::Service as _;
+use tokio::sync::watch;
+
+use crate::config::ProxyConfig;
+use crate::gate::FenceGate;
+use crate::metrics::ProxyMetrics;
+use crate::route::Routes;
+use crate::service::FenceProxy;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProxyError {
+    #[error("invalid proxy config: {0}")]
+    Config(String),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Starts the proxy for `node` on `listener`; returns the task serving it.
+pub fn start(
+    node: Arc<Node>,
+    config: &ProxyConfig,
+    listener: std::net::TcpListener,
+    shutdown: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, ProxyError> {
+    config.validate().map_err(ProxyError::Config)?;
+    let routes =
+        Routes::new(config.routes.clone()).map_err(|e| ProxyError::Config(e.to_string()))?;
+    let metrics = ProxyMetrics::new(&node.metrics.registry);
+    let gate = Arc::new(FenceGate::new(node, config.grant_ms));
+    let proxy = FenceProxy::new(routes, gate, metrics);
+
+    let server_conf = Arc::new(ServerConf::default());
+    let mut service = pingora::proxy::http_proxy_service(&server_conf, proxy);
+    let addr = listener.local_addr()?.to_string();
+    listener.set_nonblocking(true)?;
+    service.add_tcp(&addr);
+    // Hand pingora the socket we bound instead of letting it bind the address itself.
+    let mut fds = Fds::new();
+    fds.add(addr, listener.into_raw_fd());
+    let fds: ListenFds = Arc::new(parking_lot::Mutex::new(fds));
+    Ok(tokio::spawn(async move {
+        service.start_service(Some(fds), shutdown, 1).await;
+    }))
+}

@@ -1,0 +1,301 @@
+//! Durability against a real process kill: three `fencegate node` OS processes, SIGKILL the
+//! leader, and check the lease survives (SPEC §3.2, §3.6, §3.7) and the killed node rejoins
+//! from its data dir and catches up.
+//!
+//! Unlike the in-process clusters of lock-core's tests, nothing here can flush or clean up on
+//! the way down: whatever was acknowledged must already be on disk.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const EVENT: Duration = Duration::from_secs(30);
+
+fn phase(msg: &str) {
+    eprintln!("---- {msg}");
+}
+
+/// The three processes and their data. Dropping it SIGKILLs every child that still runs (also
+/// when the test panics) and, on a panic, prints the tail of each node's log.
+struct Processes {
+    dir: tempfile::TempDir,
+    addrs: BTreeMap<u64, String>,
+    children: BTreeMap<u64, Child>,
+    http: reqwest::Client,
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for child in self.children.values_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            for id in self.addrs.keys() {
+                let log = std::fs::read_to_string(self.log_path(*id)).unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                eprintln!("==== node {id} log (last 30 lines)");
+                for line in &lines[lines.len().saturating_sub(30)..] {
+                    eprintln!("{line}");
+                }
+            }
+        }
+    }
+}
+
+/// Ports the OS has just handed out. The listeners are dropped so the nodes can bind them; a
+/// collision with another process in between is possible but unlikely.
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("addr").port())
+        .collect()
+}
+
+impl Processes {
+    fn new(n: u64) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let addrs: BTreeMap<u64, String> = (1..=n)
+            .zip(free_ports(n as usize))
+            .map(|(id, port)| (id, format!("127.0.0.1:{port}")))
+            .collect();
+        let members: Vec<String> = addrs
+            .iter()
+            .map(|(id, addr)| format!("\"{id}\" = \"{addr}\""))
+            .collect();
+        for (id, addr) in &addrs {
+            let data_dir = dir.path().join(format!("node{id}"));
+            let config = format!(
+                "listen = \"{addr}\"\n\n[node]\nid = {id}\ndata_dir = {data_dir:?}\n\
+                 initial_members = {{ {} }}\n",
+                members.join(", ")
+            );
+            std::fs::write(dir.path().join(format!("node{id}.toml")), config).expect("config");
+        }
+        Processes {
+            dir,
+            addrs,
+            children: BTreeMap::new(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .expect("client"),
+        }
+    }
+
+    fn log_path(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("node{id}.log"))
+    }
+
+    /// Starts (or restarts) node `id` with its config file and data dir.
+    fn spawn(&mut self, id: u64) {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(self.log_path(id))
+            .expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_fencegate"))
+            .arg("node")
+            .arg("--config")
+            .arg(self.dir.path().join(format!("node{id}.toml")))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn fencegate");
+        self.children.insert(id, child);
+    }
+
+    /// SIGKILL: the process gets no chance to flush or shut down.
+    fn kill(&mut self, id: u64) {
+        let mut child = self.children.remove(&id).expect("node is running");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+    }
+
+    fn assert_alive(&mut self, id: u64) {
+        if let Some(child) = self.children.get_mut(&id) {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("node {id} exited: {status}");
+            }
+        }
+    }
+
+    fn url(&self, id: u64, path: &str) -> String {
+        format!("http://{}{}", self.addrs[&id], path)
+    }
+
+    /// GET, with transport errors (a dead or starting process) as `None`.
+    async fn get(&self, id: u64, path: &str) -> Option<(u16, Value)> {
+        let resp = self.http.get(self.url(id, path)).send().await.ok()?;
+        let status = resp.status().as_u16();
+        Some((status, resp.json().await.unwrap_or(Value::Null)))
+    }
+
+    async fn post(&self, id: u64, path: &str, body: &Value) -> Option<(u16, Value)> {
+        let resp = self
+            .http
+            .post(self.url(id, path))
+            .json(body)
+            .send()
+            .await
+            .ok()?;
+        let status = resp.status().as_u16();
+        Some((status, resp.json().await.unwrap_or(Value::Null)))
+    }
+
+    async fn wait_ready(&mut self, id: u64) {
+        let deadline = Instant::now() + EVENT;
+        loop {
+            self.assert_alive(id);
+            if let Some((200, _)) = self.get(id, "/readyz").await {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {id} not ready within {EVENT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn cluster(&self, id: u64) -> Option<Value> {
+        match self.get(id, "/v1/cluster").await {
+            Some((200, v)) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The leader as `among` agree on it: every one of them names the same node, and that node
+    /// names itself.
+    async fn wait_leader(&self, among: &[u64]) -> u64 {
+        let deadline = Instant::now() + EVENT;
+        loop {
+            let mut views = Vec::new();
+            for id in among {
+                views.push(
+                    self.cluster(*id)
+                        .await
+                        .and_then(|v| v["leader_id"].as_u64()),
+                );
+            }
+            if let Some(Some(l)) = views.first().copied() {
+                if views.iter().all(|v| *v == Some(l)) {
+                    let own = self.cluster(l).await.and_then(|v| v["leader_id"].as_u64());
+                    if own == Some(l) {
+                        return l;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no agreed leader among {among:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Acquire with one request id, retried on `nodes` in turn through transport errors and
+    /// 503 until a definitive answer.
+    async fn acquire(&self, nodes: &[u64], resource: &str, request_id: &str) -> (u16, Value) {
+        let body = json!({ "request_id": request_id, "ttl_ms": 60_000 });
+        let path = format!("/v1/locks/{resource}/acquire");
+        let deadline = Instant::now() + EVENT;
+        for id in nodes.iter().cycle() {
+            match self.post(*id, &path, &body).await {
+                Some((503, _)) | None => {}
+                Some(answer) => return answer,
+            }
+            assert!(Instant::now() < deadline, "acquire {request_id}: no answer");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        unreachable!("cycle never ends")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_leader_lease_survives_and_node_rejoins() {
+    let mut p = Processes::new(3);
+    let all: Vec<u64> = p.addrs.keys().copied().collect();
+
+    phase("start three fencegate node processes and wait until each is ready");
+    for id in &all {
+        p.spawn(*id);
+    }
+    for id in &all {
+        p.wait_ready(*id).await;
+    }
+
+    phase("acquire a lock (through node 1, forwarded to the leader if need be)");
+    let (s, v) = p.acquire(&[1], "sigkill:job", "req-sigkill").await;
+    assert_eq!(s, 200, "{v}");
+    let lease_id = v["lease_id"].as_str().expect("lease_id").to_string();
+    let token = v["fencing_token"].as_u64().expect("token");
+    let expires = v["expires_at_ms"].as_u64().expect("expiry");
+
+    phase("SIGKILL the leader process");
+    let leader = p.wait_leader(&all).await;
+    p.kill(leader);
+    let survivors: Vec<u64> = all.iter().copied().filter(|id| *id != leader).collect();
+
+    phase("the survivors elect a new leader; the lease survived with its token (§3.2, §3.7)");
+    let new = p.wait_leader(&survivors).await;
+    assert_ne!(new, leader);
+    let (s, v) = p.acquire(&survivors, "sigkill:job", "req-sigkill").await;
+    assert_eq!(s, 200, "a retry returns the original lease (§3.6): {v}");
+    assert_eq!(v["lease_id"].as_str(), Some(lease_id.as_str()));
+    assert_eq!(v["fencing_token"].as_u64(), Some(token));
+    assert!(v["expires_at_ms"].as_u64().unwrap_or(0) >= expires, "{v}");
+    let (s, v) = p.acquire(&survivors, "sigkill:job", "req-rival").await;
+    assert_eq!(s, 409, "still held: {v}");
+    let (s, g) = p
+        .get(survivors[0], "/v1/locks/sigkill:job")
+        .await
+        .expect("GET on a survivor");
+    assert_eq!((s, &g["held"]), (200, &json!(true)), "{g}");
+    assert_eq!(g["fencing_token"].as_u64(), Some(token));
+
+    phase("restart the killed process on its data dir; it catches up and serves the lock");
+    p.spawn(leader);
+    p.wait_ready(leader).await;
+    let target = p
+        .cluster(new)
+        .await
+        .and_then(|v| v["last_applied"].as_u64())
+        .expect("leader's last_applied");
+    let deadline = Instant::now() + EVENT;
+    loop {
+        p.assert_alive(leader);
+        let applied = p
+            .cluster(leader)
+            .await
+            .and_then(|v| v["last_applied"].as_u64())
+            .unwrap_or(0);
+        if applied >= target {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "restarted node stuck at {applied} < {target}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = p.cluster(leader).await.expect("status");
+    assert!(
+        status["locks"]["last_token"].as_u64().unwrap_or(0) >= token,
+        "{status}"
+    );
+    let (s, g) = p
+        .get(leader, "/v1/locks/sigkill:job")
+        .await
+        .expect("GET on the restarted node");
+    assert_eq!((s, &g["held"]), (200, &json!(true)), "{g}");
+    assert_eq!(g["fencing_token"].as_u64(), Some(token), "{g}");
+}
