@@ -341,6 +341,42 @@ async fn t30_lost_acquire_answer_then_retry_returns_the_same_lease() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t31_a_replayed_grant_of_an_ended_lease_is_not_handed_out() {
+    let c = TestCluster::start(3).await;
+    let id = c.running()[0];
+    let relay = TcpRelay::start(&c.addrs[&id]).await;
+    let mut opts = ClientOptions::default();
+    opts.request_timeout = Duration::from_millis(1_000);
+    let client = Client::with_options([relay.url()], opts).expect("client");
+
+    phase("the first acquire commits but its answer is lost; the client will retry");
+    relay.drop_answers_on_next(1);
+    let acquiring = tokio::spawn(async move {
+        client
+            .acquire("kv:replay", AcquireOptions::new(5 * SEC).request_id("replay-1"))
+            .await
+    });
+    eventually(5 * SEC, "the first acquire is committed", async || {
+        lock_status(&c, "kv:replay").await["held"] == true
+    })
+    .await;
+
+    phase("before the retry, the grant is cancelled by request id (it ends the lease)");
+    let (s, v) = c
+        .post(id, "/v1/locks/kv:replay/cancel", serde_json::json!({ "request_id": "replay-1" }))
+        .await;
+    assert_eq!((s, v["cancelled"].as_bool()), (200, Some(true)), "{v}");
+
+    phase("the retry replays the original, now dead, grant (SPEC §3.6); the client must not trust it");
+    match acquiring.await.expect("join") {
+        Err(Error::LeaseLost { .. }) => {}
+        other => panic!("expected LeaseLost, got {other:?}"),
+    }
+    assert!(relay.connections() >= 2, "the client retried");
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t40_leader_failover_during_renewals_keeps_the_lease() {
     let mut c = TestCluster::start(3).await;
     let leader = c.wait_leader(10 * SEC).await;

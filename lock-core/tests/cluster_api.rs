@@ -186,12 +186,13 @@ async fn cluster_status(c: &TestCluster, node: u64) -> Value {
 }
 
 /// Polls `GET /v1/cluster` on `node` (a status page, not linearizable) until it names the
-/// leader: a follower that has not yet heard from the leader shows no membership.
+/// leader and has applied something: a follower that has not yet heard from the leader shows
+/// no membership, and one that has not applied an entry yet shows `last_applied: null`.
 async fn wait_cluster_status(c: &TestCluster, node: u64, leader: u64) -> Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let v = cluster_status(c, node).await;
-        if v["leader_id"].as_u64() == Some(leader) {
+        if v["leader_id"].as_u64() == Some(leader) && v["last_applied"].is_u64() {
             return v;
         }
         assert!(
