@@ -484,3 +484,20 @@ fn t60_renew_delay_spreads_renewals_over_the_interval() {
     assert!(buckets.iter().all(|b| *b <= 250), "{buckets:?}");
     assert!(buckets.iter().all(|b| *b >= 50), "{buckets:?}");
 }
+
+#[test]
+fn t61_retry_backoff_grows_with_jitter_and_stays_bounded() {
+    let (base, max) = (Duration::from_millis(50), SEC);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    for attempt in 1..=40u32 {
+        let full = base.saturating_mul(1 << (attempt - 1).min(16)).min(max);
+        let picks: Vec<Duration> = (0..200)
+            .map(|_| backoff_delay(attempt, base, max, &mut rng))
+            .collect();
+        // Upper half of the (capped) exponential step: never a tight loop, never above the cap.
+        assert!(picks.iter().all(|d| *d >= full / 2 && *d <= full), "attempt {attempt}");
+        // Jittered: clients that failed together do not retry together.
+        let distinct: std::collections::BTreeSet<_> = picks.iter().collect();
+        assert!(distinct.len() > 150, "attempt {attempt}: {} distinct", distinct.len());
+    }
+}

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 use lock_core::machine::{
-    Acquire, Command, Effect, Grant, LeaseId, LockMachine, MachineImage, Proposal, Response,
+    Acquire, AdmitOutcome, Command, Effect, Grant, LeaseId, LockMachine, MachineImage, Proposal, Response,
     WaiterGone, DEFAULT_IDLE_RETAIN_MS,
 };
 use proptest::prelude::*;
@@ -936,6 +936,12 @@ struct MRes {
     lease: Option<MLease>,
     queue: VecDeque<MWaiter>,
     last_token: u64,
+    /// Highest token a proxy was admitted with.
+    admitted: u64,
+    /// Proxy admission grants: (proxy, token, until).
+    grants: Vec<(u64, u64, u64)>,
+    /// After a lease ended under live grants: no new token before this time.
+    reissue_at: Option<u64>,
     idle_until: Option<u64>,
 }
 
@@ -952,6 +958,8 @@ struct Model {
     last_token: u64,
     res: BTreeMap<String, MRes>,
     dedup: BTreeMap<(String, String), MDedup>,
+    /// Highest token of any dropped idle record.
+    gc_floor: u64,
 }
 
 impl Model {
@@ -969,6 +977,12 @@ impl Model {
                     }
                     for w in r.queue.iter_mut().filter(|w| w.deadline > prev) {
                         w.deadline += by;
+                    }
+                    for g in r.grants.iter_mut().filter(|g| g.2 > prev) {
+                        g.2 += by;
+                    }
+                    if let Some(at) = r.reissue_at.as_mut().filter(|at| **at > prev) {
+                        *at += by;
                     }
                 }
             }
@@ -1003,7 +1017,7 @@ impl Model {
             Command::Release { resource, lease_id } => {
                 self.settle(resource, &mut fx);
                 if self.lease_id(resource) == Some(*lease_id) {
-                    self.end_and_hand_off(resource, &mut fx);
+                    self.free(resource, &mut fx);
                     Response::Released(true)
                 } else {
                     Response::Released(false)
@@ -1031,7 +1045,7 @@ impl Model {
                     }
                     Some(MDedup::Granted { grant, .. }) => {
                         if self.lease_id(resource) == Some(grant.lease_id) {
-                            self.end_and_hand_off(resource, &mut fx);
+                            self.free(resource, &mut fx);
                             Response::Cancelled(true)
                         } else {
                             Response::Cancelled(false)
@@ -1039,8 +1053,13 @@ impl Model {
                     }
                 }
             }
+            Command::Admit {
+                resource,
+                fencing_token,
+                proxy,
+                grant_ms,
+            } => Response::Admit(self.admit(resource, *fencing_token, *proxy, *grant_ms, &mut fx)),
             Command::Tick { max_items } => self.tick(*max_items as usize, &mut fx),
-            other => unreachable!("the model does not generate {other:?}"),
         };
         (resp, fx)
     }
@@ -1081,15 +1100,19 @@ impl Model {
             }
             None => {}
         }
-        let held = self.res.get(&a.resource).and_then(|r| r.lease.clone());
-        let Some(held) = held else {
+        // Busy while held, or while the previous token's proxy grants run out.
+        let busy_until = self
+            .res
+            .get(&a.resource)
+            .and_then(|r| r.lease.as_ref().map(|l| l.exp).or(r.reissue_at));
+        let Some(busy_until) = busy_until else {
             let g = self.grant(&a.resource, a.lease_id, a.ttl_ms);
             self.remember_grant(&a.resource, &a.request_id, g.clone(), a.retain_ms);
             return Response::Granted(g);
         };
         if a.wait_timeout_ms == 0 {
             return Response::Held {
-                retry_after_ms: held.exp - self.now,
+                retry_after_ms: busy_until - self.now,
             };
         }
         let total = self.total_waiters();
@@ -1111,22 +1134,38 @@ impl Model {
 
     fn settle(&mut self, resource: &str, fx: &mut Vec<Effect>) {
         let now = self.now;
-        let Some(l) = self.res.get(resource).and_then(|r| r.lease.clone()) else {
+        let Some(r) = self.res.get_mut(resource) else {
             return;
         };
-        if l.exp <= now {
+        if let Some(l) = r.lease.clone().filter(|l| l.exp <= now) {
             fx.push(Effect::Expired {
                 resource: resource.to_string(),
                 fencing_token: l.token,
             });
-            self.end_and_hand_off(resource, fx);
+            self.free(resource, fx);
+        } else if r.lease.is_none() && r.reissue_at.is_some_and(|at| at <= now) {
+            r.reissue_at = None;
+            self.hand_off(resource, fx);
         }
     }
 
-    fn end_and_hand_off(&mut self, resource: &str, fx: &mut Vec<Effect>) {
+    /// Ends the lease; the next holder gets the lock now, or when the proxy grants for the
+    /// ended token have run out (SPEC §5 epoch barrier).
+    fn free(&mut self, resource: &str, fx: &mut Vec<Effect>) {
         let now = self.now;
         let r = self.res.get_mut(resource).expect("resource");
         r.lease = None;
+        r.grants.retain(|g| g.2 > now);
+        if let Some(until) = r.grants.iter().map(|g| g.2).max() {
+            r.reissue_at = Some(until);
+            return;
+        }
+        self.hand_off(resource, fx);
+    }
+
+    fn hand_off(&mut self, resource: &str, fx: &mut Vec<Effect>) {
+        let now = self.now;
+        let r = self.res.get_mut(resource).expect("resource");
         while let Some(w) = r.queue.pop_front() {
             if w.deadline <= now {
                 self.dedup.remove(&(resource.to_string(), w.rid.clone()));
@@ -1146,6 +1185,49 @@ impl Model {
             return;
         }
         self.mark_idle(resource);
+    }
+
+    /// SPEC §3.3 / §5: a proxy may forward writes only with the resource's current, live
+    /// token, never one below the highest issued or admitted, never one not issued for it.
+    fn admit(
+        &mut self,
+        resource: &str,
+        token: u64,
+        proxy: u64,
+        grant_ms: u64,
+        fx: &mut Vec<Effect>,
+    ) -> AdmitOutcome {
+        self.settle(resource, fx);
+        let now = self.now;
+        let Some(r) = self.res.get_mut(resource) else {
+            return if token <= self.gc_floor {
+                AdmitOutcome::Stale {
+                    highest: self.gc_floor,
+                }
+            } else {
+                AdmitOutcome::Unknown
+            };
+        };
+        let highest = r.last_token.max(r.admitted);
+        if token < highest {
+            return AdmitOutcome::Stale { highest };
+        }
+        if token > r.last_token {
+            return AdmitOutcome::Unknown;
+        }
+        let Some(exp) = r.lease.as_ref().filter(|l| l.token == token).map(|l| l.exp) else {
+            return AdmitOutcome::Ended;
+        };
+        let until = (now + grant_ms).min(exp);
+        r.grants.retain(|g| g.2 > now);
+        match r.grants.iter_mut().find(|g| g.0 == proxy && g.1 == token) {
+            Some(g) => g.2 = g.2.max(until),
+            None => r.grants.push((proxy, token, until)),
+        }
+        r.admitted = r.admitted.max(token);
+        AdmitOutcome::Admitted {
+            grant_ms: until - now,
+        }
     }
 
     fn grant(&mut self, resource: &str, id: LeaseId, ttl: u64) -> Grant {
@@ -1181,7 +1263,11 @@ impl Model {
     fn mark_idle(&mut self, resource: &str) {
         let now = self.now;
         if let Some(r) = self.res.get_mut(resource) {
-            if r.lease.is_none() && r.queue.is_empty() && r.idle_until.is_none() {
+            if r.lease.is_none()
+                && r.queue.is_empty()
+                && r.idle_until.is_none()
+                && r.reissue_at.is_none()
+            {
                 r.idle_until = Some(now + DEFAULT_IDLE_RETAIN_MS);
             }
         }
@@ -1203,6 +1289,22 @@ impl Model {
         for (_, name) in due.into_iter().take(budget) {
             budget -= 1;
             expired += 1;
+            let before = fx.len();
+            self.settle(&name, fx);
+            handed_off += fx[before..]
+                .iter()
+                .filter(|e| matches!(e, Effect::HandedOff { .. }))
+                .count() as u32;
+        }
+        let mut due: Vec<(u64, String)> = self
+            .res
+            .iter()
+            .filter_map(|(n, r)| r.reissue_at.map(|at| (at, n.clone())))
+            .filter(|(at, _)| *at <= now)
+            .collect();
+        due.sort();
+        for (_, name) in due.into_iter().take(budget) {
+            budget -= 1;
             let before = fx.len();
             self.settle(&name, fx);
             handed_off += fx[before..]
@@ -1259,7 +1361,8 @@ impl Model {
             .collect();
         due.sort();
         for (_, name) in due.into_iter().take(budget) {
-            self.res.remove(&name);
+            let gone = self.res.remove(&name).expect("idle record");
+            self.gc_floor = self.gc_floor.max(gone.last_token).max(gone.admitted);
         }
         Response::Ticked {
             expired,
