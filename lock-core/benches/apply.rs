@@ -199,6 +199,8 @@ fn bench_image(c: &mut Criterion) {
     let records = stats.resources + stats.dedup_records;
 
     let mut g = c.benchmark_group("snapshot");
+    // Each iteration is ~0.1 s; 20 samples keep the run short on a small machine.
+    g.sample_size(20);
     g.throughput(Throughput::Elements(records));
     g.bench_function("image_20k_leases_100k_dedup", |b| {
         b.iter_with_large_drop(|| m.image())

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use lock_core::node::Policy;
 use serde_json::{json, Value};
 use support::{eventually, phase, ApiClient, TestCluster};
 
@@ -198,6 +199,13 @@ async fn stream_acquire(
     unreachable!()
 }
 
+fn shared_grants(seen: &Mutex<Vec<Granted>>) -> usize {
+    let seen = seen.lock().expect("seen");
+    seen.iter()
+        .filter(|g| g.resource.starts_with("stream:shared:"))
+        .count()
+}
+
 /// SPEC §3.1 and §3.2: clients keep acquiring distinct and shared resources while the leader
 /// is killed. Every lease any client was granted is checked afterwards: one valid lease per
 /// resource at a time, unique tokens, tokens rising in grant order, and a global counter on
@@ -244,30 +252,24 @@ async fn t20_leader_killed_mid_stream() {
             }
         }));
     }
-    eventually(EVENT, "20 acquires answered", async || {
-        answered.load(Ordering::SeqCst) >= 20
+    // Shared leases (ttl 1 s) must change hands several times before and after the crash, or
+    // the overlap check below has little to look at.
+    eventually(EVENT, "20 answers and 6 shared grants", async || {
+        answered.load(Ordering::SeqCst) >= 20 && shared_grants(&seen) >= 2 * SHARED
     })
     .await;
 
     phase("crash the leader mid-stream");
     c.crash(leader).await;
     let at_crash = answered.load(Ordering::SeqCst);
+    let shared_at_crash = shared_grants(&seen);
     let new = c.wait_leader(EVENT).await;
-    let shared_grants = || {
-        let seen = seen.lock().expect("seen");
-        seen.iter()
-            .filter(|g| g.resource.starts_with("stream:shared:"))
-            .count()
-    };
-    let shared_at_crash = shared_grants();
-    // Shared leases (ttl 1 s, extended by the failover) must change hands after the crash too,
-    // or the overlap check below would only see the old leader's grants.
     eventually(
         EVENT,
-        "40 answers and 2 shared grants after the crash",
+        "40 answers and 6 shared grants after the crash",
         async || {
             answered.load(Ordering::SeqCst) >= at_crash + 40
-                && shared_grants() >= shared_at_crash + 2
+                && shared_grants(&seen) >= shared_at_crash + 2 * SHARED
         },
     )
     .await;
@@ -515,7 +517,13 @@ async fn t30_isolated_minority_answers_503() {
 /// time plus the failover grace, also when its clock runs 5 s ahead of the old leader's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t40_leader_change_does_not_shorten_lease() {
-    let mut c = TestCluster::start(3).await;
+    // A grace well above election time, so the check below tells the grace apart from the
+    // election time a failover also credits.
+    let policy = Policy {
+        failover_grace_ms: 3_000,
+        ..Policy::default()
+    };
+    let mut c = TestCluster::start_with(3, policy).await;
     let grace = c.policy.failover_grace_ms;
     let l1 = c.wait_leader(EVENT).await;
 

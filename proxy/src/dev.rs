@@ -95,13 +95,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     println!();
     println!("Try it: take the lock, write through the proxy with its token, release:");
     println!(
-        "  curl -s -XPOST http://{api}/v1/locks/kv:demo/acquire -d '{}'",
-        r#"{"request_id":"r1"}"#
+        r#"  curl -s -XPOST http://{api}/v1/locks/kv:demo/acquire -d '{{"request_id":"r1"}}'"#
     );
     println!("  curl -s -XPUT http://{proxy}/kv/demo -H 'Fence-Token: <fencing_token>' -d hello");
     println!(
-        "  curl -s -XPOST http://{api}/v1/locks/kv:demo/release -d '{}'",
-        r#"{"lease_id":"<lease_id>"}"#
+        r#"  curl -s -XPOST http://{api}/v1/locks/kv:demo/release -d '{{"lease_id":"<lease_id>"}}'"#
     );
     println!();
     println!("Ctrl-C stops it; restarting with the same --data-dir keeps all state.");

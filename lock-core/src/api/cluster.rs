@@ -34,7 +34,7 @@ pub async fn status(State(node): State<Arc<Node>>) -> Json<Value> {
         "state": format!("{:?}", m.state),
         "members": members,
         "last_log_index": m.last_log_index,
-        "last_applied": m.last_applied.map(|l| l.index),
+        "last_applied": m.last_applied.map_or(0, |l| l.index),
         "snapshot_index": m.snapshot.map(|l| l.index),
         "purged_index": m.purged.map(|l| l.index),
         "millis_since_quorum_ack": m.millis_since_quorum_ack,

@@ -202,7 +202,21 @@ async fn acquire(node: &Arc<Node>, resource: &str, body: &[u8]) -> Result<Value,
     };
     // Subscribe before proposing so a hand-off applied before we hear back is not missed.
     let mut ticket = (wait_timeout_ms > 0).then(|| node.waits.subscribe(resource, &request_id));
-    let response = node.propose(Command::Acquire(cmd.clone())).await?;
+    // Armed before proposing: a caller that hangs up while the acquire is being committed
+    // must not leave a waiter behind for the whole wait timeout.
+    let mut guard = CancelOnDrop::arm(node, &cmd, wait_timeout_ms > 0);
+    let response = match node.propose(Command::Acquire(cmd.clone())).await {
+        Ok(r) => r,
+        Err(e) => {
+            // The caller hears 503 and retries with the same request_id; the waiter (if the
+            // acquire commits after all) stays for that retry, bounded by its wait timeout.
+            guard.disarm();
+            return Err(e.into());
+        }
+    };
+    if !matches!(response, Response::Queued { .. }) {
+        guard.disarm();
+    }
     let outcome = match response {
         Response::Granted(g) => Ok(g),
         Response::Held { retry_after_ms } => Err(lock_held(
@@ -216,7 +230,7 @@ async fn acquire(node: &Arc<Node>, resource: &str, body: &[u8]) -> Result<Value,
             "The wait queue for this resource (or the node) is full; retry later.",
         )),
         Response::Queued { .. } => match ticket.as_mut() {
-            Some(t) => wait_in_queue(node, &cmd, t).await,
+            Some(t) => wait_in_queue(node, &cmd, t, guard).await,
             // A try-once retry (wait_timeout_ms 0) of a request_id that is still waiting in
             // the queue: the original wait goes on untouched; this call just reports it.
             None => {
@@ -254,12 +268,8 @@ async fn wait_in_queue(
     node: &Arc<Node>,
     cmd: &Acquire,
     ticket: &mut crate::node::WaitTicket,
+    mut guard: CancelOnDrop,
 ) -> Result<Grant, ApiError> {
-    let mut guard = CancelOnDrop {
-        node: Some(node.clone()),
-        resource: cmd.resource.clone(),
-        request_id: cmd.request_id.clone(),
-    };
     let limit = Duration::from_millis(cmd.wait_timeout_ms) + WAIT_SLACK;
     let result = match tokio::time::timeout(limit, ticket.outcome()).await {
         Ok(Some(WaitOutcome::Granted(g))) => Ok(g),
@@ -277,21 +287,54 @@ async fn wait_in_queue(
                 resource: cmd.resource.clone(),
                 request_id: cmd.request_id.clone(),
             };
-            node.propose(cancel).await?;
+            guard.disarm();
+            abandon(node, cancel, cmd.lease_id).await?;
             Err(lock_held(
                 0,
                 "wait_timeout_ms passed before the lock became free.",
             ))
         }
     };
-    guard.node = None;
+    guard.disarm();
     result
 }
 
+/// Withdraws a queued acquire nobody will collect: cancels the waiter, and if the lock was
+/// already handed to it, releases that lease with the lease id this node proposed for it (a
+/// retried acquire's waiter has another id, and then the release is a harmless no-op).
+async fn abandon(node: &Node, cancel: Command, lease_id: LeaseId) -> Result<(), ApiError> {
+    let Command::Cancel { resource, .. } = &cancel else {
+        return Ok(());
+    };
+    let resource = resource.clone();
+    if let Response::Cancelled(false) = node.propose(cancel).await? {
+        node.propose(Command::Release { resource, lease_id })
+            .await?;
+    }
+    Ok(())
+}
+
+/// Abandons a queued acquire when the handler future is dropped (the client went away).
 struct CancelOnDrop {
     node: Option<Arc<Node>>,
     resource: String,
     request_id: String,
+    lease_id: LeaseId,
+}
+
+impl CancelOnDrop {
+    fn arm(node: &Arc<Node>, cmd: &Acquire, armed: bool) -> Self {
+        CancelOnDrop {
+            node: armed.then(|| node.clone()),
+            resource: cmd.resource.clone(),
+            request_id: cmd.request_id.clone(),
+            lease_id: cmd.lease_id,
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.node = None;
+    }
 }
 
 impl Drop for CancelOnDrop {
@@ -303,9 +346,10 @@ impl Drop for CancelOnDrop {
             resource: std::mem::take(&mut self.resource),
             request_id: std::mem::take(&mut self.request_id),
         };
+        let lease_id = self.lease_id;
         tokio::spawn(async move {
-            if let Err(e) = node.propose(cmd).await {
-                tracing::warn!(error = %e, "cancel of an abandoned wait failed; its deadline will remove it");
+            if let Err(e) = abandon(&node, cmd, lease_id).await {
+                tracing::warn!(error = %e.message, "cancel of an abandoned wait failed; its deadline will remove it");
             }
         });
     }

@@ -56,5 +56,9 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<
     } else {
         body
     };
+    // serde also accepts a struct as a JSON array of its fields; bodies here are objects.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::invalid("The body must be a JSON object."));
+    }
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("Bad JSON body: {e}.")))
 }

@@ -187,7 +187,7 @@ impl LockMachine {
         if term > self.term {
             // Skip the shift on the very first command ever (term 0 -> n): nothing to honour.
             if self.term != 0 || prev != 0 {
-                self.shift_live_deadlines(prev, now - prev + grace_ms);
+                self.shift_live_deadlines(prev, (now - prev).saturating_add(grace_ms));
             }
             self.term = term;
         }
@@ -201,14 +201,15 @@ impl LockMachine {
         }
         let live: Vec<(u64, String)> = self
             .lease_expiry
-            .range((prev + 1, String::new())..)
+            .range((prev.saturating_add(1), String::new())..)
             .cloned()
             .collect();
         for (exp, res) in live {
             self.lease_expiry.remove(&(exp, res.clone()));
-            self.lease_expiry.insert((exp + by, res.clone()));
+            self.lease_expiry
+                .insert((exp.saturating_add(by), res.clone()));
             if let Some(lease) = self.resources.get_mut(&res).and_then(|r| r.lease.as_mut()) {
-                lease.expires_at_ms = exp + by;
+                lease.expires_at_ms = exp.saturating_add(by);
             }
         }
         for res in self.resources.values_mut() {
@@ -218,7 +219,7 @@ impl LockMachine {
         }
         let reissues: Vec<(u64, String)> = self
             .reissue_index
-            .range((prev + 1, String::new())..)
+            .range((prev.saturating_add(1), String::new())..)
             .cloned()
             .collect();
         for (at, res) in reissues {
@@ -231,20 +232,20 @@ impl LockMachine {
         }
         let waiting: Vec<(u64, String, String)> = self
             .waiter_deadlines
-            .range((prev + 1, String::new(), String::new())..)
+            .range((prev.saturating_add(1), String::new(), String::new())..)
             .cloned()
             .collect();
         for (deadline, res, rid) in waiting {
             self.waiter_deadlines
                 .remove(&(deadline, res.clone(), rid.clone()));
             self.waiter_deadlines
-                .insert((deadline + by, res.clone(), rid.clone()));
+                .insert((deadline.saturating_add(by), res.clone(), rid.clone()));
             if let Some(w) = self
                 .resources
                 .get_mut(&res)
                 .and_then(|r| r.waiters.iter_mut().find(|w| w.request_id == rid))
             {
-                w.deadline_ms = deadline + by;
+                w.deadline_ms = deadline.saturating_add(by);
             }
         }
     }
@@ -363,22 +364,10 @@ impl LockMachine {
                 self.mark_idle_if_unused(resource);
                 Response::Cancelled(true)
             }
-            DedupState::Granted(g) => {
-                // The acquire was granted (typically by hand-off) but its caller gave up before
-                // seeing it. Releasing now beats letting the lock sit idle for a whole TTL. The
-                // dedup record stays, so a late retry still gets the original (now dead) lease
-                // rather than a second one.
-                let current = self
-                    .resources
-                    .get(resource)
-                    .and_then(|r| r.lease.as_ref())
-                    .is_some_and(|l| l.lease_id == g.lease_id);
-                if !current {
-                    return Response::Cancelled(false);
-                }
-                self.free(resource, fx);
-                Response::Cancelled(true)
-            }
+            // Already granted: only the lease id may end a lease (SPEC §3.4), and a request id
+            // is no secret. A node cancelling an abandoned long-poll follows up with a release
+            // carrying the lease id it proposed for that waiter.
+            DedupState::Granted(_) => Response::Cancelled(false),
         }
     }
 
@@ -763,7 +752,13 @@ impl LockMachine {
         self.resources
             .range(prefix.to_string()..)
             .take_while(|(name, _)| name.starts_with(prefix))
-            .filter(|(_, r)| r.lease.is_some() || !r.waiters.is_empty())
+            .filter(|(_, r)| {
+                let live = r
+                    .lease
+                    .as_ref()
+                    .is_some_and(|l| l.expires_at_ms > now_ms.max(self.now_ms));
+                live || !r.waiters.is_empty()
+            })
             .take(limit)
             .map(|(name, _)| self.view(name, now_ms))
             .collect()

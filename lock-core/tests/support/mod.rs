@@ -191,13 +191,9 @@ impl TestCluster {
                 Err(e) => panic!("rebind {}: {e}", self.addrs[&id]),
             }
         };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let handle = loop {
-            match node::start(self.config(id), listener).await {
-                Ok(h) => break h,
-                Err(e) => panic!("restart node {id}: {e} (deadline {deadline:?})"),
-            }
-        };
+        let handle = node::start(self.config(id), listener)
+            .await
+            .unwrap_or_else(|e| panic!("restart node {id}: {e}"));
         self.nodes.insert(id, Some(handle));
     }
 

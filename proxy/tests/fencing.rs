@@ -1,0 +1,722 @@
+//! The fencing proxy end to end: a real 3-node cluster, one pingora proxy per node, the demo
+//! store behind them (see `common/`). Each test reads as linear phases; comments name the
+//! SPEC rule checked. The store's `/log` is the ground truth of what was forwarded.
+//!
+//! Rules: SPEC §3.3 (never forward a protected write whose token is below the highest issued or
+//! admitted for the resource, nor one not issued for it), §5 (outcome codes, epoch barrier,
+//! floors durable and replicated), §9 (the zombie scenario).
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{
+    assert_tokens_non_decreasing_per_key, eventually, phase, writes_with, FenceClient,
+    FenceHarness, Reply, StoreWrite, Write, EVENT,
+};
+use reqwest::Method;
+use serde_json::json;
+
+/// Index of the first store write carrying `token`.
+#[track_caller]
+fn first_index_of(log: &[StoreWrite], token: u64) -> usize {
+    log.iter()
+        .position(|w| w.fence_token == Some(token))
+        .unwrap_or_else(|| panic!("no write with token {token} in {log:#?}"))
+}
+
+/// SPEC §9, §3.3: the zombie scenario. A's lease expires while A is paused; B gets a larger
+/// token and writes; A's delayed write is refused by every proxy and B's data stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t10_zombie_write_is_refused_on_every_proxy() {
+    let h = FenceHarness::start().await;
+    let c = h.client.clone();
+
+    phase("A acquires kv:x (ttl 3 s) and writes through proxy 1");
+    let a = h.acquire("kv:x", "A", 3_000, 0).await;
+    let r = c.put(1, "x", a.token, "A-1").await;
+    assert_eq!(r.status, 200, "A's first write: {}", r.body);
+
+    phase("A pauses; its lease runs out (observed with GET /v1/locks/kv:x)");
+    h.wait_lease_gone("kv:x", a.token).await;
+
+    phase("before anyone else holds the lock, A's token is already refused (lease ended)");
+    h.assert_refused_everywhere("x", a.token, "stale_fencing_token")
+        .await;
+
+    phase("B acquires a larger token and writes through proxy 2");
+    let b = h.acquire("kv:x", "B", 30_000, 0).await;
+    assert!(b.token > a.token, "§3.2: {} > {}", b.token, a.token);
+    let r = c.put(2, "x", b.token, "B-1").await;
+    assert_eq!(r.status, 200, "B's write: {}", r.body);
+
+    phase("A wakes up: its delayed write gets 412 stale on EVERY proxy, naming B's token (§3.3)");
+    for r in h
+        .assert_refused_everywhere("x", a.token, "stale_fencing_token")
+        .await
+    {
+        assert_eq!(
+            r.body["highest_token"].as_u64(),
+            Some(b.token),
+            "{}",
+            r.body
+        );
+    }
+
+    phase("the store holds B's data, and no write with A's token follows B's first (§9)");
+    assert_eq!(c.store_value("x").await.as_deref(), Some("B-1"));
+    let log = c.store_log().await;
+    let values: Vec<&str> = log.iter().map(|w| w.value.as_str()).collect();
+    assert_eq!(values, ["A-1", "B-1"], "{log:#?}");
+    let b_first = first_index_of(&log, b.token);
+    assert!(
+        log[b_first..]
+            .iter()
+            .all(|w| w.fence_token != Some(a.token)),
+        "{log:#?}"
+    );
+    assert_tokens_non_decreasing_per_key(&log);
+    h.shutdown().await;
+}
+
+/// SPEC §5 outcomes: a protected write without a token, with a malformed one, with another
+/// resource's or a never-issued token, or with a mismatching `Fence-Resource` is answered by
+/// the proxy and never reaches the store. Reads pass through; unknown paths are a JSON 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t20_bad_tokens_are_refused_and_never_forwarded() {
+    let h = FenceHarness::start().await;
+    let c = h.client.clone();
+    let a = h.acquire("kv:a", "A", 30_000, 0).await;
+    let z = h.acquire("kv:z", "Z", 30_000, 0).await;
+    assert!(z.token > a.token);
+    let mut accepted = Vec::new();
+
+    phase("a valid write is forwarded (with a matching Fence-Resource, too)");
+    let r = c.put(1, "a", a.token, "a-1").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    accepted.push("a-1");
+    let w = Write::put("a", a.token, "a-2").header("fence-resource", "kv:a");
+    let r = c.send(2, &w).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    accepted.push("a-2");
+
+    phase("§5: protected methods without Fence-Token → 428 fencing_token_required");
+    for method in [Method::PUT, Method::POST, Method::PATCH, Method::DELETE] {
+        let r = c
+            .send(1, &Write::new(method.clone(), "/kv/a", "no-token"))
+            .await;
+        assert_eq!(
+            (r.status, r.code()),
+            (428, "fencing_token_required"),
+            "{method}: {}",
+            r.body
+        );
+    }
+
+    phase("§5: a Fence-Token that is not a decimal u64 → 400 malformed_fencing_token");
+    for bad in [
+        "abc",
+        "-1",
+        "1.5",
+        "0x10",
+        "",
+        "99999999999999999999",
+        "1 2",
+    ] {
+        let w = Write::new(Method::PUT, "/kv/a", "malformed").header("fence-token", bad);
+        let r = c.send(1, &w).await;
+        assert_eq!(
+            (r.status, r.code()),
+            (400, "malformed_fencing_token"),
+            "Fence-Token {bad:?}: {}",
+            r.body
+        );
+    }
+
+    phase("§5: Fence-Resource naming another resource → 400 fence_resource_mismatch");
+    let w = Write::put("a", a.token, "mismatch").header("fence-resource", "kv:b");
+    let r = c.send(1, &w).await;
+    assert_eq!(
+        (r.status, r.code()),
+        (400, "fence_resource_mismatch"),
+        "{}",
+        r.body
+    );
+
+    phase("§3.3: another resource's token is refused with 412 by every proxy");
+    // Which 412 code it gets depends on how it compares with the resource's own tokens:
+    // above anything issued for kv:a → unknown; below kv:z's current token → stale.
+    for id in h.proxy_ids() {
+        let r = c.put(id, "a", z.token, "foreign-z-on-a").await;
+        assert_eq!(
+            (r.status, r.code()),
+            (412, "unknown_fencing_token"),
+            "{}",
+            r.body
+        );
+        let r = c.put(id, "z", a.token, "foreign-a-on-z").await;
+        assert_eq!(
+            (r.status, r.code()),
+            (412, "stale_fencing_token"),
+            "{}",
+            r.body
+        );
+        assert_eq!(
+            r.body["highest_token"].as_u64(),
+            Some(z.token),
+            "{}",
+            r.body
+        );
+        // A resource nobody ever locked.
+        let r = c.put(id, "b", a.token, "foreign-a-on-b").await;
+        assert_eq!(
+            (r.status, r.code()),
+            (412, "unknown_fencing_token"),
+            "{}",
+            r.body
+        );
+    }
+
+    phase("§3.3: a token never issued at all → 412 unknown_fencing_token");
+    for id in h.proxy_ids() {
+        let r = c.put(id, "a", 1_000_000_000, "never-issued").await;
+        assert_eq!(
+            (r.status, r.code()),
+            (412, "unknown_fencing_token"),
+            "{}",
+            r.body
+        );
+        assert_eq!(r.body["presented_token"], json!(1_000_000_000u64));
+    }
+
+    phase("a path that maps to an invalid resource is refused, even if the store would accept it");
+    // The demo store decodes `%61` to key `a`; the proxy fences on the raw path, and `kv:%61`
+    // is not a valid resource name, so the write must not slip through as an unfenced `a`.
+    let r = c.put(1, "%61", a.token, "encoded").await;
+    assert_eq!(
+        (r.status, r.code()),
+        (400, "invalid_resource"),
+        "{}",
+        r.body
+    );
+
+    phase("§5: reads pass through without a token");
+    let r = c.send(3, &Write::new(Method::GET, "/kv/a", "")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body, json!("a-2"));
+    let r = c
+        .send(3, &Write::new(Method::GET, "/kv/nothing-here", ""))
+        .await;
+    assert_eq!(
+        r.status, 404,
+        "the store's own 404 passes through: {}",
+        r.body
+    );
+
+    phase("no route → 404 JSON no_route, for writes and reads");
+    for (method, path) in [
+        (Method::PUT, "/other/a"),
+        (Method::GET, "/other"),
+        (Method::PUT, "/kv/a/extra"),
+        (Method::GET, "/"),
+    ] {
+        let w = Write::new(method.clone(), path, "x").header("fence-token", a.token);
+        let r = c.send(1, &w).await;
+        assert_eq!(
+            (r.status, r.code()),
+            (404, "no_route"),
+            "{method} {path}: {}",
+            r.body
+        );
+    }
+
+    phase("the store's log holds exactly the accepted writes");
+    let log = c.store_log().await;
+    let values: Vec<&str> = log.iter().map(|w| w.value.as_str()).collect();
+    assert_eq!(values, accepted, "{log:#?}");
+    h.shutdown().await;
+}
+
+/// SPEC §3.5, §5: without a quorum the proxy cannot verify a token: 503 `no_quorum`, in
+/// bounded time, and nothing is forwarded. A proxy cut off from the cluster keeps forwarding
+/// only under a grant it already holds, and never past it (docs/fencing.md, "Leader change").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t30_no_quorum_is_503_and_nothing_is_forwarded() {
+    let mut h = FenceHarness::start().await;
+    let c = h.client.clone();
+    let leader = h.leader().await;
+    let f = h.cluster.followers(leader)[0];
+    let q = h.acquire("kv:q", "Q", 30_000, 0).await;
+    let g = h.acquire("kv:g", "G", 30_000, 0).await;
+
+    phase("proxy f gets a grant for kv:g before its node is cut off");
+    let first = c.put(f, "g", g.token, "g-0").await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    // The fast path needs the whole upstream timeout left before the grant (measured from
+    // before the admission was sent, minus the clock margin) ends.
+    let grant = Duration::from_millis(h.config().grant_ms);
+    let timeout = Duration::from_millis(h.config().routes[0].upstream_timeout_ms);
+    let last_fast_send = first.at + grant - fencegate_proxy::gate::CLOCK_MARGIN - timeout;
+
+    phase(&format!("isolate follower {f} (a minority of one)"));
+    h.cluster.isolate(f);
+    let before = c.store_log().await;
+
+    phase("under its existing grant the isolated proxy forwards, but never past the grant");
+    let mut n = 0;
+    loop {
+        n += 1;
+        let sent = Instant::now();
+        let r = c.put(f, "g", g.token, &format!("g-{n}")).await;
+        match r.status {
+            200 => assert!(
+                sent <= last_fast_send,
+                "forwarded a write sent {:?} after the grant's fast-path window",
+                sent - last_fast_send
+            ),
+            503 => break,
+            s => panic!("unexpected {s}: {}", r.body),
+        }
+        assert!(n < 1_000, "isolated proxy never stopped forwarding");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("isolated proxy forwarded {} writes under its grant", n - 1);
+
+    phase("a first write of an epoch through the isolated proxy → 503 no_quorum, bounded");
+    let sent = Instant::now();
+    let r = c.put(f, "q", q.token, "q-isolated").await;
+    let took = sent.elapsed();
+    eprintln!("503 after {took:?}");
+    assert_eq!((r.status, r.code()), (503, "no_quorum"), "{}", r.body);
+    assert!(took < Duration::from_secs(10), "503 took {took:?}");
+    let during = c.store_log().await;
+    assert!(
+        writes_with(&during, q.token).is_empty(),
+        "a 503 write reached the store: {during:#?}"
+    );
+    assert_eq!(
+        during.len(),
+        before.len() + n - 1,
+        "only the 200s landed: {during:#?}"
+    );
+
+    phase("the majority side still admits the same token");
+    let other = h.cluster.followers(leader).into_iter().find(|id| *id != f);
+    let r = c
+        .put(other.unwrap_or(leader), "q", q.token, "q-majority")
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    phase("heal: the formerly isolated proxy admits again");
+    h.cluster.heal();
+    eventually(EVENT, "proxy f admits after heal", async || {
+        let t = Instant::now();
+        let r = c.put(f, "q", q.token, "q-healed").await;
+        eprintln!("DIAG {} after {:?}", r.status, t.elapsed());
+        assert!(matches!(r.status, 200 | 503), "{}", r.body);
+        r.status == 200
+    })
+    .await;
+
+    phase("crash two of three nodes: the survivor's proxy refuses a first write with 503");
+    let r_token = h.acquire("kv:r", "R", 30_000, 0).await.token;
+    let survivor = f;
+    for id in h.cluster.running() {
+        if id != survivor {
+            h.crash(id).await;
+        }
+    }
+    let before = c.store_log().await;
+    let sent = Instant::now();
+    let r = c.put(survivor, "r", r_token, "r-alone").await;
+    let took = sent.elapsed();
+    eprintln!("503 after {took:?}");
+    assert_eq!((r.status, r.code()), (503, "no_quorum"), "{}", r.body);
+    assert!(took < Duration::from_secs(10), "503 took {took:?}");
+    assert_eq!(
+        c.store_log().await,
+        before,
+        "nothing forwarded without a quorum"
+    );
+    h.shutdown().await;
+}
+
+/// SPEC §5 epoch barrier: A's write is in flight (the store applies it 700 ms late, inside the
+/// route's 1 s upstream timeout) when A releases; B's lease is deferred until A's grant ends,
+/// so B's write reaches the store only after A's. The store's log proves the order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_epoch_barrier_newer_write_waits_for_in_flight_older_write() {
+    let h = FenceHarness::start().await;
+    let c = h.client.clone();
+    let a = h.acquire("kv:e", "A", 30_000, 0).await;
+
+    phase("A sends a write the store applies 700 ms late");
+    let slow = tokio::spawn({
+        let c = c.clone();
+        let w = Write::put("e", a.token, "A-slow").header("x-demo-delay-ms", 700);
+        async move { c.send(1, &w).await }
+    });
+    wait_for_grant(&h, "kv:e", a.token).await;
+
+    phase("A releases at once, while its write is still in flight");
+    h.release(&a).await;
+
+    phase("the lock is not reissued while A's grant lives: try-once gets 409 with retry_after");
+    let (s, v) = h.try_acquire("kv:e", "C").await;
+    assert_eq!((s, v["error"].as_str()), (409, Some("lock_held")), "{v}");
+    let retry = v["retry_after_ms"].as_u64().expect("retry_after_ms");
+    assert!(
+        retry > 0 && retry <= h.config().grant_ms,
+        "retry_after_ms {retry} should be the rest of A's grant"
+    );
+
+    phase("B waits for the lock (handed over when A's grant ends) and writes");
+    let b = h.acquire("kv:e", "B", 30_000, 10_000).await;
+    let rb = c.put(2, "e", b.token, "B-1").await;
+    assert_eq!(rb.status, 200, "{}", rb.body);
+    let ra = slow.await.expect("A's writer task");
+    assert_eq!(
+        ra.status, 200,
+        "A's slow write completed in time: {}",
+        ra.body
+    );
+
+    phase("the store applied A's in-flight write before B's (the epoch barrier)");
+    let log = c.store_log().await;
+    let values: Vec<&str> = log.iter().map(|w| w.value.as_str()).collect();
+    assert_eq!(values, ["A-slow", "B-1"], "{log:#?}");
+    assert_eq!(c.store_value("e").await.as_deref(), Some("B-1"));
+    h.shutdown().await;
+}
+
+/// SPEC §5, the documented limit of the epoch barrier (docs/fencing.md, "The limits"): when
+/// the store applies a write later than the route's upstream timeout, the proxy answers 504,
+/// and that is all it can do — the store already has the request.
+///
+/// What the design guarantees, and what is asserted: B's write is not forwarded before A's
+/// request hit the upstream timeout (B's token does not even exist until A's grant ended).
+///
+/// What the store log shows here, and is deliberately not asserted: A's write is applied
+/// 2.5 s after it was forwarded, after A's grant ended and after B's write — so A's old data
+/// overwrites B's. With a delay between the timeout and the grant's end (say 1.5 s) A's write
+/// would still land first, by the grant's slack (`grant_ms` − `upstream_timeout_ms`), which is
+/// not a guarantee either. Choose `upstream_timeout_ms` above the store's worst apply time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t41_epoch_barrier_limit_store_applying_after_the_timeout() {
+    let h = FenceHarness::start().await;
+    let c = h.client.clone();
+    let a = h.acquire("kv:l", "A", 30_000, 0).await;
+
+    phase("A sends a write the store applies 2.5 s late (route upstream timeout: 1 s)");
+    let slow = tokio::spawn({
+        let c = c.clone();
+        let w = Write::put("l", a.token, "A-late").header("x-demo-delay-ms", 2_500);
+        async move { c.send(1, &w).await }
+    });
+    wait_for_grant(&h, "kv:l", a.token).await;
+
+    phase("A releases while the write is in flight; B waits for the lock and writes");
+    h.release(&a).await;
+    let b = h.acquire("kv:l", "B", 30_000, 10_000).await;
+    let b_sent = Instant::now();
+    let rb = c.put(2, "l", b.token, "B-1").await;
+    assert_eq!(rb.status, 200, "{}", rb.body);
+
+    phase("A got 504 upstream_timeout, before B's write was even sent");
+    let ra = slow.await.expect("A's writer task");
+    assert_eq!(
+        (ra.status, ra.code()),
+        (504, "upstream_timeout"),
+        "{}",
+        ra.body
+    );
+    assert!(
+        ra.at <= b_sent,
+        "B's write was sent {:?} before A's request timed out",
+        ra.at - b_sent
+    );
+
+    phase("observe (not assert) where the late write lands; the proxy never retried it");
+    eventually(
+        EVENT,
+        "A's late write is applied by the store",
+        async || !writes_with(&c.store_log().await, a.token).is_empty(),
+    )
+    .await;
+    let log = c.store_log().await;
+    eprintln!("store log (the documented limit): {log:#?}");
+    assert_eq!(
+        writes_with(&log, a.token).len(),
+        1,
+        "A's write was replayed: {log:#?}"
+    );
+    h.shutdown().await;
+}
+
+/// Waits until the replicated state shows a proxy grant for `token` on `resource` (the proxy
+/// has admitted the write and is forwarding it).
+async fn wait_for_grant(h: &FenceHarness, resource: &str, token: u64) {
+    let leader = h.leader().await;
+    let node = h.cluster.node(leader).node.clone();
+    eventually(
+        EVENT,
+        &format!("a grant for {resource} token {token}"),
+        async || {
+            node.machine.read(|m| {
+                m.resource(resource)
+                    .is_some_and(|r| r.grants.iter().any(|g| g.fencing_token == token))
+            })
+        },
+    )
+    .await;
+}
+
+/// One attempt of the background writer.
+#[derive(Debug)]
+struct Attempt {
+    proxy: u64,
+    sent: Instant,
+    result: Result<Reply, String>,
+}
+
+/// Writes `PUT /kv/{key}` with `token` through every proxy in turn until stopped, recording
+/// every attempt.
+fn spawn_writer(
+    c: FenceClient,
+    key: &'static str,
+    token: u64,
+) -> (
+    Arc<Mutex<Vec<Attempt>>>,
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<()>,
+) {
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn({
+        let attempts = attempts.clone();
+        async move {
+            let mut n = 0u64;
+            while !*stop_rx.borrow() {
+                for proxy in [1, 2, 3] {
+                    n += 1;
+                    let sent = Instant::now();
+                    let w = Write::put(key, token, &format!("w{token}-{n}"));
+                    let result = c.try_send(proxy, &w).await;
+                    attempts
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(Attempt {
+                            proxy,
+                            sent,
+                            result,
+                        });
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    });
+    (attempts, stop, task)
+}
+
+fn count_ok_after(attempts: &Mutex<Vec<Attempt>>, after: Instant) -> usize {
+    attempts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|a| a.sent >= after && matches!(&a.result, Ok(r) if r.status == 200))
+        .count()
+}
+
+/// SPEC §5 "durable and replicated … survives leader failover", §3.3: a stream of fenced writes
+/// with A's token runs through all proxies while the leader crashes. After failover B takes
+/// over; from then on A's token is refused everywhere and no stale write lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t50_leader_failover_mid_stream_keeps_the_floors() {
+    let mut h = FenceHarness::start().await;
+    let c = h.client.clone();
+    let a = h.acquire("kv:f", "A", 30_000, 0).await;
+
+    phase("A streams writes through all three proxies");
+    let start = Instant::now();
+    let (attempts, stop, writer) = spawn_writer(c.clone(), "f", a.token);
+    eventually(EVENT, "A's writes flow", async || {
+        count_ok_after(&attempts, start) >= 6
+    })
+    .await;
+
+    phase("crash the leader and its proxy mid-stream");
+    let old = h.leader().await;
+    h.crash(old).await;
+    let crashed_at = Instant::now();
+
+    phase("the survivors elect a new leader; A's writes go on through their proxies");
+    let new = h.leader().await;
+    assert_ne!(new, old);
+    eventually(EVENT, "A's writes flow after the failover", async || {
+        count_ok_after(&attempts, crashed_at) >= 4
+    })
+    .await;
+
+    phase("A releases; B waits for the lock (deferred by A's grants) and writes");
+    h.release(&a).await;
+    let b = h.acquire("kv:f", "B", 30_000, 10_000).await;
+    let b_at = Instant::now();
+    let survivor = h.proxy_ids()[0];
+    let r = c.put(survivor, "f", b.token, "B-1").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    phase("the writer keeps sending A's token for a while: nothing of it is forwarded");
+    eventually(
+        EVENT,
+        "A's writer tried every surviving proxy after B",
+        async || {
+            let a = attempts.lock().unwrap_or_else(|e| e.into_inner());
+            h.proxy_ids().iter().all(|p| {
+                a.iter()
+                    .filter(|t| t.sent >= b_at && t.proxy == *p && t.result.is_ok())
+                    .count()
+                    >= 3
+            })
+        },
+    )
+    .await;
+    let _ = stop.send(true);
+    writer.await.expect("writer");
+    {
+        let attempts = attempts.lock().unwrap_or_else(|e| e.into_inner());
+        for t in attempts.iter().filter(|t| t.sent >= b_at) {
+            if let Ok(r) = &t.result {
+                assert!(
+                    r.status == 412 || r.status == 503,
+                    "A's write after B's lease via proxy {}: {} {}",
+                    t.proxy,
+                    r.status,
+                    r.body
+                );
+            }
+        }
+        let ok = attempts
+            .iter()
+            .filter(|t| matches!(&t.result, Ok(r) if r.status == 200))
+            .count();
+        eprintln!("writer: {} attempts, {ok} forwarded", attempts.len());
+    }
+
+    phase("restart the crashed node and its proxy: A refused everywhere, B accepted everywhere");
+    h.restart(old).await;
+    h.assert_refused_everywhere("f", a.token, "stale_fencing_token")
+        .await;
+    for id in h.proxy_ids() {
+        let r = c
+            .put_decided(id, "f", b.token, &format!("B-via-{id}"))
+            .await;
+        assert_eq!(r.status, 200, "B via proxy {id}: {}", r.body);
+    }
+
+    phase("the store: no write with A's token after B's first; tokens never decrease (§3.3)");
+    let log = c.store_log().await;
+    let b_first = first_index_of(&log, b.token);
+    assert!(
+        log[b_first..]
+            .iter()
+            .all(|w| w.fence_token != Some(a.token)),
+        "{log:#?}"
+    );
+    assert_tokens_non_decreasing_per_key(&log);
+    h.shutdown().await;
+}
+
+/// SPEC §5 "highest admitted token per resource is durable and replicated: it survives proxy
+/// restarts": proxies restarted with empty caches, then every node crashed and restarted from
+/// its data dir, still refuse A's old token and accept B's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t60_proxy_and_node_restarts_keep_the_floors() {
+    let mut h = FenceHarness::start().await;
+    let c = h.client.clone();
+
+    phase("A holds kv:p and writes through every proxy (each caches a grant for A)");
+    let a = h.acquire("kv:p", "A", 30_000, 0).await;
+    for id in h.proxy_ids() {
+        let r = c.put(id, "p", a.token, &format!("A-via-{id}")).await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+
+    phase("A releases; B gets the lock and writes through proxy 1 only");
+    h.release(&a).await;
+    let b = h.acquire("kv:p", "B", 30_000, 10_000).await;
+    let r = c.put(1, "p", b.token, "B-1").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    h.assert_refused_everywhere("p", a.token, "stale_fencing_token")
+        .await;
+
+    phase("restart every proxy (fresh caches): the floor comes from the replicated state");
+    for id in h.proxy_ids() {
+        h.restart_proxy(id).await;
+    }
+    for r in h
+        .assert_refused_everywhere("p", a.token, "stale_fencing_token")
+        .await
+    {
+        assert_eq!(
+            r.body["highest_token"].as_u64(),
+            Some(b.token),
+            "{}",
+            r.body
+        );
+    }
+    for id in h.proxy_ids() {
+        let r = c
+            .put(id, "p", b.token, &format!("B-after-proxy-restart-{id}"))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+
+    phase("crash every node (and proxy), restart them from their data dirs: floors are durable");
+    let all = h.cluster.running();
+    for id in &all {
+        h.crash(*id).await;
+    }
+    for id in &all {
+        h.restart(*id).await;
+    }
+    h.leader().await;
+    for id in h.proxy_ids() {
+        // Right after the restart the answer may be 503 until there is a leader again
+        // (retried); it must never be a forward.
+        let r = c.put_decided(id, "p", a.token, "A-after-crash").await;
+        assert_eq!(
+            (r.status, r.code()),
+            (412, "stale_fencing_token"),
+            "proxy {id}: {}",
+            r.body
+        );
+        assert_eq!(
+            r.body["highest_token"].as_u64(),
+            Some(b.token),
+            "{}",
+            r.body
+        );
+        let r = c
+            .put(id, "p", b.token, &format!("B-after-crash-{id}"))
+            .await;
+        assert_eq!(
+            r.status, 200,
+            "B via proxy {id} after the crash: {}",
+            r.body
+        );
+    }
+
+    phase("the store: every A write precedes B's first; tokens never decrease");
+    let log = c.store_log().await;
+    let b_first = first_index_of(&log, b.token);
+    assert_eq!(writes_with(&log[..b_first], a.token).len(), 3, "{log:#?}");
+    assert!(
+        log[b_first..]
+            .iter()
+            .all(|w| w.fence_token == Some(b.token)),
+        "{log:#?}"
+    );
+    assert_tokens_non_decreasing_per_key(&log);
+    h.shutdown().await;
+}
