@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_core::machine::{Command, Response};
+use lock_core::machine::{AdmitOutcome, Command, Response};
 use lock_core::node::{Node, ProposeError};
 
 use crate::verdict::{fast_verdict, grant_from_outcome, FastVerdict, LocalGrant, Rejection};
@@ -27,6 +27,8 @@ pub const CLOCK_MARGIN: Duration = Duration::from_millis(100);
 /// Lock stripes serialising admissions per resource (so a burst of first writes makes one
 /// consensus round trip, not many).
 const STRIPES: usize = 256;
+/// Admissions tried for one write when each round trip is too slow to leave a usable grant.
+const ADMIT_ATTEMPTS: usize = 3;
 /// Grants kept before expired ones are swept.
 const SWEEP_AT: usize = 100_000;
 
@@ -87,39 +89,53 @@ impl FenceGate {
             FastVerdict::Reject(r) => return Err(r),
             FastVerdict::Consult => {}
         }
-        let sent = Instant::now();
         let cmd = Command::Admit {
             resource: resource.to_string(),
             fencing_token: token,
             proxy: self.node.id,
             grant_ms: self.grant_ms,
         };
-        let outcome = match self.node.propose(cmd).await {
-            Ok(Response::Admit(outcome)) => outcome,
-            Ok(other) => {
-                tracing::error!(?other, "unexpected answer to an admission");
-                return Err(Rejection::NoQuorum);
+        for _ in 0..ADMIT_ATTEMPTS {
+            let sent = Instant::now();
+            let outcome = match self.node.propose(cmd.clone()).await {
+                Ok(Response::Admit(outcome)) => outcome,
+                Ok(other) => {
+                    tracing::error!(?other, "unexpected answer to an admission");
+                    return Err(Rejection::NoQuorum);
+                }
+                Err(ProposeError::NoQuorum | ProposeError::NotLeader(_)) => {
+                    return Err(Rejection::NoQuorum)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "admission failed");
+                    return Err(Rejection::NoQuorum);
+                }
+            };
+            let grant = grant_from_outcome(&outcome, token, sent, CLOCK_MARGIN);
+            if let Err(Rejection::Stale { highest, .. }) = &grant {
+                self.remember_floor(resource, *highest);
             }
-            Err(ProposeError::NoQuorum | ProposeError::NotLeader(_)) => {
-                return Err(Rejection::NoQuorum)
+            let grant = grant?;
+            self.remember(resource, grant);
+            if Instant::now() + upstream_timeout <= grant.deadline {
+                return Ok(Admission::Consensus);
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "admission failed");
-                return Err(Rejection::NoQuorum);
+            // The grant cannot cover a forwarded request until its upstream timeout. If even an
+            // instant round trip could not have (the cluster capped the grant at the lease's
+            // expiry), the lease ends too soon: the write could land after the next holder's.
+            // Otherwise the round trip itself ate the grant (a slow commit, an election): the
+            // lease is fine, so ask again rather than tell a live holder its lease ended.
+            let granted = match outcome {
+                AdmitOutcome::Admitted { grant_ms } => Duration::from_millis(grant_ms),
+                _ => Duration::ZERO,
+            };
+            if granted < upstream_timeout + CLOCK_MARGIN {
+                return Err(Rejection::Ended { presented: token });
             }
-        };
-        let grant = grant_from_outcome(&outcome, token, sent, CLOCK_MARGIN);
-        if let Err(Rejection::Stale { highest, .. }) = &grant {
-            self.remember_floor(resource, *highest);
         }
-        let grant = grant?;
-        self.remember(resource, grant);
-        // A grant too short for a request to finish (the lease is about to end) must not be
-        // used: the write could land after the next holder's.
-        if Instant::now() + upstream_timeout > grant.deadline {
-            return Err(Rejection::Ended { presented: token });
-        }
-        Ok(Admission::Consensus)
+        // Every admission took longer than its grant could spare: the cluster is too slow to
+        // verify the token in time. Nothing was forwarded; the client may retry.
+        Err(Rejection::NoQuorum)
     }
 
     fn remember(&self, resource: &str, grant: LocalGrant) {

@@ -112,8 +112,8 @@ pub struct Acquire {
     pub wait_timeout_ms: u64,
     /// The lease id to use if this acquire is granted, now or later by hand-off.
     pub lease_id: LeaseId,
-    /// How long the result is remembered for retries with the same `request_id`, and how long
-    /// an idle resource record (with its last token) is kept.
+    /// How long the result is remembered for retries with the same `request_id`. (Idle
+    /// resource records are kept for `DEFAULT_IDLE_RETAIN_MS`.)
     pub retain_ms: u64,
     /// Queue bound for this resource (429 `too_many_waiters` beyond it).
     pub max_waiters: u32,
