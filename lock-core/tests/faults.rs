@@ -229,7 +229,7 @@ async fn t20_leader_killed_mid_stream() {
         tasks.push(tokio::spawn(async move {
             let mut i = 0u64;
             while !stop.load(Ordering::SeqCst) {
-                let own = i % 2 == 0;
+                let own = i.is_multiple_of(2);
                 let (resource, ttl) = if own {
                     (format!("stream:own:{t}:{i}"), 5_000)
                 } else {

@@ -5,8 +5,12 @@
 //! - The first write with token T for resource R commits `Admit{R, T, proxy}` through raft.
 //!   The state machine admits only R's current, live lease token and answers with a grant:
 //!   this proxy may forward T-writes for R for `grant_ms` (capped at the lease's expiry).
-//! - While the grant has at least the upstream timeout left, further T-writes are forwarded
-//!   with no round trip (the fast path). A lower token is rejected locally.
+//! - While the grant has at least the upstream timeout (plus `SEND_SLACK`) left, further
+//!   T-writes are forwarded with no round trip (the fast path). A lower token is rejected
+//!   locally.
+//! - A forwarded write must reach the upstream in full by `send_by` = grant end − upstream
+//!   timeout; the service abandons it unfinished otherwise (a trickling body), so no T-write
+//!   is still being delivered, or waited on, after the grant.
 //! - The state machine never issues a token newer than T for R while a grant for T lives:
 //!   expiry needs no wait (grants end with the lease), a release defers the next grant until
 //!   the grants ran out. So when a newer token exists, every T-write forwarded under a grant
@@ -27,6 +31,10 @@ pub const CLOCK_MARGIN: Duration = Duration::from_millis(100);
 /// Lock stripes serialising admissions per resource (so a burst of first writes makes one
 /// consensus round trip, not many).
 const STRIPES: usize = 256;
+/// Time a forwarded write gets at least to reach the upstream in full (connect, headers,
+/// body) before its `send_by`: a write is forwarded only while its grant has the upstream
+/// timeout plus this left.
+pub const SEND_SLACK: Duration = Duration::from_millis(50);
 /// Admissions tried for one write when each round trip is too slow to leave a usable grant.
 const ADMIT_ATTEMPTS: usize = 3;
 /// Grants kept before expired ones are swept.
@@ -44,6 +52,40 @@ pub struct FenceGate {
 pub enum Admission {
     FastPath,
     Consensus,
+}
+
+/// A write the gate lets through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Admitted {
+    pub how: Admission,
+    /// The whole request (headers and every body byte) must have been sent to the upstream
+    /// by then: the grant's end minus the upstream timeout. Past it, the proxy abandons the
+    /// request rather than complete it (a trickling body would otherwise reach the store after
+    /// the grant, and so possibly after a newer token's writes).
+    pub send_by: Instant,
+}
+
+impl Admitted {
+    /// `Forward` from `fast_verdict` implies a local grant.
+    fn fast(local: Option<LocalGrant>, upstream_timeout: Duration) -> Self {
+        match local {
+            Some(g) => Admitted::under(Admission::FastPath, &g, upstream_timeout),
+            None => Admitted {
+                how: Admission::FastPath,
+                send_by: Instant::now(),
+            },
+        }
+    }
+
+    fn under(how: Admission, grant: &LocalGrant, upstream_timeout: Duration) -> Self {
+        Admitted {
+            how,
+            send_by: grant
+                .deadline
+                .checked_sub(upstream_timeout)
+                .unwrap_or_else(Instant::now),
+        }
+    }
 }
 
 impl FenceGate {
@@ -66,26 +108,20 @@ impl FenceGate {
         resource: &str,
         token: u64,
         upstream_timeout: Duration,
-    ) -> Result<Admission, Rejection> {
-        match fast_verdict(
-            self.local(resource).as_ref(),
-            token,
-            Instant::now(),
-            upstream_timeout,
-        ) {
-            FastVerdict::Forward => return Ok(Admission::FastPath),
+    ) -> Result<Admitted, Rejection> {
+        // Forward only with the upstream timeout plus some time to send the request left.
+        let need = upstream_timeout + SEND_SLACK;
+        let local = self.local(resource);
+        match fast_verdict(local.as_ref(), token, Instant::now(), need) {
+            FastVerdict::Forward => return Ok(Admitted::fast(local, upstream_timeout)),
             FastVerdict::Reject(r) => return Err(r),
             FastVerdict::Consult => {}
         }
         let _serial = self.stripes[stripe(resource)].lock().await;
         // Someone may have refreshed the grant while we queued for the stripe.
-        match fast_verdict(
-            self.local(resource).as_ref(),
-            token,
-            Instant::now(),
-            upstream_timeout,
-        ) {
-            FastVerdict::Forward => return Ok(Admission::FastPath),
+        let local = self.local(resource);
+        match fast_verdict(local.as_ref(), token, Instant::now(), need) {
+            FastVerdict::Forward => return Ok(Admitted::fast(local, upstream_timeout)),
             FastVerdict::Reject(r) => return Err(r),
             FastVerdict::Consult => {}
         }
@@ -117,8 +153,12 @@ impl FenceGate {
             }
             let grant = grant?;
             self.remember(resource, grant);
-            if Instant::now() + upstream_timeout <= grant.deadline {
-                return Ok(Admission::Consensus);
+            if Instant::now() + need <= grant.deadline {
+                return Ok(Admitted::under(
+                    Admission::Consensus,
+                    &grant,
+                    upstream_timeout,
+                ));
             }
             // The grant cannot cover a forwarded request until its upstream timeout. If even an
             // instant round trip could not have (the cluster capped the grant at the lease's
@@ -129,7 +169,7 @@ impl FenceGate {
                 AdmitOutcome::Admitted { grant_ms } => Duration::from_millis(grant_ms),
                 _ => Duration::ZERO,
             };
-            if granted < upstream_timeout + CLOCK_MARGIN {
+            if granted < need + CLOCK_MARGIN {
                 return Err(Rejection::Ended { presented: token });
             }
         }

@@ -28,6 +28,9 @@ pub struct Ctx {
     route: Option<usize>,
     started: Instant,
     outcome: &'static str,
+    /// For an admitted protected write: when the request must have reached the upstream in
+    /// full (see `gate::Admitted::send_by`).
+    send_by: Option<Instant>,
 }
 
 impl FenceProxy {
@@ -66,6 +69,7 @@ impl ProxyHttp for FenceProxy {
             route: None,
             started: Instant::now(),
             outcome: "forwarded",
+            send_by: None,
         }
     }
 
@@ -103,8 +107,9 @@ impl ProxyHttp for FenceProxy {
         }
         .await;
         match checked {
-            Ok(admission) => {
-                let reason = match admission {
+            Ok(admitted) => {
+                ctx.send_by = Some(admitted.send_by);
+                let reason = match admitted.how {
                     Admission::FastPath => "fast_path",
                     Admission::Consensus => "consensus",
                 };
@@ -132,13 +137,48 @@ impl ProxyHttp for FenceProxy {
             .and_then(|i| self.routes.get(i))
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route chosen"))?;
         let timeout = Duration::from_millis(route.config.upstream_timeout_ms);
+        // A fenced write must reach the upstream before its `send_by`: connecting and writing
+        // get no more than what is left of it.
+        let send_timeout = match ctx.send_by {
+            Some(send_by) => {
+                let left = send_by.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Error::e_explain(
+                        ErrorType::WriteTimedout,
+                        "the fencing grant ran out before the request could be sent",
+                    );
+                }
+                timeout.min(left)
+            }
+            None => timeout,
+        };
         let mut peer = HttpPeer::new(route.config.upstream.as_str(), false, String::new());
         // The epoch barrier's guarantee is stated in terms of these bounds (docs/fencing.md).
-        peer.options.connection_timeout = Some(timeout);
-        peer.options.total_connection_timeout = Some(timeout);
+        peer.options.connection_timeout = Some(send_timeout);
+        peer.options.total_connection_timeout = Some(send_timeout);
         peer.options.read_timeout = Some(timeout);
-        peer.options.write_timeout = Some(timeout);
+        peer.options.write_timeout = Some(send_timeout);
         Ok(Box::new(peer))
+    }
+
+    /// The epoch barrier against slow clients: per-read and per-write timeouts do not bound a
+    /// body that trickles in, so each chunk is checked against the write's `send_by` before it
+    /// goes upstream. Past it the request is abandoned unfinished (504), and an HTTP store never
+    /// applies a request whose body it did not receive in full.
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if ctx.send_by.is_some_and(|send_by| Instant::now() > send_by) {
+            return Error::e_explain(
+                ErrorType::WriteTimedout,
+                "the request body did not arrive before the fencing grant ran out",
+            );
+        }
+        Ok(())
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {

@@ -105,6 +105,7 @@ impl Processes {
             .arg("node")
             .arg("--config")
             .arg(self.dir.path().join(format!("node{id}.toml")))
+            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log file"))
             .stderr(log)
@@ -248,6 +249,7 @@ async fn sigkill_leader_lease_survives_and_node_rejoins() {
     phase("the survivors elect a new leader; the lease survived with its token (§3.2, §3.7)");
     let new = p.wait_leader(&survivors).await;
     assert_ne!(new, leader);
+    eprintln!("killed leader {leader}; new leader {new}");
     let (s, v) = p.acquire(&survivors, "sigkill:job", "req-sigkill").await;
     assert_eq!(s, 200, "a retry returns the original lease (§3.6): {v}");
     assert_eq!(v["lease_id"].as_str(), Some(lease_id.as_str()));

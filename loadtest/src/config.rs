@@ -1,0 +1,298 @@
+//! Command-line flags, profiles and the resolved workload.
+//!
+//! Every figure of SPEC §2 is a flag. A profile (`seed`, `smoke`) fills in the flags the user
+//! did not give; an explicit flag always wins.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Profile {
+    /// SPEC §2: 100k resources, 20k active locks, 2,000 acquires/s, renew every 10 s, TTL 30 s.
+    Seed,
+    /// A small, fast run for CI (< 30 s including cluster start): a scaled-down seed workload.
+    Smoke,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// The workload on a healthy cluster.
+    Steady,
+    /// One of the three nodes (a follower) is stopped for the whole run.
+    ReplicaDown,
+    /// The leader is SIGKILLed mid-run and restarted later.
+    LeaderKill,
+    /// A run long enough to cross several snapshots / log purges, reported per snapshot.
+    Compaction,
+    /// Raise the acquisition rate step by step until p99 passes the bound.
+    Ramp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum System {
+    Fencegate,
+    Etcd,
+}
+
+impl std::fmt::Display for System {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            System::Fencegate => "fencegate",
+            System::Etcd => "etcd",
+        })
+    }
+}
+
+/// Flags shared by `run` and `compare`.
+#[derive(Args, Clone, Debug)]
+pub struct RunArgs {
+    /// Defaults for the workload flags not given explicitly.
+    #[arg(long, value_enum, default_value = "seed")]
+    pub profile: Profile,
+    #[arg(long, value_enum, default_value = "steady")]
+    pub scenario: Scenario,
+    /// Write summary.json and SVG plots here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+
+    // ---- cluster -------------------------------------------------------------------------
+    /// Use a running fencegate cluster instead of starting one: API base URLs, comma
+    /// separated (127.0.0.1 / localhost only).
+    #[arg(long, value_delimiter = ',')]
+    pub target: Vec<String>,
+    /// Fencing proxy URLs of the targeted cluster (for --writes-per-hold with --target).
+    #[arg(long, value_delimiter = ',')]
+    pub proxy_target: Vec<String>,
+    /// The `fencegate` binary used to start local nodes (default: next to this binary, then
+    /// target/release, then target/debug, then PATH).
+    #[arg(long)]
+    pub fencegate_bin: Option<PathBuf>,
+    /// Keep node data directories and logs here instead of a temp dir.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Use a running etcd instead of starting one with scripts/etcd.sh (comma separated).
+    #[arg(long, value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+    /// The script that installs/starts/stops the local etcd cluster.
+    #[arg(long)]
+    pub etcd_script: Option<PathBuf>,
+
+    // ---- workload (SPEC §2) --------------------------------------------------------------
+    /// Number of lockable resources.
+    #[arg(long)]
+    pub resources: Option<u32>,
+    /// Locks held at steady state (sets the hold time: active / rate, Little's law).
+    #[arg(long)]
+    pub active_locks: Option<u32>,
+    /// Acquisitions per second (open loop; ramp: the first step).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Hold time per lock in ms (default: active_locks / rate), jittered ±50%.
+    #[arg(long)]
+    pub hold_ms: Option<u64>,
+    /// Renew interval in ms.
+    #[arg(long)]
+    pub renew_interval_ms: Option<u64>,
+    /// Renew jitter as a fraction of the interval (0.1 = ±10%).
+    #[arg(long)]
+    pub renew_jitter: Option<f64>,
+    /// Lease TTL in ms.
+    #[arg(long)]
+    pub ttl_ms: Option<u64>,
+    /// Measured run time in seconds (after warm-up).
+    #[arg(long)]
+    pub duration_s: Option<u64>,
+    /// Warm-up seconds at full rate before measuring (active locks build up).
+    #[arg(long)]
+    pub warmup_s: Option<u64>,
+    /// Fenced writes through the proxy per hold (0 = none).
+    #[arg(long)]
+    pub writes_per_hold: Option<u32>,
+    /// Hot resources for contention (0 = none): acquires on them wait in FIFO queues.
+    #[arg(long)]
+    pub hot_resources: Option<u32>,
+    /// Fraction of acquires that go to the hot resources.
+    #[arg(long)]
+    pub hot_fraction: Option<f64>,
+    /// wait_timeout_ms for acquires on hot resources.
+    #[arg(long)]
+    pub wait_timeout_ms: Option<u64>,
+    /// Poisson arrivals instead of evenly spaced ones.
+    #[arg(long)]
+    pub poisson: bool,
+    /// Random seed (resource choice, jitter, arrivals).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+
+    // ---- client ----------------------------------------------------------------------------
+    /// Concurrent requests (= HTTP connections) per node. Time spent waiting for a free
+    /// connection counts in the latency (measured from the intended start).
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// Per-attempt request timeout in ms.
+    #[arg(long, default_value_t = 5000)]
+    pub request_timeout_ms: u64,
+    /// Retries of an uncertain outcome (timeout, 503, connection error), same request id,
+    /// moving to the next node.
+    #[arg(long, default_value_t = 3)]
+    pub retries: u32,
+    /// Send every request to the leader instead of spreading them over the nodes.
+    #[arg(long)]
+    pub leader_only: bool,
+
+    // ---- scenarios -------------------------------------------------------------------------
+    /// leader-kill: seconds into the measured run when the leader is killed (default: 1/3).
+    #[arg(long)]
+    pub fault_at_s: Option<u64>,
+    /// leader-kill: seconds after the kill when the node is restarted.
+    #[arg(long, default_value_t = 5)]
+    pub restart_after_s: u64,
+    /// ramp: seconds per step.
+    #[arg(long)]
+    pub ramp_step_s: Option<u64>,
+    /// ramp: rate multiplier per step.
+    #[arg(long, default_value_t = 1.5)]
+    pub ramp_factor: f64,
+    /// ramp: highest rate tried.
+    #[arg(long, default_value_t = 100_000.0)]
+    pub ramp_max_rate: f64,
+    /// ramp: stop once p99 of a step passes this bound (ms).
+    #[arg(long, default_value_t = 200.0)]
+    pub ramp_bound_ms: f64,
+    /// ramp: also report the highest rate under this tighter bound (ms).
+    #[arg(long, default_value_t = 20.0)]
+    pub ramp_tight_bound_ms: f64,
+    /// compaction: seconds between cluster polls (snapshot index).
+    #[arg(long, default_value_t = 1)]
+    pub poll_s: u64,
+    /// Hard cap on any run's total time in seconds (a safety bound).
+    #[arg(long, default_value_t = 3600)]
+    pub max_total_s: u64,
+}
+
+/// The resolved workload.
+#[derive(Clone, Debug, Serialize)]
+pub struct Workload {
+    pub resources: u32,
+    pub active_locks: u32,
+    pub rate: f64,
+    /// Fixed hold time, or None for active_locks / current rate.
+    pub hold_ms: Option<u64>,
+    pub renew_interval_ms: u64,
+    pub renew_jitter: f64,
+    pub ttl_ms: u64,
+    pub duration_s: u64,
+    pub warmup_s: u64,
+    pub writes_per_hold: u32,
+    pub hot_resources: u32,
+    pub hot_fraction: f64,
+    pub wait_timeout_ms: u64,
+    pub poisson: bool,
+    pub seed: u64,
+    pub connections: usize,
+    pub request_timeout_ms: u64,
+    pub retries: u32,
+    pub leader_only: bool,
+}
+
+impl Workload {
+    pub fn resolve(a: &RunArgs) -> anyhow::Result<Self> {
+        let seed = a.profile == Profile::Seed;
+        let pick = |v: Option<u64>, seed_v: u64, smoke_v: u64| v.unwrap_or(if seed { seed_v } else { smoke_v });
+        let w = Workload {
+            resources: a.resources.unwrap_or(if seed { 100_000 } else { 5_000 }),
+            active_locks: a.active_locks.unwrap_or(if seed { 20_000 } else { 600 }),
+            rate: a.rate.unwrap_or(if seed { 2_000.0 } else { 200.0 }),
+            hold_ms: a.hold_ms,
+            renew_interval_ms: pick(a.renew_interval_ms, 10_000, 1_000),
+            renew_jitter: a.renew_jitter.unwrap_or(0.1),
+            ttl_ms: pick(a.ttl_ms, 30_000, 5_000),
+            duration_s: pick(a.duration_s, 60, 8),
+            warmup_s: pick(a.warmup_s, 15, 1),
+            writes_per_hold: a.writes_per_hold.unwrap_or(if seed { 0 } else { 1 }),
+            hot_resources: a.hot_resources.unwrap_or(0),
+            hot_fraction: a.hot_fraction.unwrap_or(0.0),
+            wait_timeout_ms: a.wait_timeout_ms.unwrap_or(1_000),
+            poisson: a.poisson,
+            seed: a.seed,
+            connections: a.connections.unwrap_or(if seed { 64 } else { 16 }),
+            request_timeout_ms: a.request_timeout_ms,
+            retries: a.retries,
+            leader_only: a.leader_only,
+        };
+        w.validate()?;
+        Ok(w)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.resources == 0 || self.resources > 10_000_000 {
+            bail!("--resources must be 1..=10000000");
+        }
+        if !(self.rate > 0.0 && self.rate <= 1_000_000.0) {
+            bail!("--rate must be in (0, 1000000]");
+        }
+        if self.active_locks >= self.resources {
+            bail!("--active-locks must be below --resources (the harness acquires free resources)");
+        }
+        if self.hot_resources >= self.resources / 2 {
+            bail!("--hot-resources must be well below --resources");
+        }
+        if !(0.0..=1.0).contains(&self.hot_fraction) || !(0.0..1.0).contains(&self.renew_jitter) {
+            bail!("--hot-fraction must be in [0,1] and --renew-jitter in [0,1)");
+        }
+        if self.ttl_ms < 1_000 || self.renew_interval_ms == 0 || self.renew_interval_ms >= self.ttl_ms {
+            bail!("need --ttl-ms >= 1000 and 0 < --renew-interval-ms < --ttl-ms");
+        }
+        if self.duration_s == 0 || self.connections == 0 {
+            bail!("--duration-s and --connections must be positive");
+        }
+        Ok(())
+    }
+
+    /// Mean hold time at `rate` arrivals per second.
+    pub fn hold_at(&self, rate: f64) -> Duration {
+        match self.hold_ms {
+            Some(ms) => Duration::from_millis(ms),
+            None => Duration::from_secs_f64(self.active_locks as f64 / rate),
+        }
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+}
+
+/// Only loopback addresses are ever load targets.
+pub fn check_loopback(url: &str) -> anyhow::Result<String> {
+    let url = if url.contains("://") {
+        url.to_string()
+    } else {
+        format!("http://{url}")
+    };
+    let parsed = reqwest::Url::parse(&url).with_context(|| format!("bad URL '{url}'"))?;
+    match parsed.host_str() {
+        Some("127.0.0.1") | Some("localhost") | Some("[::1]") | Some("::1") => {}
+        other => bail!("refusing to load a non-loopback target {other:?}: only 127.0.0.1/localhost"),
+    }
+    Ok(url.trim_end_matches('/').to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_only() {
+        assert!(check_loopback("127.0.0.1:7001").is_ok());
+        assert!(check_loopback("http://localhost:7001/").is_ok());
+        assert!(check_loopback("http://10.0.0.1:7001").is_err());
+        assert!(check_loopback("example.com:80").is_err());
+    }
+}

@@ -1,0 +1,242 @@
+//! Server-side view during a run, sampled every second: commit counters from `/metrics`,
+//! snapshot / purge indexes and the leader from `/v1/cluster`, RSS of local processes.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::cluster::{node_status, rss_mib};
+use crate::config::System;
+use crate::stats::Recorder;
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Sample {
+    pub t_s: f64,
+    /// Committed proposals (fencegate: `fencegate_raft_commit_seconds_count`, counted on the
+    /// leader; etcd: `etcd_server_proposals_committed_total`) per node.
+    pub commits: BTreeMap<usize, f64>,
+    /// Applied log index per node (fencegate: `fencegate_raft_last_applied`; includes the
+    /// leader's sweeper ticks and blank entries).
+    pub applied: BTreeMap<usize, f64>,
+    pub snapshot_index: BTreeMap<usize, u64>,
+    pub purged_index: BTreeMap<usize, u64>,
+    pub leader: Option<u64>,
+    /// (VmRSS, VmHWM) in MiB per node.
+    pub rss_mib: BTreeMap<usize, (f64, f64)>,
+    pub active_locks: Option<u64>,
+    pub resources: Option<u64>,
+    pub last_token: Option<u64>,
+}
+
+/// PIDs of local server processes by node index (updated when a node restarts).
+pub type Pids = Arc<Mutex<BTreeMap<usize, u32>>>;
+
+pub struct Poller {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Vec<Sample>>,
+}
+
+impl Poller {
+    pub fn start(
+        system: System,
+        bases: Vec<String>,
+        pids: Pids,
+        rec: Arc<Recorder>,
+        every: Duration,
+    ) -> Self {
+        let (stop, mut rx) = watch::channel(false);
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_millis(900))
+            .build()
+            .unwrap_or_default();
+        let task = tokio::spawn(async move {
+            let mut samples: Vec<Sample> = Vec::new();
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = rx.changed() => break,
+                }
+                let s = sample(system, &http, &bases, &pids, &rec).await;
+                if let Some(prev) = samples.last() {
+                    for (node, idx) in &s.snapshot_index {
+                        if prev.snapshot_index.get(node).is_some_and(|p| p != idx) {
+                            rec.event(format!("snapshot node {} @{idx}", node + 1));
+                        }
+                    }
+                    if prev.leader.is_some() && s.leader.is_some() && prev.leader != s.leader {
+                        rec.event(format!("leader is now node {}", s.leader.unwrap_or(0)));
+                    }
+                }
+                samples.push(s);
+            }
+            // One last sample so rates cover the very end.
+            samples.push(sample(system, &http, &bases, &pids, &rec).await);
+            samples
+        });
+        Poller { stop, task }
+    }
+
+    pub async fn finish(self) -> Vec<Sample> {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap_or_default()
+    }
+}
+
+async fn sample(
+    system: System,
+    http: &reqwest::Client,
+    bases: &[String],
+    pids: &Pids,
+    rec: &Recorder,
+) -> Sample {
+    let mut s = Sample {
+        t_s: rec.t0.elapsed().as_secs_f64(),
+        ..Default::default()
+    };
+    let (commit_metric, applied_metric) = match system {
+        System::Fencegate => (
+            "fencegate_raft_commit_seconds_count",
+            "fencegate_raft_last_applied",
+        ),
+        System::Etcd => (
+            "etcd_server_proposals_committed_total",
+            "etcd_server_proposals_applied_total",
+        ),
+    };
+    for (i, b) in bases.iter().enumerate() {
+        if let Ok(r) = http.get(format!("{b}/metrics")).send().await {
+            if let Ok(text) = r.text().await {
+                if let Some(v) = metric_value(&text, commit_metric) {
+                    s.commits.insert(i, v);
+                }
+                if let Some(v) = metric_value(&text, applied_metric) {
+                    s.applied.insert(i, v);
+                }
+            }
+        }
+        if system == System::Fencegate {
+            if let Ok(st) = node_status(http, b).await {
+                if let Some(x) = st.snapshot_index {
+                    s.snapshot_index.insert(i, x);
+                }
+                if let Some(x) = st.purged_index {
+                    s.purged_index.insert(i, x);
+                }
+                if st.leader_id.is_some() && st.leader_id == Some(st.node_id) {
+                    s.leader = st.leader_id;
+                    s.active_locks = Some(st.active_locks);
+                    s.resources = Some(st.resources);
+                    s.last_token = Some(st.last_token);
+                }
+            }
+        }
+    }
+    let pids: Vec<(usize, u32)> = pids
+        .lock()
+        .map(|p| p.iter().map(|(k, v)| (*k, *v)).collect())
+        .unwrap_or_default();
+    for (i, pid) in pids {
+        if let Some(r) = rss_mib(pid) {
+            s.rss_mib.insert(i, r);
+        }
+    }
+    s
+}
+
+/// The value of an unlabelled-or-single-series metric in Prometheus text format (summed if
+/// several series share the name).
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+            continue;
+        }
+        if let Some(v) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+            *found.get_or_insert(0.0) += v;
+        }
+    }
+    found
+}
+
+/// Counter growth over [from, to] seconds: per node, the sum of positive deltas between
+/// consecutive samples (a restarted node's counter starts again at zero); across nodes
+/// `sum` (fencegate counts commits on the leader only) or `max` (etcd: every member reports
+/// the same committed index).
+pub fn growth(samples: &[Sample], from: f64, to: f64, pick: fn(&Sample) -> &BTreeMap<usize, f64>, sum: bool) -> f64 {
+    let inside: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.t_s >= from - 0.5 && s.t_s <= to + 0.5)
+        .collect();
+    let mut per_node: BTreeMap<usize, f64> = BTreeMap::new();
+    for w in inside.windows(2) {
+        for (node, v) in pick(w[1]) {
+            if let Some(p) = pick(w[0]).get(node) {
+                if v >= p {
+                    *per_node.entry(*node).or_default() += v - p;
+                }
+            }
+        }
+    }
+    if sum {
+        per_node.values().sum()
+    } else {
+        per_node.values().cloned().fold(0.0, f64::max)
+    }
+}
+
+/// Seconds actually covered by the samples used for `growth` over [from, to].
+pub fn covered(samples: &[Sample], from: f64, to: f64) -> f64 {
+    let inside: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.t_s >= from - 0.5 && s.t_s <= to + 0.5)
+        .map(|s| s.t_s)
+        .collect();
+    match (inside.first(), inside.last()) {
+        (Some(a), Some(b)) if b > a => b - a,
+        _ => 0.0,
+    }
+}
+
+pub fn commits_of(s: &Sample) -> &BTreeMap<usize, f64> {
+    &s.commits
+}
+
+pub fn applied_of(s: &Sample) -> &BTreeMap<usize, f64> {
+    &s.applied
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_prometheus_text() {
+        let t = "# HELP x\nfencegate_raft_commit_seconds_count{node=\"1\"} 42\nfencegate_raft_commit_seconds_sum{node=\"1\"} 0.5\nfoo 1\n";
+        assert_eq!(metric_value(t, "fencegate_raft_commit_seconds_count"), Some(42.0));
+        assert_eq!(metric_value(t, "foo"), Some(1.0));
+        assert_eq!(metric_value(t, "fo"), None);
+    }
+
+    #[test]
+    fn growth_survives_restarts() {
+        let mk = |t: f64, v: f64| Sample {
+            t_s: t,
+            commits: [(0usize, v)].into(),
+            ..Default::default()
+        };
+        // 0 -> 100, restart (counter back to 0), 0 -> 50.
+        let s = vec![mk(0.0, 0.0), mk(1.0, 100.0), mk(2.0, 0.0), mk(3.0, 50.0)];
+        assert_eq!(growth(&s, 0.0, 3.0, commits_of, true), 150.0);
+    }
+}
