@@ -43,9 +43,10 @@ impl ProxyConfig {
     /// Checks what serde cannot: timeouts against the grant.
     pub fn validate(&self) -> Result<(), String> {
         for r in &self.routes {
-            if r.upstream_timeout_ms == 0 || r.upstream_timeout_ms + 200 > self.grant_ms {
+            // Room for the 100 ms clock margin, the send slack and a commit round trip.
+            if r.upstream_timeout_ms == 0 || r.upstream_timeout_ms + 500 > self.grant_ms {
                 return Err(format!(
-                    "route {}: upstream_timeout_ms ({}) must be > 0 and at least 200 ms below \
+                    "route {}: upstream_timeout_ms ({}) must be > 0 and at least 500 ms below \
                      grant_ms ({})",
                     r.path, r.upstream_timeout_ms, self.grant_ms
                 ));

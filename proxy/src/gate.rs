@@ -117,7 +117,13 @@ impl FenceGate {
             FastVerdict::Reject(r) => return Err(r),
             FastVerdict::Consult => {}
         }
-        let _serial = self.stripes[stripe(resource)].lock().await;
+        // Bounded: without a quorum, admissions queued on one stripe would otherwise each
+        // wait a full write timeout in turn before answering 503.
+        let wait = Duration::from_millis(self.node.config.policy.write_timeout_ms);
+        let Ok(_serial) = tokio::time::timeout(wait, self.stripes[stripe(resource)].lock()).await
+        else {
+            return Err(Rejection::NoQuorum);
+        };
         // Someone may have refreshed the grant while we queued for the stripe.
         let local = self.local(resource);
         match fast_verdict(local.as_ref(), token, Instant::now(), need) {
