@@ -290,7 +290,8 @@ pub async fn start(config: NodeConfig, listener: TcpListener) -> Result<NodeHand
         Arc::new(move |_index, effects: &[Effect]| dispatch_effects(&waits, &metrics, effects))
     };
     std::fs::create_dir_all(&config.data_dir)?;
-    let (log_store, sm_store) = store::open(&config.data_dir, sink)?;
+    let (log_store, mut sm_store) = store::open(&config.data_dir, sink)?;
+    sm_store.observe_apply_with(metrics.apply_seconds.clone());
     let machine = sm_store.shared();
 
     let raft_config = RaftConfig::fencegate_default()

@@ -199,6 +199,7 @@ pub struct StateMachineStore {
     shared: SharedMachine,
     snapshots: Arc<SnapshotStore>,
     effects: EffectSink,
+    apply_seconds: Option<prometheus::Histogram>,
 }
 
 impl StateMachineStore {
@@ -226,7 +227,13 @@ impl StateMachineStore {
             },
             snapshots: Arc::new(snapshots),
             effects,
+            apply_seconds: None,
         })
+    }
+
+    /// Records how long each applied batch takes in `histogram`.
+    pub fn observe_apply_with(&mut self, histogram: prometheus::Histogram) {
+        self.apply_seconds = Some(histogram);
     }
 
     /// A read handle on the applied state.
@@ -303,8 +310,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        self.apply_entries(entries)
-            .map_err(|e| e.into_raft(StorageIOError::write_state_machine))
+        let started = std::time::Instant::now();
+        let applied = self
+            .apply_entries(entries)
+            .map_err(|e| e.into_raft(StorageIOError::write_state_machine));
+        if let Some(h) = &self.apply_seconds {
+            h.observe(started.elapsed().as_secs_f64());
+        }
+        applied
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
