@@ -6,6 +6,8 @@
 //! cache and the consensus round trip; [`service`] is the pingora glue; [`server`] runs it
 //! inside a node's tokio runtime on a listener the caller bound.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod config;
 pub mod demo_store;
 pub mod gate;
