@@ -16,7 +16,11 @@
 //! remaining time as of the last committed stamp, the election is not charged to it, and clock
 //! offset between the two leaders cancels out. Never a reset to full TTL, never shorter.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::VecDeque;
+
+// Persistent (structurally shared) collections: cloning the whole machine is O(1), so a
+// snapshot copies it under the lock in constant time and serialises outside the lock.
+use imbl::{HashMap, OrdMap, OrdSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -123,7 +127,7 @@ pub struct LockMachine {
     term: u64,
     /// The global fencing-token counter (SPEC §3.2). Only ever incremented.
     last_token: u64,
-    resources: BTreeMap<String, ResourceState>,
+    resources: OrdMap<String, ResourceState>,
     dedup: HashMap<DedupKey, DedupRecord>,
     /// Highest token of any resource record dropped as idle: a token at or below it for a
     /// resource without a record is stale, above it was never issued for that resource.
@@ -131,11 +135,11 @@ pub struct LockMachine {
 
     // Indexes, derived from the above and rebuilt on restore. Kept in step by the helpers
     // below; `check_indexes` verifies them in tests.
-    lease_expiry: BTreeSet<(u64, String)>,
-    waiter_deadlines: BTreeSet<(u64, String, String)>,
-    dedup_expiry: BTreeSet<(u64, String, String)>,
-    idle_expiry: BTreeSet<(u64, String)>,
-    reissue_index: BTreeSet<(u64, String)>,
+    lease_expiry: OrdSet<(u64, String)>,
+    waiter_deadlines: OrdSet<(u64, String, String)>,
+    dedup_expiry: OrdSet<(u64, String, String)>,
+    idle_expiry: OrdSet<(u64, String)>,
+    reissue_index: OrdSet<(u64, String)>,
     total_waiters: u64,
 }
 
@@ -212,9 +216,18 @@ impl LockMachine {
                 lease.expires_at_ms = exp.saturating_add(by);
             }
         }
-        for res in self.resources.values_mut() {
-            for g in res.grants.iter_mut().filter(|g| g.until_ms > prev) {
-                g.until_ms = g.until_ms.saturating_add(by);
+        // Touch only records with live grants: a write to a persistent map copies its path.
+        let granted: Vec<String> = self
+            .resources
+            .iter()
+            .filter(|(_, r)| r.grants.iter().any(|g| g.until_ms > prev))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in granted {
+            if let Some(res) = self.resources.get_mut(&name) {
+                for g in res.grants.iter_mut().filter(|g| g.until_ms > prev) {
+                    g.until_ms = g.until_ms.saturating_add(by);
+                }
             }
         }
         let reissues: Vec<(u64, String)> = self
@@ -378,7 +391,7 @@ impl LockMachine {
         let mut handed_off = 0u32;
         // Leases first: they gate other clients.
         while budget > 0 {
-            let Some((exp, res)) = self.lease_expiry.first().cloned() else {
+            let Some((exp, res)) = self.lease_expiry.get_min().cloned() else {
                 break;
             };
             if exp > now {
@@ -394,7 +407,7 @@ impl LockMachine {
                 .count() as u32;
         }
         while budget > 0 {
-            let Some((at, res)) = self.reissue_index.first().cloned() else {
+            let Some((at, res)) = self.reissue_index.get_min().cloned() else {
                 break;
             };
             if at > now {
@@ -409,7 +422,7 @@ impl LockMachine {
                 .count() as u32;
         }
         while budget > 0 {
-            let Some((deadline, res, rid)) = self.waiter_deadlines.first().cloned() else {
+            let Some((deadline, res, rid)) = self.waiter_deadlines.get_min().cloned() else {
                 break;
             };
             if deadline > now {
@@ -426,7 +439,7 @@ impl LockMachine {
             self.mark_idle_if_unused(&res);
         }
         while budget > 0 {
-            let Some((exp, res, rid)) = self.dedup_expiry.first().cloned() else {
+            let Some((exp, res, rid)) = self.dedup_expiry.get_min().cloned() else {
                 break;
             };
             if exp > now {
@@ -437,7 +450,7 @@ impl LockMachine {
             self.forget(&key);
         }
         while budget > 0 {
-            let Some((until, res)) = self.idle_expiry.first().cloned() else {
+            let Some((until, res)) = self.idle_expiry.get_min().cloned() else {
                 break;
             };
             if until > now {
@@ -776,11 +789,11 @@ impl LockMachine {
     /// The earliest moment at which a `Tick` would change something, if any.
     pub fn next_deadline(&self) -> Option<u64> {
         [
-            self.lease_expiry.first().map(|(t, _)| *t),
-            self.waiter_deadlines.first().map(|(t, _, _)| *t),
-            self.dedup_expiry.first().map(|(t, _, _)| *t),
-            self.idle_expiry.first().map(|(t, _)| *t),
-            self.reissue_index.first().map(|(t, _)| *t),
+            self.lease_expiry.get_min().map(|(t, _)| *t),
+            self.waiter_deadlines.get_min().map(|(t, _, _)| *t),
+            self.dedup_expiry.get_min().map(|(t, _, _)| *t),
+            self.idle_expiry.get_min().map(|(t, _)| *t),
+            self.reissue_index.get_min().map(|(t, _)| *t),
         ]
         .into_iter()
         .flatten()

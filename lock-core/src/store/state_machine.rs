@@ -383,14 +383,20 @@ pub struct SnapshotBuilder {
 
 impl SnapshotBuilder {
     fn build(&self) -> Result<(Meta, Vec<u8>), StoreError> {
-        // Copy under the read lock, serialise outside it: apply is blocked only for the copy.
-        let payload = {
+        // Clone under the read lock (O(1): the machine's collections are persistent), build
+        // the image and serialise outside it, so apply is never blocked by a snapshot.
+        let (last_applied, last_membership, machine) = {
             let st = self.shared.inner.read().map_err(|_| StoreError::Poisoned)?;
-            SnapshotPayload {
-                last_applied: st.last_applied,
-                last_membership: st.last_membership.clone(),
-                image: st.machine.image(),
-            }
+            (
+                st.last_applied,
+                st.last_membership.clone(),
+                st.machine.clone(),
+            )
+        };
+        let payload = SnapshotPayload {
+            last_applied,
+            last_membership,
+            image: machine.image(),
         };
         let data = encode("snapshot", &payload)?;
         let seq = self.snapshots.next_seq();
