@@ -16,6 +16,11 @@ pub struct ProxyConfig {
     pub grant_ms: u64,
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
+    /// DEMONSTRATIONS ONLY: forward every request of a matched route without any fence check
+    /// (lease-only locking, like a bare Redis lock). The chaos harness uses it to show what the
+    /// fence prevents. Never enable in production.
+    #[serde(default)]
+    pub unsafe_no_fencing: bool,
 }
 
 fn default_grant_ms() -> u64 {
@@ -28,6 +33,7 @@ impl ProxyConfig {
         ProxyConfig {
             listen,
             grant_ms: default_grant_ms(),
+            unsafe_no_fencing: false,
             routes: vec![RouteConfig {
                 path: "/kv/{key}".into(),
                 resource: "kv:{key}".into(),

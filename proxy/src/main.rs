@@ -5,6 +5,11 @@ mod dev;
 
 use clap::{Parser, Subcommand};
 
+// glibc malloc's arena locks showed up under proxy load (many small, short-lived allocations
+// across worker threads); mimalloc's thread-local heaps avoid them.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "fencegate",

@@ -37,7 +37,14 @@ pub fn start(
         Routes::new(config.routes.clone()).map_err(|e| ProxyError::Config(e.to_string()))?;
     let metrics = ProxyMetrics::new(&node.metrics.registry);
     let gate = Arc::new(FenceGate::new(node, config.grant_ms));
-    let proxy = FenceProxy::new(routes, gate, metrics);
+    let proxy =
+        FenceProxy::new(routes, gate, metrics).with_unsafe_no_fencing(config.unsafe_no_fencing);
+    if config.unsafe_no_fencing {
+        tracing::warn!(
+            "fencing proxy started with unsafe_no_fencing = true: protected writes are forwarded \
+             WITHOUT fence checks (demonstrations only)"
+        );
+    }
 
     let server_conf = Arc::new(ServerConf::default());
     let mut service = pingora::proxy::http_proxy_service(&server_conf, proxy);

@@ -21,6 +21,8 @@ pub struct FenceProxy {
     routes: Routes,
     gate: Arc<FenceGate>,
     metrics: ProxyMetrics,
+    /// `ProxyConfig::unsafe_no_fencing`: forward protected writes unchecked (demos only).
+    unsafe_no_fencing: bool,
 }
 
 /// Per-request state.
@@ -39,7 +41,14 @@ impl FenceProxy {
             routes,
             gate,
             metrics,
+            unsafe_no_fencing: false,
         }
+    }
+
+    /// Turns every fence check off (`ProxyConfig::unsafe_no_fencing`; demonstrations only).
+    pub fn with_unsafe_no_fencing(mut self, on: bool) -> Self {
+        self.unsafe_no_fencing = on;
+        self
     }
 
     fn decide(&self, outcome: &'static str, reason: &str) {
@@ -92,6 +101,13 @@ impl ProxyHttp for FenceProxy {
         if !route.is_protected(req.method.as_str()) {
             ctx.outcome = "passthrough";
             self.decide("passthrough", "unprotected_method");
+            return Ok(false);
+        }
+        if self.unsafe_no_fencing {
+            // Lease-only mode for demonstrations: nothing is checked, so a zombie's late write
+            // lands after the new holder's (what fencing exists to prevent).
+            ctx.outcome = "unfenced";
+            self.decide("forwarded", "unsafe_no_fencing");
             return Ok(false);
         }
         let upstream_timeout = Duration::from_millis(route.config.upstream_timeout_ms);
