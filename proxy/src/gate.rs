@@ -37,6 +37,8 @@ const STRIPES: usize = 256;
 pub const SEND_SLACK: Duration = Duration::from_millis(50);
 /// Admissions tried for one write when each round trip is too slow to leave a usable grant.
 const ADMIT_ATTEMPTS: usize = 3;
+/// How long before a grant runs low a background refresh starts.
+const REFRESH_AHEAD: Duration = Duration::from_millis(300);
 /// Grants kept before expired ones are swept.
 const SWEEP_AT: usize = 100_000;
 
@@ -44,6 +46,8 @@ pub struct FenceGate {
     node: Arc<Node>,
     grant_ms: u64,
     grants: parking_lot::Mutex<HashMap<String, LocalGrant>>,
+    /// Resources with a background grant refresh in flight.
+    refreshing: parking_lot::Mutex<std::collections::HashSet<String>>,
     stripes: Vec<tokio::sync::Mutex<()>>,
 }
 
@@ -94,6 +98,7 @@ impl FenceGate {
             node,
             grant_ms,
             grants: parking_lot::Mutex::new(HashMap::new()),
+            refreshing: parking_lot::Mutex::new(std::collections::HashSet::new()),
             stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
         }
     }
@@ -102,9 +107,9 @@ impl FenceGate {
         self.grants.lock().get(resource).copied()
     }
 
-    /// Decides whether a write with `token` for `resource` may be forwarded now.
+        /// Decides whether a write with `token` for `resource` may be forwarded now.
     pub async fn admit(
-        &self,
+        self: &Arc<Self>,
         resource: &str,
         token: u64,
         upstream_timeout: Duration,
@@ -113,10 +118,46 @@ impl FenceGate {
         let need = upstream_timeout + SEND_SLACK;
         let local = self.local(resource);
         match fast_verdict(local.as_ref(), token, Instant::now(), need) {
-            FastVerdict::Forward => return Ok(Admitted::fast(local, upstream_timeout)),
+            FastVerdict::Forward => {
+                // Renew the grant in the background before it runs low, so a steady stream of
+                // writes never waits for a commit.
+                if fast_verdict(local.as_ref(), token, Instant::now(), need + REFRESH_AHEAD)
+                    == FastVerdict::Consult
+                {
+                    self.refresh_in_background(resource, token, upstream_timeout);
+                }
+                return Ok(Admitted::fast(local, upstream_timeout));
+            }
             FastVerdict::Reject(r) => return Err(r),
             FastVerdict::Consult => {}
         }
+        self.consult(resource, token, upstream_timeout, need).await
+    }
+
+    fn refresh_in_background(self: &Arc<Self>, resource: &str, token: u64, timeout: Duration) {
+        if !self.refreshing.lock().insert(resource.to_string()) {
+            return;
+        }
+        let gate = self.clone();
+        let resource = resource.to_string();
+        tokio::spawn(async move {
+            let fresh = timeout + SEND_SLACK + REFRESH_AHEAD;
+            if let Err(e) = gate.consult(&resource, token, timeout, fresh).await {
+                tracing::debug!(resource, ?e, "background grant refresh failed");
+            }
+            gate.refreshing.lock().remove(&resource);
+        });
+    }
+
+    /// The slow path: commit an admission, unless (after queueing for the resource's stripe)
+    /// the local grant already covers `need`.
+    async fn consult(
+        &self,
+        resource: &str,
+        token: u64,
+        upstream_timeout: Duration,
+        need: Duration,
+    ) -> Result<Admitted, Rejection> {
         // Bounded: without a quorum, admissions queued on one stripe would otherwise each
         // wait a full write timeout in turn before answering 503.
         let wait = Duration::from_millis(self.node.config.policy.write_timeout_ms);
