@@ -38,10 +38,13 @@ pub struct Call<T> {
     pub result: Result<T, Failure>,
     /// Codes of the failed attempts (including the final one).
     pub errors: Vec<String>,
-    /// When the first attempt was sent (lease validity is counted from here).
+    /// When the first attempt went out (after waiting for a connection): a lease granted by
+    /// this call cannot have been stamped earlier, so its validity is counted from here.
     pub first_send: Instant,
-    /// When the successful (or last) attempt was sent.
+    /// When the successful (or last) attempt went out.
     pub last_send: Instant,
+    /// When the final answer arrived: a server answer "lease gone" was decided before this.
+    pub answered: Instant,
 }
 
 pub enum Backend {
@@ -50,7 +53,13 @@ pub enum Backend {
 }
 
 impl Backend {
-    pub async fn acquire(&self, resource: u32, request_id: &str, ttl_ms: u64, wait_ms: u64) -> Call<Grant> {
+    pub async fn acquire(
+        &self,
+        resource: u32,
+        request_id: &str,
+        ttl_ms: u64,
+        wait_ms: u64,
+    ) -> Call<Grant> {
         match self {
             Backend::Fencegate(c) => c.acquire(resource, request_id, ttl_ms, wait_ms).await,
             Backend::Etcd(c) => c.acquire(resource, ttl_ms, wait_ms).await,
@@ -184,10 +193,17 @@ impl FencegateClient {
         }
     }
 
-    async fn attempt(&self, ep: &Endpoint, req: reqwest::RequestBuilder) -> Attempt {
+    /// One request; returns the answer and when it went out (after the permit).
+    async fn attempt(&self, ep: &Endpoint, req: reqwest::RequestBuilder) -> (Attempt, Instant) {
         // Waiting for a permit is part of the client-visible latency, like waiting for a
         // free connection in any pooled client.
         let _permit = ep.permits.acquire().await;
+        let sent = Instant::now();
+        let a = self.send(ep, req).await;
+        (a, sent)
+    }
+
+    async fn send(&self, ep: &Endpoint, req: reqwest::RequestBuilder) -> Attempt {
         match req.send().await {
             Err(e) => {
                 if e.is_connect() {
@@ -222,38 +238,51 @@ impl FencegateClient {
     }
 
     async fn post(&self, path: &str, body: Value) -> Call<Value> {
-        let first_send = Instant::now();
-        let mut last_send = first_send;
+        let mut first_send = None;
         let mut errors = Vec::new();
         let start = self.start_index(&self.nodes);
         let mut n = 0;
         loop {
             let ep = self.pick(&self.nodes, start, n);
-            if n > 0 {
-                last_send = Instant::now();
-            }
             let req = ep.http.post(format!("{}{}", ep.base, path)).json(&body);
-            match self.attempt(ep, req).await {
+            let (answer, last_send) = self.attempt(ep, req).await;
+            let first_send = *first_send.get_or_insert(last_send);
+            let answered = Instant::now();
+            match answer {
                 Attempt::Ok(v) => {
-                    return Call { result: Ok(v), errors, first_send, last_send };
+                    return Call {
+                        result: Ok(v),
+                        errors,
+                        first_send,
+                        last_send,
+                        answered,
+                    };
                 }
                 Attempt::Definite(code) => {
                     errors.push(code.clone());
                     return Call {
-                        result: Err(Failure { code, definite: true }),
+                        result: Err(Failure {
+                            code,
+                            definite: true,
+                        }),
                         errors,
                         first_send,
                         last_send,
+                        answered,
                     };
                 }
                 Attempt::Uncertain(code) => {
                     errors.push(code.clone());
                     if n >= self.retries {
                         return Call {
-                            result: Err(Failure { code, definite: false }),
+                            result: Err(Failure {
+                                code,
+                                definite: false,
+                            }),
                             errors,
                             first_send,
                             last_send,
+                            answered,
                         };
                     }
                 }
@@ -263,7 +292,13 @@ impl FencegateClient {
         }
     }
 
-    async fn acquire(&self, resource: u32, request_id: &str, ttl_ms: u64, wait_ms: u64) -> Call<Grant> {
+    async fn acquire(
+        &self,
+        resource: u32,
+        request_id: &str,
+        ttl_ms: u64,
+        wait_ms: u64,
+    ) -> Call<Grant> {
         let path = format!("/v1/locks/{}/acquire", resource_name(resource));
         let mut body = json!({ "request_id": request_id, "ttl_ms": ttl_ms, "holder": "loadtest" });
         if wait_ms > 0 {
@@ -274,24 +309,32 @@ impl FencegateClient {
             let lease_id = v.get("lease_id")?.as_str()?.to_string();
             let lease_num = u128::from_str_radix(&lease_id, 16).ok()?;
             let token = v.get("fencing_token")?.as_u64()?;
-            Some(Grant { lease_id, lease_num, token, etcd_key: Vec::new() })
+            Some(Grant {
+                lease_id,
+                lease_num,
+                token,
+                etcd_key: Vec::new(),
+            })
         })
     }
 
     async fn renew(&self, resource: u32, grant: &Grant) -> Call<bool> {
         let path = format!("/v1/locks/{}/renew", resource_name(resource));
-        let call = self.post(&path, json!({ "lease_id": grant.lease_id })).await;
+        let call = self
+            .post(&path, json!({ "lease_id": grant.lease_id }))
+            .await;
         lease_gone_is_false(map_call(call, |_| Some(true)), "lease_lost")
     }
 
     async fn release(&self, resource: u32, grant: &Grant) -> Call<bool> {
         let path = format!("/v1/locks/{}/release", resource_name(resource));
-        let call = self.post(&path, json!({ "lease_id": grant.lease_id })).await;
+        let call = self
+            .post(&path, json!({ "lease_id": grant.lease_id }))
+            .await;
         map_call(call, |v| v.get("released")?.as_bool())
     }
 
     async fn write(&self, resource: u32, grant: &Grant) -> Call<()> {
-        let first_send = Instant::now();
         let start = self.start_index(&self.proxies);
         let ep = self.pick(&self.proxies, start, 0);
         let req = ep
@@ -299,30 +342,55 @@ impl FencegateClient {
             .put(format!("{}/kv/lt{resource}", ep.base))
             .header("Fence-Token", grant.token.to_string())
             .body(format!("written with token {}", grant.token));
-        let (result, errors) = match self.attempt(ep, req).await {
+        let (answer, first_send) = self.attempt(ep, req).await;
+        let (result, errors) = match answer {
             Attempt::Ok(_) => (Ok(()), Vec::new()),
             Attempt::Definite(code) | Attempt::Uncertain(code) => (
-                Err(Failure { code: code.clone(), definite: true }),
+                Err(Failure {
+                    code: code.clone(),
+                    definite: true,
+                }),
                 vec![code],
             ),
         };
-        Call { result, errors, first_send, last_send: first_send }
+        Call {
+            result,
+            errors,
+            first_send,
+            last_send: first_send,
+            answered: Instant::now(),
+        }
     }
 }
 
 fn map_call<T>(call: Call<Value>, f: impl FnOnce(&Value) -> Option<T>) -> Call<T> {
-    let Call { result, mut errors, first_send, last_send } = call;
+    let Call {
+        result,
+        mut errors,
+        first_send,
+        last_send,
+        answered,
+    } = call;
     let result = match result {
         Ok(v) => match f(&v) {
             Some(t) => Ok(t),
             None => {
                 errors.push("bad_response".into());
-                Err(Failure { code: "bad_response".into(), definite: false })
+                Err(Failure {
+                    code: "bad_response".into(),
+                    definite: false,
+                })
             }
         },
         Err(e) => Err(e),
     };
-    Call { result, errors, first_send, last_send }
+    Call {
+        result,
+        errors,
+        first_send,
+        last_send,
+        answered,
+    }
 }
 
 /// Turns the definite "lease is gone" answer into Ok(false) (it is an answer, not an error).
@@ -345,7 +413,11 @@ pub struct EtcdClient {
 }
 
 impl EtcdClient {
-    pub async fn connect(endpoints: &[String], connections: usize, timeout: Duration) -> anyhow::Result<Self> {
+    pub async fn connect(
+        endpoints: &[String],
+        connections: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<Self> {
         let mut members = Vec::new();
         for e in endpoints {
             let opts = etcd_client::ConnectOptions::new()
@@ -354,7 +426,11 @@ impl EtcdClient {
             let c = etcd_client::Client::connect([e.as_str()], Some(opts)).await?;
             members.push((c, Semaphore::new(connections)));
         }
-        Ok(EtcdClient { members, next: AtomicUsize::new(0), timeout })
+        Ok(EtcdClient {
+            members,
+            next: AtomicUsize::new(0),
+            timeout,
+        })
     }
 
     fn member(&self) -> &(etcd_client::Client, Semaphore) {
@@ -362,9 +438,9 @@ impl EtcdClient {
     }
 
     async fn acquire(&self, resource: u32, ttl_ms: u64, wait_ms: u64) -> Call<Grant> {
-        let first_send = Instant::now();
         let (client, permits) = self.member();
         let _p = permits.acquire().await;
+        let first_send = Instant::now();
         let mut c = client.clone();
         let ttl_s = ttl_ms.div_ceil(1000) as i64;
         let r: Result<Grant, Failure> = async {
@@ -373,7 +449,11 @@ impl EtcdClient {
             let opts = etcd_client::LockOptions::new().with_lease(id);
             let name = format!("/lt/lock/{resource}");
             // etcd's lock waits for the key; a try-once acquire gets a short deadline.
-            let wait = if wait_ms > 0 { Duration::from_millis(wait_ms) } else { self.timeout };
+            let wait = if wait_ms > 0 {
+                Duration::from_millis(wait_ms)
+            } else {
+                self.timeout
+            };
             let lock = match etcd_timeout(wait, c.lock(name, Some(opts))).await {
                 Ok(l) => l,
                 Err(e) => {
@@ -394,17 +474,21 @@ impl EtcdClient {
     }
 
     async fn renew(&self, grant: &Grant) -> Call<bool> {
-        let first_send = Instant::now();
         let (client, permits) = self.member();
         let _p = permits.acquire().await;
+        let first_send = Instant::now();
         let mut c = client.clone();
         let id: i64 = grant.lease_id.parse().unwrap_or(0);
         let r = async {
-            let (mut keeper, mut stream) = etcd_timeout(self.timeout, c.lease_keep_alive(id)).await?;
+            let (mut keeper, mut stream) =
+                etcd_timeout(self.timeout, c.lease_keep_alive(id)).await?;
             etcd_timeout(self.timeout, keeper.keep_alive()).await?;
             match etcd_timeout(self.timeout, stream.message()).await? {
                 Some(resp) => Ok(resp.ttl() > 0),
-                None => Err(Failure { code: "stream_closed".into(), definite: false }),
+                None => Err(Failure {
+                    code: "stream_closed".into(),
+                    definite: false,
+                }),
             }
         }
         .await;
@@ -412,9 +496,9 @@ impl EtcdClient {
     }
 
     async fn release(&self, grant: &Grant) -> Call<bool> {
-        let first_send = Instant::now();
         let (client, permits) = self.member();
         let _p = permits.acquire().await;
+        let first_send = Instant::now();
         let mut c = client.clone();
         let id: i64 = grant.lease_id.parse().unwrap_or(0);
         let r = async {
@@ -436,7 +520,10 @@ async fn etcd_timeout<T>(
     f: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, Failure> {
     match tokio::time::timeout(d, f).await {
-        Err(_) => Err(Failure { code: "client_timeout".into(), definite: false }),
+        Err(_) => Err(Failure {
+            code: "client_timeout".into(),
+            definite: false,
+        }),
         Ok(Ok(v)) => Ok(v),
         Ok(Err(etcd_client::Error::GRpcStatus(s))) => {
             let code = if s.message().contains("lease not found") {
@@ -444,9 +531,15 @@ async fn etcd_timeout<T>(
             } else {
                 format!("grpc_{:?}", s.code())
             };
-            Err(Failure { code, definite: false })
+            Err(Failure {
+                code,
+                definite: false,
+            })
         }
-        Ok(Err(e)) => Err(Failure { code: format!("etcd_{}", error_kind(&e)), definite: false }),
+        Ok(Err(e)) => Err(Failure {
+            code: format!("etcd_{}", error_kind(&e)),
+            definite: false,
+        }),
     }
 }
 
@@ -464,5 +557,11 @@ fn etcd_call<T>(r: Result<T, Failure>, first_send: Instant) -> Call<T> {
         Err(f) => vec![f.code.clone()],
         Ok(_) => Vec::new(),
     };
-    Call { result: r, errors, first_send, last_send: first_send }
+    Call {
+        result: r,
+        errors,
+        first_send,
+        last_send: first_send,
+        answered: Instant::now(),
+    }
 }

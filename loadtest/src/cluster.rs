@@ -84,11 +84,20 @@ impl LocalCluster {
     pub fn start(bin: PathBuf, dir: Option<PathBuf>, proxies: bool) -> anyhow::Result<Self> {
         let (dir, tmp) = match dir {
             Some(d) => {
+                // Node data from an earlier run holds that run's ports in its membership.
+                if d.join("node1").exists() {
+                    bail!(
+                        "--data-dir {} already holds a cluster; give an empty or new directory",
+                        d.display()
+                    );
+                }
                 std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
                 (d, None)
             }
             None => {
-                let t = tempfile::Builder::new().prefix("fencegate-loadtest-").tempdir()?;
+                let t = tempfile::Builder::new()
+                    .prefix("fencegate-loadtest-")
+                    .tempdir()?;
                 (t.path().to_path_buf(), Some(t))
             }
         };
@@ -282,13 +291,13 @@ pub fn rss_mib(pid: u32) -> Option<(f64, f64)> {
 pub struct NodeStatus {
     pub node_id: u64,
     pub leader_id: Option<u64>,
-    pub term: u64,
     pub last_applied: u64,
     pub snapshot_index: Option<u64>,
     pub purged_index: Option<u64>,
     pub last_token: u64,
     pub active_locks: u64,
     pub resources: u64,
+    pub dedup_records: u64,
 }
 
 pub async fn node_status(http: &reqwest::Client, base: &str) -> anyhow::Result<NodeStatus> {
@@ -306,13 +315,13 @@ pub async fn node_status(http: &reqwest::Client, base: &str) -> anyhow::Result<N
     Ok(NodeStatus {
         node_id: u("node_id").unwrap_or(0),
         leader_id: u("leader_id"),
-        term: u("term").unwrap_or(0),
         last_applied: u("last_applied").unwrap_or(0),
         snapshot_index: u("snapshot_index"),
         purged_index: u("purged_index"),
         last_token: l("last_token"),
         active_locks: l("active_locks"),
         resources: l("resources"),
+        dedup_records: l("dedup_records"),
     })
 }
 
@@ -332,12 +341,19 @@ pub async fn statuses(http: &reqwest::Client, bases: &[String]) -> Vec<(usize, N
 pub async fn find_leader(http: &reqwest::Client, bases: &[String]) -> Option<(u64, usize)> {
     let st = statuses(http, bases).await;
     let leader = st.iter().find_map(|(_, s)| s.leader_id)?;
-    let idx = st.iter().find(|(_, s)| s.node_id == leader).map(|(i, _)| *i)?;
+    let idx = st
+        .iter()
+        .find(|(_, s)| s.node_id == leader)
+        .map(|(i, _)| *i)?;
     Some((leader, idx))
 }
 
 /// Waits until every given node answers /readyz and they agree on a leader.
-pub async fn wait_ready(http: &reqwest::Client, bases: &[String], timeout: Duration) -> anyhow::Result<u64> {
+pub async fn wait_ready(
+    http: &reqwest::Client,
+    bases: &[String],
+    timeout: Duration,
+) -> anyhow::Result<u64> {
     let deadline = Instant::now() + timeout;
     loop {
         let st = statuses(http, bases).await;

@@ -205,11 +205,13 @@ pub struct Workload {
 impl Workload {
     pub fn resolve(a: &RunArgs) -> anyhow::Result<Self> {
         let seed = a.profile == Profile::Seed;
-        let pick = |v: Option<u64>, seed_v: u64, smoke_v: u64| v.unwrap_or(if seed { seed_v } else { smoke_v });
+        let pick = |v: Option<u64>, seed_v: u64, smoke_v: u64| {
+            v.unwrap_or(if seed { seed_v } else { smoke_v })
+        };
         let w = Workload {
             resources: a.resources.unwrap_or(if seed { 100_000 } else { 5_000 }),
-            active_locks: a.active_locks.unwrap_or(if seed { 20_000 } else { 600 }),
-            rate: a.rate.unwrap_or(if seed { 2_000.0 } else { 200.0 }),
+            active_locks: a.active_locks.unwrap_or(if seed { 20_000 } else { 150 }),
+            rate: a.rate.unwrap_or(if seed { 2_000.0 } else { 50.0 }),
             hold_ms: a.hold_ms,
             renew_interval_ms: pick(a.renew_interval_ms, 10_000, 1_000),
             renew_jitter: a.renew_jitter.unwrap_or(0.1),
@@ -247,7 +249,10 @@ impl Workload {
         if !(0.0..=1.0).contains(&self.hot_fraction) || !(0.0..1.0).contains(&self.renew_jitter) {
             bail!("--hot-fraction must be in [0,1] and --renew-jitter in [0,1)");
         }
-        if self.ttl_ms < 1_000 || self.renew_interval_ms == 0 || self.renew_interval_ms >= self.ttl_ms {
+        if self.ttl_ms < 1_000
+            || self.renew_interval_ms == 0
+            || self.renew_interval_ms >= self.ttl_ms
+        {
             bail!("need --ttl-ms >= 1000 and 0 < --renew-interval-ms < --ttl-ms");
         }
         if self.duration_s == 0 || self.connections == 0 {
@@ -279,7 +284,9 @@ pub fn check_loopback(url: &str) -> anyhow::Result<String> {
     let parsed = reqwest::Url::parse(&url).with_context(|| format!("bad URL '{url}'"))?;
     match parsed.host_str() {
         Some("127.0.0.1") | Some("localhost") | Some("[::1]") | Some("::1") => {}
-        other => bail!("refusing to load a non-loopback target {other:?}: only 127.0.0.1/localhost"),
+        other => {
+            bail!("refusing to load a non-loopback target {other:?}: only 127.0.0.1/localhost")
+        }
     }
     Ok(url.trim_end_matches('/').to_string())
 }

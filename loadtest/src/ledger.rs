@@ -24,8 +24,17 @@ pub struct LedgerReport {
     /// Leases the server reported gone after our own deadline had passed (late renewals,
     /// e.g. while no quorum): expected under faults, not a violation.
     pub expired_leases: u64,
+    /// Releases answered `released: false` while the lease was still valid by the client's
+    /// clock. Not judged: a release retried after a lost answer (by the client, or by a
+    /// follower re-forwarding to a new leader) gets this answer although it did release.
+    pub releases_not_current: u64,
+    /// The first few of those, with the lease's history.
+    pub releases_not_current_examples: Vec<String>,
     pub max_token: u64,
-    /// The first violations, for the report.
+    /// `lock_held` on a resource that, as far as the harness knows, nobody held (not a
+    /// safety violation; a liveness anomaly worth a look).
+    pub unexpected_lock_held: u64,
+    /// The first violations and anomalies, for the report.
     pub violations: Vec<String>,
 }
 
@@ -92,18 +101,57 @@ impl Ledger {
     }
 
     /// The server said the lease is gone. `still_valid` is the client's conservative view.
-    pub fn lease_gone(&self, resource: u32, token: u64, still_valid_ms: Option<u64>) {
+    pub fn lease_gone(
+        &self,
+        resource: u32,
+        token: u64,
+        still_valid_ms: Option<u64>,
+        trail: &[String],
+    ) {
         let mut g = self.lock();
         match still_valid_ms {
             Some(left) => {
                 g.report.lost_leases += 1;
                 if g.report.violations.len() < MAX_VIOLATIONS_KEPT {
                     g.report.violations.push(format!(
-                        "resource {resource}: lease with token {token} reported gone with {left} ms left"
+                        "resource {resource}: lease with token {token} reported gone with {left} ms left; history: {}",
+                        trail.join(" | ")
                     ));
                 }
             }
             None => g.report.expired_leases += 1,
+        }
+    }
+
+    pub fn release_not_current(
+        &self,
+        resource: u32,
+        token: u64,
+        still_valid_ms: Option<u64>,
+        trail: &[String],
+    ) {
+        let mut g = self.lock();
+        match still_valid_ms {
+            Some(left) => {
+                g.report.releases_not_current += 1;
+                if g.report.releases_not_current_examples.len() < 5 {
+                    g.report.releases_not_current_examples.push(format!(
+                        "resource {resource}: token {token}, {left} ms left; history: {}",
+                        trail.join(" | ")
+                    ));
+                }
+            }
+            None => g.report.expired_leases += 1,
+        }
+    }
+
+    pub fn unexpected_conflict(&self, resource: u32, code: &str) {
+        let mut g = self.lock();
+        g.report.unexpected_lock_held += 1;
+        if g.report.violations.len() < MAX_VIOLATIONS_KEPT {
+            g.report.violations.push(format!(
+                "(anomaly) resource {resource}: {code} although the harness held no lease on it"
+            ));
         }
     }
 
@@ -130,8 +178,8 @@ mod tests {
         assert_eq!(r.duplicate_tokens, 1);
         assert_eq!(r.non_monotonic_tokens, 1);
         assert_eq!(r.duplicate_leases, 1);
-        l.lease_gone(1, 7, Some(100));
-        l.lease_gone(1, 7, None);
+        l.lease_gone(1, 7, Some(100), &[]);
+        l.lease_gone(1, 7, None, &[]);
         let r = l.report();
         assert_eq!((r.lost_leases, r.expired_leases), (1, 1));
         assert_eq!(r.violations_total(), 4);

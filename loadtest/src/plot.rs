@@ -63,13 +63,17 @@ pub fn latency_cdf(path: &Path, title: &str, series: &[Series]) -> anyhow::Resul
             let p = 100.0 * (1.0 - 10f64.powf(-x));
             if *x > 5.05 {
                 "max".into()
-            } else if p < 99.0 {
-                format!("{p:.0}%")
             } else {
-                format!("{p}%")
+                let decimals = (x.round() as usize).saturating_sub(2);
+                format!("{p:.decimals$}%")
             }
         })
-        .y_label_formatter(&|y| format!("{y:.3}").trim_end_matches('0').trim_end_matches('.').to_string())
+        .y_label_formatter(&|y| {
+            format!("{y:.3}")
+                .trim_end_matches('0')
+                .trim_end_matches('.')
+                .to_string()
+        })
         .draw()
         .map_err(err)?;
     for (i, s) in series.iter().enumerate() {
@@ -136,6 +140,7 @@ pub fn timeline(
                 .y_desc(y_desc)
                 .draw()
                 .map_err(err)?;
+            let mut labelled = 0usize;
             for e in &interesting {
                 let color = if e.what.starts_with("snapshot") {
                     RGBColor(180, 180, 180)
@@ -149,10 +154,18 @@ pub fn timeline(
                     )))
                     .map_err(err)?;
                 if !e.what.starts_with("snapshot") {
+                    // Stagger the labels so events close in time stay readable.
+                    let k = (labelled % 6) as f64;
+                    labelled += 1;
+                    let y = if $lo > 0.0 {
+                        max_y / 1.15 / 1.6f64.powf(k)
+                    } else {
+                        max_y * (0.96 - 0.06 * k)
+                    };
                     chart
                         .draw_series(std::iter::once(Text::new(
-                            e.what.clone(),
-                            (e.t_s, max_y / 1.1),
+                            format!(" {}", e.what),
+                            (e.t_s, y),
                             ("sans-serif", 11).into_font().color(&color),
                         )))
                         .map_err(err)?;
@@ -165,7 +178,9 @@ pub fn timeline(
                     .draw_series(LineSeries::new(pts, c.stroke_width(2)))
                     .map_err(err)?
                     .label(s.label.clone())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+                    });
             }
             chart
                 .configure_series_labels()

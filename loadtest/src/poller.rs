@@ -28,6 +28,7 @@ pub struct Sample {
     pub rss_mib: BTreeMap<usize, (f64, f64)>,
     pub active_locks: Option<u64>,
     pub resources: Option<u64>,
+    pub dedup_records: Option<u64>,
     pub last_token: Option<u64>,
 }
 
@@ -131,6 +132,7 @@ async fn sample(
                     s.leader = st.leader_id;
                     s.active_locks = Some(st.active_locks);
                     s.resources = Some(st.resources);
+                    s.dedup_records = Some(st.dedup_records);
                     s.last_token = Some(st.last_token);
                 }
             }
@@ -173,7 +175,13 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
 /// consecutive samples (a restarted node's counter starts again at zero); across nodes
 /// `sum` (fencegate counts commits on the leader only) or `max` (etcd: every member reports
 /// the same committed index).
-pub fn growth(samples: &[Sample], from: f64, to: f64, pick: fn(&Sample) -> &BTreeMap<usize, f64>, sum: bool) -> f64 {
+pub fn growth(
+    samples: &[Sample],
+    from: f64,
+    to: f64,
+    pick: fn(&Sample) -> &BTreeMap<usize, f64>,
+    sum: bool,
+) -> f64 {
     let inside: Vec<&Sample> = samples
         .iter()
         .filter(|s| s.t_s >= from - 0.5 && s.t_s <= to + 0.5)
@@ -223,7 +231,10 @@ mod tests {
     #[test]
     fn parses_prometheus_text() {
         let t = "# HELP x\nfencegate_raft_commit_seconds_count{node=\"1\"} 42\nfencegate_raft_commit_seconds_sum{node=\"1\"} 0.5\nfoo 1\n";
-        assert_eq!(metric_value(t, "fencegate_raft_commit_seconds_count"), Some(42.0));
+        assert_eq!(
+            metric_value(t, "fencegate_raft_commit_seconds_count"),
+            Some(42.0)
+        );
         assert_eq!(metric_value(t, "foo"), Some(1.0));
         assert_eq!(metric_value(t, "fo"), None);
     }

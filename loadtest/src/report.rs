@@ -23,6 +23,8 @@ pub struct OpSummary {
     pub errors: u64,
     /// Every failed attempt by error code (retried ones included).
     pub errors_by_code: BTreeMap<String, u64>,
+    /// How the operations that did not succeed ended, by code (conflicts included).
+    pub final_by_code: BTreeMap<String, u64>,
     pub p50_ms: f64,
     pub p95_ms: f64,
     pub p99_ms: f64,
@@ -40,6 +42,7 @@ pub fn op_summary(w: &Window, op: Op) -> OpSummary {
         conflicts: s.conflicts,
         errors: s.failed,
         errors_by_code: s.errors_by_code.clone(),
+        final_by_code: s.final_by_code.clone(),
         p50_ms: p50,
         p95_ms: p95,
         p99_ms: p99,
@@ -102,6 +105,7 @@ pub struct ServerSummary {
     pub rss_mib: BTreeMap<String, RssSummary>,
     pub active_locks_last: Option<u64>,
     pub resources_last: Option<u64>,
+    pub dedup_records_last: Option<u64>,
     pub last_token: Option<u64>,
 }
 
@@ -172,6 +176,9 @@ pub struct Summary {
     pub workload: Workload,
     pub measured_s: f64,
     pub ops: BTreeMap<String, OpSummary>,
+    /// Operations of the measured window still waiting for an answer when the report was
+    /// made (bounded wait after the window): under overload, the client-side backlog.
+    pub unfinished_ops: u64,
     /// Completed lock cycles (successful releases) per second.
     pub lock_cycles_per_s: f64,
     pub server: ServerSummary,
@@ -274,8 +281,24 @@ pub fn print_table(s: &Summary) {
             _ => "",
         }
     );
+    if i.releases_not_current > 0 {
+        println!(
+            "releases answered released=false while still valid (ambiguous, see summary.json): {}",
+            i.releases_not_current
+        );
+    }
+    if i.unexpected_lock_held > 0 {
+        println!(
+            "anomalies: {} lock_held answers on resources the harness believed free",
+            i.unexpected_lock_held
+        );
+    }
     for v in &i.violations {
-        println!("  VIOLATION: {v}");
+        if v.starts_with("(anomaly)") {
+            println!("  {v}");
+        } else {
+            println!("  VIOLATION: {v}");
+        }
     }
     if let Some(k) = &s.leader_kill {
         println!(
@@ -340,7 +363,9 @@ pub fn write_out(dir: &Path, a: &Artifacts<'_>) -> anyhow::Result<()> {
     std::fs::write(dir.join("summary.json"), serde_json::to_vec_pretty(s)?)?;
     std::fs::write(
         dir.join("timeline.json"),
-        serde_json::to_vec(&serde_json::json!({ "seconds": a.timeline, "server_samples": a.samples }))?,
+        serde_json::to_vec(
+            &serde_json::json!({ "seconds": a.timeline, "server_samples": a.samples }),
+        )?,
     )?;
     let title = format!("{} · {}", s.system, s.scenario);
     if !a.cdf.is_empty() {
@@ -356,7 +381,11 @@ pub fn write_out(dir: &Path, a: &Artifacts<'_>) -> anyhow::Result<()> {
         .filter(|(i, _)| a.timeline.iter().any(|sec| sec.ok[*i] > 0))
         .map(|(i, op)| Series {
             label: format!("{} ok/s", op.name()),
-            points: a.timeline.iter().map(|sec| (sec.t as f64 + 0.5, sec.ok[i] as f64)).collect(),
+            points: a
+                .timeline
+                .iter()
+                .map(|sec| (sec.t as f64 + 0.5, sec.ok[i] as f64))
+                .collect(),
         })
         .collect();
     let errs: Vec<(f64, f64)> = a
@@ -365,7 +394,10 @@ pub fn write_out(dir: &Path, a: &Artifacts<'_>) -> anyhow::Result<()> {
         .map(|sec| (sec.t as f64 + 0.5, sec.errors as f64))
         .collect();
     if errs.iter().any(|e| e.1 > 0.0) {
-        tput.push(Series { label: "errors/s".into(), points: errs });
+        tput.push(Series {
+            label: "errors/s".into(),
+            points: errs,
+        });
     }
     let commits: Vec<(f64, f64)> = a
         .samples
@@ -376,12 +408,21 @@ pub fn write_out(dir: &Path, a: &Artifacts<'_>) -> anyhow::Result<()> {
                 .commits
                 .iter()
                 .filter_map(|(n, v)| w[0].commits.get(n).map(|p| (v - p).max(0.0)))
-                .fold(0.0, |acc, x| if s.system == "etcd" { acc.max(x) } else { acc + x });
+                .fold(0.0, |acc, x| {
+                    if s.system == "etcd" {
+                        acc.max(x)
+                    } else {
+                        acc + x
+                    }
+                });
             (dt > 0.0).then(|| (w[1].t_s, d / dt))
         })
         .collect();
     if !commits.is_empty() {
-        tput.push(Series { label: "server commits/s".into(), points: commits });
+        tput.push(Series {
+            label: "server commits/s".into(),
+            points: commits,
+        });
     }
     plot::timeline(
         &dir.join("throughput.svg"),
@@ -419,7 +460,11 @@ pub fn write_out(dir: &Path, a: &Artifacts<'_>) -> anyhow::Result<()> {
             &format!("{}: ramp", s.system),
             &[Series {
                 label: format!("{} p99 (acquire+renew+release)", s.system),
-                points: r.steps.iter().map(|st| (st.target_rate, st.all_p99_ms)).collect(),
+                points: r
+                    .steps
+                    .iter()
+                    .map(|st| (st.target_rate, st.all_p99_ms))
+                    .collect(),
             }],
             &[r.bound_ms, r.tight_bound_ms],
         )?;

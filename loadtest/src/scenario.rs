@@ -15,7 +15,9 @@ use crate::cluster::{self, find_fencegate_bin, free_ports, LocalCluster};
 use crate::config::{check_loopback, Profile, RunArgs, Scenario, System, Workload};
 use crate::ledger::Ledger;
 use crate::poller::{self, Pids, Poller, Sample};
-use crate::report::{self, LeaderKillReport, Machine, RampReport, RampStep, RssSummary, ServerSummary, Summary};
+use crate::report::{
+    self, LeaderKillReport, Machine, RampReport, RampStep, RssSummary, ServerSummary, Summary,
+};
 use crate::stats::{Op, Recorder, Second, Window};
 use crate::workload::Engine;
 
@@ -40,7 +42,9 @@ impl EtcdCluster {
         let (dir, tmp) = match dir {
             Some(d) => (d.join("etcd"), None),
             None => {
-                let t = tempfile::Builder::new().prefix("fencegate-loadtest-etcd-").tempdir()?;
+                let t = tempfile::Builder::new()
+                    .prefix("fencegate-loadtest-etcd-")
+                    .tempdir()?;
                 (t.path().to_path_buf(), Some(t))
             }
         };
@@ -58,7 +62,10 @@ impl EtcdCluster {
             script,
             dir,
             _tmp: tmp,
-            endpoints: ports[0..3].iter().map(|p| format!("http://127.0.0.1:{p}")).collect(),
+            endpoints: ports[0..3]
+                .iter()
+                .map(|p| format!("http://127.0.0.1:{p}"))
+                .collect(),
         };
         if !out.status.success() {
             bail!(
@@ -117,7 +124,9 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         let needed = (4.0 * 20_000.0 / commits).ceil() as u64;
         w.duration_s = w.duration_s.max(needed);
     }
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build()?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
 
     // ---- system under test ----
     let mut local: Option<Arc<Mutex<LocalCluster>>> = None;
@@ -125,8 +134,16 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     let pids: Pids = Arc::new(Mutex::new(BTreeMap::new()));
     let (bases, proxies, cluster_desc) = match system {
         System::Fencegate if !args.target.is_empty() => {
-            let bases: Vec<String> = args.target.iter().map(|t| check_loopback(t)).collect::<anyhow::Result<_>>()?;
-            let proxies: Vec<String> = args.proxy_target.iter().map(|t| check_loopback(t)).collect::<anyhow::Result<_>>()?;
+            let bases: Vec<String> = args
+                .target
+                .iter()
+                .map(|t| check_loopback(t))
+                .collect::<anyhow::Result<_>>()?;
+            let proxies: Vec<String> = args
+                .proxy_target
+                .iter()
+                .map(|t| check_loopback(t))
+                .collect::<anyhow::Result<_>>()?;
             if matches!(scenario, Scenario::ReplicaDown | Scenario::LeaderKill) {
                 bail!("--scenario {scenario:?} stops nodes: it needs a cluster the harness starts (no --target)");
             }
@@ -151,13 +168,19 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
             let c = Arc::new(Mutex::new(c));
             local = Some(c.clone());
             if let Err(e) = cluster::wait_ready(&http, &bases, Duration::from_secs(30)).await {
-                let dir = c.lock().map(|c| c.dir.display().to_string()).unwrap_or_default();
+                let dir = c
+                    .lock()
+                    .map(|c| c.dir.display().to_string())
+                    .unwrap_or_default();
                 return Err(e.context(format!("node logs are in {dir}")));
             }
             (bases, proxies, desc)
         }
         System::Etcd => {
-            if !matches!(scenario, Scenario::Steady | Scenario::Ramp | Scenario::ReplicaDown) {
+            if !matches!(
+                scenario,
+                Scenario::Steady | Scenario::Ramp | Scenario::ReplicaDown
+            ) {
                 bail!("the etcd driver runs the steady, replica-down and ramp scenarios");
             }
             let endpoints: Vec<String> = if args.etcd_endpoints.is_empty() {
@@ -167,9 +190,23 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
                 etcd = Some(c);
                 e
             } else {
-                args.etcd_endpoints.iter().map(|t| check_loopback(t)).collect::<anyhow::Result<_>>()?
+                args.etcd_endpoints
+                    .iter()
+                    .map(|t| check_loopback(t))
+                    .collect::<anyhow::Result<_>>()?
             };
-            (endpoints.clone(), Vec::new(), format!("etcd {}", if etcd.is_some() { "local 3 members" } else { "target" }))
+            (
+                endpoints.clone(),
+                Vec::new(),
+                format!(
+                    "etcd {}",
+                    if etcd.is_some() {
+                        "local 3 members"
+                    } else {
+                        "target"
+                    }
+                ),
+            )
         }
     };
     let mut client_bases = bases.clone();
@@ -180,11 +217,15 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     if scenario == Scenario::ReplicaDown {
         match (&local, &etcd) {
             (Some(c), _) => {
-                let (leader, _) = cluster::find_leader(&http, &bases).await.context("no leader")?;
+                let (leader, _) = cluster::find_leader(&http, &bases)
+                    .await
+                    .context("no leader")?;
                 let victim = (1..=3u64).find(|id| *id != leader).unwrap_or(3);
                 let mut g = c.lock().unwrap_or_else(|e| e.into_inner());
                 g.stop_node(victim, false)?;
-                pids.lock().unwrap_or_else(|e| e.into_inner()).remove(&(victim as usize - 1));
+                pids.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&(victim as usize - 1));
                 client_bases.retain(|b| *b != bases[victim as usize - 1]);
                 pre_events.push(format!("node {victim} (follower) stopped"));
             }
@@ -219,10 +260,15 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
                 w.leader_only.then(|| leader_hint.clone()),
             )?)
         }
-        System::Etcd => Backend::Etcd(EtcdClient::connect(&client_bases, w.connections, w.request_timeout()).await?),
+        System::Etcd => Backend::Etcd(
+            EtcdClient::connect(&client_bases, w.connections, w.request_timeout()).await?,
+        ),
     };
     if w.writes_per_hold > 0 && !backend.supports_writes() {
-        warnings.push("fenced writes need the fencing proxy (fencegate, local or --proxy-target); skipped".into());
+        warnings.push(
+            "fenced writes need the fencing proxy (fencegate, local or --proxy-target); skipped"
+                .into(),
+        );
     }
 
     let t0 = Instant::now() + Duration::from_millis(200);
@@ -232,7 +278,13 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     }
     let ledger = Arc::new(Ledger::default());
     let engine = Engine::new(backend, rec.clone(), ledger.clone(), w.clone());
-    let poller = Poller::start(system, bases.clone(), pids.clone(), rec.clone(), Duration::from_secs(args.poll_s.max(1)));
+    let poller = Poller::start(
+        system,
+        bases.clone(),
+        pids.clone(),
+        rec.clone(),
+        Duration::from_secs(args.poll_s.max(1)),
+    );
 
     let warmup = Duration::from_secs(w.warmup_s);
     let measured = Duration::from_secs(w.duration_s);
@@ -281,10 +333,11 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
             main_window = win;
         }
         _ => {
-            main_window = rec.add_window(Window::new("measured", warmup, warmup + measured));
+            main_window = rec.add_window(Window::new(warmup, warmup + measured));
             let kill_task = if scenario == Scenario::LeaderKill {
                 let c = local.clone().context("leader-kill needs a local cluster")?;
-                let at = t0 + warmup + Duration::from_secs(args.fault_at_s.unwrap_or(w.duration_s / 3));
+                let at =
+                    t0 + warmup + Duration::from_secs(args.fault_at_s.unwrap_or(w.duration_s / 3));
                 Some(tokio::spawn(leader_kill_fault(
                     c,
                     http.clone(),
@@ -306,13 +359,16 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
             wait_window(&rec, main_window, settle).await;
         }
     }
+    let unfinished_ops = rec.in_flight(main_window);
     engine.stop_arrivals();
     let _ = arrivals.await;
     let drained = engine.drain(Duration::from_secs(60)).await;
     bar_task.abort();
     bar.finish_and_clear();
     if !drained {
-        warnings.push("some lock cycles were still running 60 s after the end (drain timed out)".into());
+        warnings.push(
+            "some lock cycles were still running 60 s after the end (drain timed out)".into(),
+        );
     }
     let samples = poller.finish().await;
 
@@ -330,7 +386,9 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     let server_last_token = final_status.iter().map(|(_, s)| s.last_token).max();
     let server_token_consistent = server_last_token.map(|t| t >= inv.max_token);
 
-    let (from, to) = rec.with_window(main_window, |win| (win.start.as_secs_f64(), win.end.as_secs_f64()));
+    let (from, to) = rec.with_window(main_window, |win| {
+        (win.start.as_secs_f64(), win.end.as_secs_f64())
+    });
     let server = server_summary(system, &samples, from, to);
     let timeline = rec.timeline();
     let events = rec.events();
@@ -344,14 +402,19 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         ));
     }
     let (ops, lock_cycles_per_s, measured_s, cdf) = rec.with_window(main_window, |win| {
-        let ops: BTreeMap<String, report::OpSummary> =
-            Op::ALL.iter().map(|op| (op.name().to_string(), report::op_summary(win, *op))).collect();
+        let ops: BTreeMap<String, report::OpSummary> = Op::ALL
+            .iter()
+            .map(|op| (op.name().to_string(), report::op_summary(win, *op)))
+            .collect();
         let cycles = win.op(Op::Release).ok as f64 / win.secs();
         (ops, cycles, win.secs(), report::cdf_series(win, ""))
     });
     let summary = Summary {
         system: system.to_string(),
-        scenario: format!("{scenario:?}").to_lowercase().replace("replicadown", "replica-down").replace("leaderkill", "leader-kill"),
+        scenario: format!("{scenario:?}")
+            .to_lowercase()
+            .replace("replicadown", "replica-down")
+            .replace("leaderkill", "leader-kill"),
         profile: match args.profile {
             Profile::Seed => "seed".into(),
             Profile::Smoke => "smoke".into(),
@@ -361,6 +424,7 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         workload: w.clone(),
         measured_s,
         ops,
+        unfinished_ops,
         lock_cycles_per_s,
         server,
         invariants: inv,
@@ -379,7 +443,12 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         }
     }
     drop(etcd);
-    Ok(RunResult { summary, timeline, samples, cdf })
+    Ok(RunResult {
+        summary,
+        timeline,
+        samples,
+        cdf,
+    })
 }
 
 fn ramp_step_s(args: &RunArgs) -> u64 {
@@ -419,9 +488,9 @@ async fn run_ramp(
     let mut rate = w.rate;
     let mut start = warmup;
     engine.set_rate(rate);
-    let whole = rec.add_window(Window::new("ramp", warmup, Duration::from_secs(args.max_total_s)));
+    let whole = rec.add_window(Window::new(warmup, Duration::from_secs(args.max_total_s)));
     loop {
-        let idx = rec.add_window(Window::new(&format!("{rate:.0}/s"), start + skip, start + step));
+        let idx = rec.add_window(Window::new(start + skip, start + step));
         rec.event(format!("{rate:.0}/s"));
         let end = t0 + start + step;
         if end > hard_stop {
@@ -440,7 +509,10 @@ async fn run_ramp(
         let st = rec.with_window(idx, |win| ramp_step(win, rate, args.ramp_bound_ms));
         let over = !st.sustained;
         let why = if st.all_p99_ms > args.ramp_bound_ms {
-            format!("p99 {:.1} ms > {} ms at {rate:.0}/s", st.all_p99_ms, args.ramp_bound_ms)
+            format!(
+                "p99 {:.1} ms > {} ms at {rate:.0}/s",
+                st.all_p99_ms, args.ramp_bound_ms
+            )
         } else {
             format!(
                 "not sustained at {rate:.0}/s (achieved {:.0}/s, {} errors)",
@@ -479,7 +551,10 @@ fn ramp_step(win: &Window, rate: f64, bound_ms: f64) -> RampStep {
     for op in Op::LOCK_OPS {
         let s = win.op(op);
         if s.ok > 0 {
-            p99.insert(op.name().to_string(), s.hist.value_at_quantile(0.99) as f64 / 1000.0);
+            p99.insert(
+                op.name().to_string(),
+                s.hist.value_at_quantile(0.99) as f64 / 1000.0,
+            );
         }
         errors += s.failed;
         ops += s.ok;
@@ -498,7 +573,9 @@ fn ramp_step(win: &Window, rate: f64, bound_ms: f64) -> RampStep {
         p99_ms: p99,
         all_p99_ms: all_p99,
         errors,
-        sustained: achieved >= 0.95 * rate && (errors as f64) < 0.01 * ops.max(1) as f64 && all_p99 <= bound_ms,
+        sustained: achieved >= 0.95 * rate
+            && (errors as f64) < 0.01 * ops.max(1) as f64
+            && all_p99 <= bound_ms,
     }
 }
 
@@ -532,10 +609,14 @@ fn server_summary(system: System, samples: &[Sample], from: f64, to: f64) -> Ser
         snapshots,
         snapshot_index_first: samples.iter().find_map(max_snap),
         snapshot_index_last: samples.iter().rev().find_map(max_snap),
-        purged_index_last: samples.iter().rev().find_map(|s| s.purged_index.values().max().copied()),
+        purged_index_last: samples
+            .iter()
+            .rev()
+            .find_map(|s| s.purged_index.values().max().copied()),
         rss_mib: rss,
         active_locks_last: last_leader.and_then(|s| s.active_locks),
         resources_last: last_leader.and_then(|s| s.resources),
+        dedup_records_last: last_leader.and_then(|s| s.dedup_records),
         last_token: last_leader.and_then(|s| s.last_token),
     }
 }
@@ -551,7 +632,8 @@ pub fn ramp_commits(result: &mut RunResult, step_s: u64) {
                 let skip = (step_s as f64 / 4.0).min(5.0);
                 let (from, to) = (e.t_s + skip, e.t_s + step_s as f64);
                 let secs = poller::covered(&result.samples, from, to).max(1e-9);
-                st.commits_per_s = poller::growth(&result.samples, from, to, poller::commits_of, sum) / secs;
+                st.commits_per_s =
+                    poller::growth(&result.samples, from, to, poller::commits_of, sum) / secs;
             }
         }
         for st in &r.steps {
@@ -583,8 +665,13 @@ async fn leader_kill_fault(
     leader_hint: Arc<AtomicUsize>,
 ) -> anyhow::Result<LeaderKillReport> {
     tokio::time::sleep_until(at.into()).await;
-    let (leader, idx) = cluster::find_leader(&http, &bases).await.context("no leader to kill")?;
-    let mut report = LeaderKillReport { killed_node: leader, ..Default::default() };
+    let (leader, idx) = cluster::find_leader(&http, &bases)
+        .await
+        .context("no leader to kill")?;
+    let mut report = LeaderKillReport {
+        killed_node: leader,
+        ..Default::default()
+    };
     let slot = rec.watch_recovery();
     let killed = Instant::now();
     {
@@ -594,20 +681,30 @@ async fn leader_kill_fault(
     report.killed_at_s = rec.event(format!("leader node {leader} killed (SIGKILL)"));
     let kill_t = Duration::from_secs_f64(report.killed_at_s);
     report.fault_window = Some(rec.add_window(Window::new(
-        "fault",
         kill_t,
         kill_t + restart_after + Duration::from_secs(10),
     )));
     pids.lock().unwrap_or_else(|e| e.into_inner()).remove(&idx);
-    let survivors: Vec<String> = bases.iter().enumerate().filter(|(i, _)| *i != idx).map(|(_, b)| b.clone()).collect();
+    let survivors: Vec<String> = bases
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != idx)
+        .map(|(_, b)| b.clone())
+        .collect();
     let deadline = killed + restart_after.max(Duration::from_secs(30));
     while Instant::now() < deadline {
         let st = cluster::statuses(&http, &survivors).await;
-        if let Some(new) = st.iter().find_map(|(_, s)| s.leader_id.filter(|l| *l != leader && *l == s.node_id)) {
+        if let Some(new) = st
+            .iter()
+            .find_map(|(_, s)| s.leader_id.filter(|l| *l != leader && *l == s.node_id))
+        {
             report.new_leader_after_ms = Some(killed.elapsed().as_millis() as u64);
             report.new_leader = Some(new);
             rec.event(format!("node {new} leads"));
-            if let Some(i) = bases.iter().position(|b| st.iter().any(|(j, s)| s.node_id == new && survivors[*j] == *b)) {
+            if let Some(i) = bases.iter().position(|b| {
+                st.iter()
+                    .any(|(j, s)| s.node_id == new && survivors[*j] == *b)
+            }) {
                 leader_hint.store(i, Ordering::Relaxed);
             }
             break;
@@ -623,7 +720,9 @@ async fn leader_kill_fault(
         let mut c = cluster.lock().unwrap_or_else(|e| e.into_inner());
         c.restart_node(leader)?;
         if let Some(pid) = c.pid(leader) {
-            pids.lock().unwrap_or_else(|e| e.into_inner()).insert(idx, pid);
+            pids.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(idx, pid);
         }
     }
     let restarted = Instant::now();
@@ -665,7 +764,9 @@ fn finish_leader_kill(k: &mut LeaderKillReport, timeline: &[Second], rec: &Recor
         rec.with_window(idx, |win| {
             for op in Op::ALL {
                 for (code, n) in &win.op(op).errors_by_code {
-                    *k.errors_by_code.entry(format!("{}:{code}", op.name())).or_default() += n;
+                    *k.errors_by_code
+                        .entry(format!("{}:{code}", op.name()))
+                        .or_default() += n;
                 }
                 k.failed_ops += win.op(op).failed;
             }

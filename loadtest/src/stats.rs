@@ -67,6 +67,8 @@ pub struct OpStats {
     pub failed: u64,
     /// Every failed attempt, retried or not, by error code.
     pub errors_by_code: BTreeMap<String, u64>,
+    /// Final outcomes other than success, by code.
+    pub final_by_code: BTreeMap<String, u64>,
 }
 
 impl OpStats {
@@ -77,13 +79,13 @@ impl OpStats {
             conflicts: 0,
             failed: 0,
             errors_by_code: BTreeMap::new(),
+            final_by_code: BTreeMap::new(),
         }
     }
 }
 
 /// A measurement window: ops whose intended start falls in [start, end).
 pub struct Window {
-    pub name: String,
     pub start: Duration,
     pub end: Duration,
     pub ops: [OpStats; 4],
@@ -94,12 +96,16 @@ pub struct Window {
 }
 
 impl Window {
-    pub fn new(name: &str, start: Duration, end: Duration) -> Self {
+    pub fn new(start: Duration, end: Duration) -> Self {
         Window {
-            name: name.to_string(),
             start,
             end,
-            ops: [OpStats::new(), OpStats::new(), OpStats::new(), OpStats::new()],
+            ops: [
+                OpStats::new(),
+                OpStats::new(),
+                OpStats::new(),
+                OpStats::new(),
+            ],
             all: new_hist(),
             in_flight: 0,
         }
@@ -239,8 +245,14 @@ impl Recorder {
                         let _ = w.all.record(latency_us);
                     }
                 }
-                Outcome::Conflict(_) => s.conflicts += 1,
-                Outcome::Failed(_) => s.failed += 1,
+                Outcome::Conflict(code) => {
+                    s.conflicts += 1;
+                    *s.final_by_code.entry(code.clone()).or_default() += 1;
+                }
+                Outcome::Failed(code) => {
+                    s.failed += 1;
+                    *s.final_by_code.entry(code.clone()).or_default() += 1;
+                }
             }
         }
         if matches!(outcome, Outcome::Ok) && op != Op::Write {
@@ -347,7 +359,7 @@ mod tests {
     fn latency_counts_from_intended_start() {
         let t0 = Instant::now();
         let r = Recorder::new(t0);
-        let w = r.add_window(Window::new("all", Duration::ZERO, Duration::from_secs(60)));
+        let w = r.add_window(Window::new(Duration::ZERO, Duration::from_secs(60)));
         // An op that was due 50 ms ago and finishes now took >= 50 ms, however fast the
         // request itself was.
         let intended = Instant::now();

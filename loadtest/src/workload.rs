@@ -31,6 +31,10 @@ const FREE: u64 = 0;
 const HELD: u64 = u64::MAX;
 /// Safety cap on concurrently running cycles (beyond it arrivals are dropped and counted).
 const MAX_ACTIVE_CYCLES: u64 = 500_000;
+/// After a hold with fenced writes the service defers reissuing the resource while the
+/// proxy's admission grant may live (`grant_ms`, 2 s in the clusters the harness starts):
+/// the harness leaves such a resource alone for this long so acquires stay uncontended.
+const REISSUE_HOLD_MS: u64 = 2_500;
 /// A lease is reported lost only if the server dropped it with more than this left on the
 /// client's conservative clock (absorbs ms rounding of TTLs).
 const LOST_MARGIN: Duration = Duration::from_millis(10);
@@ -96,10 +100,6 @@ impl Engine {
 
     pub fn set_rate(&self, rate: f64) {
         self.ctx.rate_bits.store(rate.to_bits(), Ordering::Relaxed);
-    }
-
-    pub fn backend(&self) -> &Backend {
-        &self.ctx.backend
     }
 
     /// Starts the arrival loop at `start`. It runs until `stop_arrivals` or `max_arrivals`.
@@ -191,10 +191,26 @@ impl Ctx {
 
     /// The outcome of an acquire is unknown: the lease may exist until its TTL runs out.
     fn taint(&self, idx: u32, hot: bool) {
+        self.busy_for(idx, hot, self.w.ttl_ms + 2_000);
+    }
+
+    fn busy_for(&self, idx: u32, hot: bool, ms: u64) {
         if !hot {
-            let until = self.now_ms() + self.w.ttl_ms + 2_000;
+            let until = self.now_ms() + ms;
             self.busy[idx as usize].store(until, Ordering::Release);
         }
+    }
+
+    /// One line of a lease's history: times since t0.
+    fn trail<T>(&self, op: &str, call: &Call<T>, result: &str) -> String {
+        let t = |i: Instant| i.saturating_duration_since(self.rec.t0).as_secs_f64();
+        format!(
+            "{op} sent {:.3}s..{:.3}s answered {:.3}s: {result} (failed attempts {:?})",
+            t(call.first_send),
+            t(call.last_send),
+            t(call.answered),
+            call.errors
+        )
     }
 
     fn finish<T>(&self, op: Op, intended: Instant, call: &Call<T>, outcome: Outcome, record: bool) {
@@ -246,12 +262,27 @@ async fn cycle(ctx: &Ctx, intended: Instant, n: u64, rate: f64, seed: u64) {
             g.clone()
         }
         Err(f) if f.definite && (f.code == "lock_held" || f.code == "too_many_waiters") => {
-            ctx.finish(Op::Acquire, intended, &call, Outcome::Conflict(f.code.clone()), true);
+            ctx.finish(
+                Op::Acquire,
+                intended,
+                &call,
+                Outcome::Conflict(f.code.clone()),
+                true,
+            );
+            if !hot {
+                ctx.ledger.unexpected_conflict(res, &f.code);
+            }
             ctx.free(res, hot);
             return;
         }
         Err(f) => {
-            ctx.finish(Op::Acquire, intended, &call, Outcome::Failed(f.code.clone()), true);
+            ctx.finish(
+                Op::Acquire,
+                intended,
+                &call,
+                Outcome::Failed(f.code.clone()),
+                true,
+            );
             if f.definite {
                 ctx.free(res, hot);
             } else {
@@ -260,6 +291,8 @@ async fn cycle(ctx: &Ctx, intended: Instant, n: u64, rate: f64, seed: u64) {
             return;
         }
     };
+    // The lease's history, for the report if the service loses it.
+    let mut trail = vec![ctx.trail("acquire", &call, &format!("token {}", grant.token))];
     let ttl = Duration::from_millis(w.ttl_ms);
     // Counted from the first attempt: a retried acquire may return the original grant.
     let mut valid_until = call.first_send + ttl;
@@ -284,6 +317,7 @@ async fn cycle(ctx: &Ctx, intended: Instant, n: u64, rate: f64, seed: u64) {
     steps.sort_by_key(|(t, _)| *t);
 
     let mut drained = false;
+    let mut wrote = false;
     for (at, step) in steps {
         tokio::select! {
             _ = sleep_until(at.into()) => {}
@@ -296,14 +330,30 @@ async fn cycle(ctx: &Ctx, intended: Instant, n: u64, rate: f64, seed: u64) {
         match step {
             Step::Renew => {
                 let call = ctx.backend.renew(res, &grant).await;
+                trail.push(ctx.trail(
+                    "renew",
+                    &call,
+                    &format!("{:?}", call.result.as_ref().map_err(|f| &f.code)),
+                ));
                 match &call.result {
                     Ok(true) => {
                         ctx.finish(Op::Renew, at, &call, Outcome::Ok, true);
                         valid_until = valid_until.max(call.last_send + ttl);
                     }
                     Ok(false) => {
-                        ctx.finish(Op::Renew, at, &call, Outcome::Failed("lease_lost".into()), true);
-                        ctx.ledger.lease_gone(res, grant.token, left(valid_until, call.last_send));
+                        ctx.finish(
+                            Op::Renew,
+                            at,
+                            &call,
+                            Outcome::Failed("lease_lost".into()),
+                            true,
+                        );
+                        ctx.ledger.lease_gone(
+                            res,
+                            grant.token,
+                            left(valid_until, call.answered),
+                            &trail,
+                        );
                         ctx.free(res, hot);
                         return;
                     }
@@ -313,6 +363,7 @@ async fn cycle(ctx: &Ctx, intended: Instant, n: u64, rate: f64, seed: u64) {
                 }
             }
             Step::Write => {
+                wrote = true;
                 if let Some(call) = ctx.backend.write(res, &grant).await {
                     let outcome = match &call.result {
                         Ok(()) => Outcome::Ok,
@@ -337,19 +388,41 @@ async fn cycle(ctx: &Ctx, intended: Instant, n: u64, rate: f64, seed: u64) {
         ctx.rec.begin(at);
     }
     let call = ctx.backend.release(res, &grant).await;
+    trail.push(ctx.trail(
+        "release",
+        &call,
+        &format!("{:?}", call.result.as_ref().map_err(|f| &f.code)),
+    ));
     match &call.result {
         Ok(true) => {
             ctx.finish(Op::Release, at, &call, Outcome::Ok, record);
-            ctx.free(res, hot);
+            if wrote {
+                ctx.busy_for(res, hot, REISSUE_HOLD_MS);
+            } else {
+                ctx.free(res, hot);
+            }
         }
         Ok(false) => {
-            // Release is idempotent: "not released" means the lease was already gone.
+            // "Not released" is ambiguous: the lease may have been lost, or an earlier try of
+            // this very release (ours, or a follower's forward the leader answered before a
+            // crash) already released it. Counted, not judged; renewals judge lost leases.
             ctx.finish(Op::Release, at, &call, Outcome::Ok, record);
-            ctx.ledger.lease_gone(res, grant.token, left(valid_until, call.last_send));
+            ctx.ledger.release_not_current(
+                res,
+                grant.token,
+                left(valid_until, call.answered),
+                &trail,
+            );
             ctx.free(res, hot);
         }
         Err(f) => {
-            ctx.finish(Op::Release, at, &call, Outcome::Failed(f.code.clone()), record);
+            ctx.finish(
+                Op::Release,
+                at,
+                &call,
+                Outcome::Failed(f.code.clone()),
+                record,
+            );
             ctx.taint(res, hot);
         }
     }
@@ -359,9 +432,9 @@ fn ctx_hold(w: &Workload, rate: f64, rng: &mut impl Rng) -> Duration {
     w.hold_at(rate).mul_f64(0.5 + rng.random::<f64>())
 }
 
-/// Time the lease had left by the client's clock when the server answered, if more than the
-/// margin.
-fn left(valid_until: Instant, sent: Instant) -> Option<u64> {
-    let left = valid_until.saturating_duration_since(sent);
-    (left > LOST_MARGIN).then(|| left.as_millis() as u64)
+/// Time the lease still had by the client's conservative clock when the server's "gone"
+/// answer arrived (the server decided before that), if more than the margin.
+fn left(valid_until: Instant, answered: Instant) -> Option<u64> {
+    let left = valid_until.saturating_duration_since(answered);
+    (left > LOST_MARGIN).then_some(left.as_millis() as u64)
 }

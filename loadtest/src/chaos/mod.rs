@@ -1,0 +1,499 @@
+//! `fencegate-loadtest chaos`: a Jepsen-style test of SPEC §3 under faults, shipped as a
+//! command (issue 6; the design and results are in docs/verification.md).
+//!
+//! ```text
+//! fencegate-loadtest chaos --duration-s 60 --out /tmp/chaos            # mixed faults, must pass
+//! fencegate-loadtest chaos --nemesis pause,partition-leader            # selected faults only
+//! fencegate-loadtest chaos --unsafe-no-fencing --duration-s 30         # must be caught
+//! fencegate-loadtest chaos --recheck /tmp/chaos                        # re-run the checker
+//! ```
+//!
+//! One run: start three `fencegate node` processes with proxies and a demo store
+//! ([`cluster`]); run honest workers and zombies ([`workers`]) through the raw HTTP clients
+//! that record every invocation and completion ([`client`], [`history`]); let the
+//! [`nemesis`] break things one at a time; heal, let the clients stop, read the final state
+//! and the store's log; then check the history, one function per invariant ([`checker`]).
+//! Exit status 0 only if no check found a violation (and no node crashed).
+
+mod checker;
+mod client;
+mod cluster;
+mod history;
+mod nemesis;
+mod workers;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use serde_json::{json, Value};
+use tokio::sync::Mutex;
+
+use client::{Client, DropSwitch, Endpoint, Outcome};
+use cluster::ChaosCluster;
+use history::History;
+use nemesis::{Fault, Nemesis};
+use workers::Workload;
+
+/// Which faults the nemesis may inject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum NemesisChoice {
+    /// Every kind below, mixed at random (the default).
+    All,
+    /// No faults (a baseline).
+    None,
+    KillLeader,
+    KillRandom,
+    Pause,
+    PartitionMinority,
+    PartitionLeader,
+    Bridge,
+    DropResponses,
+    ClockOffset,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct ChaosArgs {
+    /// Seconds of workload under faults (the final heal and checks come on top).
+    #[arg(long, default_value_t = 60)]
+    pub duration_s: u64,
+    /// Fault kinds, comma separated; mixed at random.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "all")]
+    pub nemesis: Vec<NemesisChoice>,
+    /// Run the proxies with fence checks OFF (lease-only, like a bare Redis lock). The
+    /// checker must then report violations (invariant 3): proof that it can fail.
+    #[arg(long)]
+    pub unsafe_no_fencing: bool,
+    /// Honest workers.
+    #[arg(long, default_value_t = 8)]
+    pub workers: usize,
+    /// Zombie workers (stall past their lease, then write).
+    #[arg(long, default_value_t = 3)]
+    pub zombies: usize,
+    /// Contended keys (`/kv/k0` … through the proxies, resources `kv:k0` …).
+    #[arg(long, default_value_t = 5)]
+    pub keys: usize,
+    /// Random seed (default: from the clock). Fault timing is still real time.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Write verdict.json and history.jsonl here (and keep the nodes' logs and data).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The `fencegate` binary (default: next to this binary, then target/release, then
+    /// target/debug, then PATH).
+    #[arg(long)]
+    pub fencegate_bin: Option<PathBuf>,
+    /// Node data dirs and logs (default: OUT/cluster, else a temp dir).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Only re-check the history.jsonl in this directory (of an earlier --out) and exit.
+    #[arg(long)]
+    pub recheck: Option<PathBuf>,
+}
+
+impl ChaosArgs {
+    fn faults(&self) -> Vec<Fault> {
+        let mut out = Vec::new();
+        for c in &self.nemesis {
+            let add: &[Fault] = match c {
+                NemesisChoice::All => &Fault::ALL,
+                NemesisChoice::None => &[],
+                NemesisChoice::KillLeader => &[Fault::KillLeader],
+                NemesisChoice::KillRandom => &[Fault::KillRandom],
+                NemesisChoice::Pause => &[Fault::Pause],
+                NemesisChoice::PartitionMinority => &[Fault::PartitionMinority],
+                NemesisChoice::PartitionLeader => &[Fault::PartitionLeader],
+                NemesisChoice::Bridge => &[Fault::Bridge],
+                NemesisChoice::DropResponses => &[Fault::DropResponses],
+                NemesisChoice::ClockOffset => &[Fault::ClockOffset],
+            };
+            for f in add {
+                if !out.contains(f) {
+                    out.push(*f);
+                }
+            }
+        }
+        out
+    }
+}
+
+pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
+    if let Some(dir) = &args.recheck {
+        return recheck(dir);
+    }
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
+    let faults = args.faults();
+    if let Some(out) = &args.out {
+        std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
+    }
+    let bin = crate::cluster::find_fencegate_bin(args.fencegate_bin.as_deref())?;
+    // A fresh cluster every run: old raft state would carry another run's membership.
+    let data_dir = match (&args.data_dir, &args.out) {
+        (Some(d), _) => {
+            if d.read_dir().is_ok_and(|mut e| e.next().is_some()) {
+                bail!("--data-dir {} is not empty", d.display());
+            }
+            Some(d.clone())
+        }
+        (None, Some(out)) => {
+            let d = out.join("cluster");
+            if d.exists() {
+                std::fs::remove_dir_all(&d).with_context(|| format!("clear {}", d.display()))?;
+            }
+            Some(d)
+        }
+        (None, None) => None,
+    };
+    let mode = if args.unsafe_no_fencing {
+        "UNSAFE (fencing off)"
+    } else {
+        "fenced"
+    };
+    eprintln!(
+        "chaos: {}s, {} workers + {} zombies on {} keys, {mode}, faults: {}, seed {seed}",
+        args.duration_s,
+        args.workers,
+        args.zombies,
+        args.keys,
+        if faults.is_empty() {
+            "none".to_string()
+        } else {
+            faults
+                .iter()
+                .map(|f| f.name())
+                .collect::<Vec<_>>()
+                .join(",")
+        }
+    );
+    let cluster = ChaosCluster::start(bin.clone(), data_dir, args.unsafe_no_fencing)?;
+    eprintln!("chaos: cluster starting in {}", cluster.dir.display());
+    let leader = cluster.wait_ready(Duration::from_secs(60)).await?;
+    eprintln!("chaos: cluster ready, leader {leader}");
+
+    let hist = Arc::new(History::new(
+        args.out
+            .as_ref()
+            .map(|o| o.join("history.jsonl"))
+            .as_deref(),
+    )?);
+    hist.note(
+        "harness",
+        "start",
+        None,
+        json!({
+            "seed": seed,
+            "duration_s": args.duration_s,
+            "unsafe_no_fencing": args.unsafe_no_fencing,
+            "faults": faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
+            "workers": args.workers,
+            "zombies": args.zombies,
+            "keys": args.keys,
+            "fencegate_bin": bin.display().to_string(),
+        }),
+    );
+    let endpoints: Vec<Endpoint> = cluster
+        .nodes
+        .iter()
+        .map(|n| Endpoint {
+            id: n.id,
+            api: n.api.clone(),
+            proxy: n.proxy.clone(),
+        })
+        .collect();
+    let store = cluster.store.clone();
+    let drops = Arc::new(DropSwitch::default());
+    let client = Client::new(endpoints, store.clone(), hist.clone(), drops.clone())?;
+    let cluster = Arc::new(Mutex::new(cluster));
+
+    let stop_clients = Arc::new(AtomicBool::new(false));
+    let workload = Arc::new(Workload {
+        client: client.clone(),
+        keys: (0..args.keys.max(1)).map(|i| format!("k{i}")).collect(),
+        stop: stop_clients.clone(),
+    });
+    let mut clients = Vec::new();
+    for i in 0..args.workers {
+        clients.push(tokio::spawn(workers::worker(
+            workload.clone(),
+            i,
+            seed.wrapping_add(1 + i as u64),
+        )));
+    }
+    for i in 0..args.zombies {
+        clients.push(tokio::spawn(workers::zombie(
+            workload.clone(),
+            i,
+            seed.wrapping_add(1_000 + i as u64),
+        )));
+    }
+    let stop_nemesis = Arc::new(AtomicBool::new(false));
+    let nemesis = Nemesis::new(
+        cluster.clone(),
+        hist.clone(),
+        drops.clone(),
+        faults.clone(),
+        stop_nemesis.clone(),
+        seed.wrapping_add(7),
+    );
+    let nemesis = tokio::spawn(nemesis.run());
+
+    // The run.
+    let started = Instant::now();
+    let until = started + Duration::from_secs(args.duration_s);
+    while Instant::now() < until {
+        tokio::time::sleep(Duration::from_secs(1).min(until - Instant::now())).await;
+        let s = started.elapsed().as_secs();
+        if s % 15 == 0 {
+            eprintln!("chaos: {s}s …");
+        }
+    }
+
+    // Heal, then let the clients finish what they are doing.
+    eprintln!("chaos: healing and stopping the clients");
+    stop_nemesis.store(true, Ordering::SeqCst);
+    let nemesis = nemesis.await.context("nemesis task")?;
+    stop_clients.store(true, Ordering::SeqCst);
+    for c in clients {
+        // Every call is bounded (at most a long poll plus 8 s); a stuck client is a bug here.
+        if tokio::time::timeout(Duration::from_secs(60), c)
+            .await
+            .is_err()
+        {
+            bail!("a client did not stop within 60 s");
+        }
+    }
+    hist.note("harness", "clients-stopped", None, json!({}));
+
+    // The final state, read after the cluster recovered.
+    let ready = {
+        let c = cluster.lock().await;
+        c.wait_ready(Duration::from_secs(60)).await
+    };
+    if let Err(e) = &ready {
+        hist.note(
+            "harness",
+            "not-ready",
+            None,
+            json!({ "error": e.to_string() }),
+        );
+    }
+    read_final_state(&client, &cluster).await;
+    hist.flush();
+
+    // Check.
+    let events = hist.events();
+    let m = checker::model(&events);
+    let results = checker::check_all(&m);
+    let mut crashes = nemesis.crashes.clone();
+    crashes.extend(cluster.lock().await.crashed());
+    let verdict = verdict(
+        &args,
+        seed,
+        &faults,
+        &m,
+        &results,
+        &crashes,
+        &drops,
+        ready.is_ok(),
+    );
+    print_summary(&verdict, &results);
+    if let Some(out) = &args.out {
+        std::fs::write(
+            out.join("verdict.json"),
+            serde_json::to_vec_pretty(&verdict)?,
+        )?;
+        eprintln!(
+            "chaos: wrote {}/verdict.json and history.jsonl",
+            out.display()
+        );
+    }
+    if verdict["valid"] != json!(true) {
+        bail!(
+            "chaos: {} violation(s){}",
+            verdict["violations_total"],
+            if crashes.is_empty() {
+                String::new()
+            } else {
+                format!(", {} node crash(es)", crashes.len())
+            }
+        );
+    }
+    Ok(())
+}
+
+/// After the run: a linearizable read of every resource the clients touched, each node's
+/// cluster view (once they have caught up with each other), and the store's log.
+async fn read_final_state(client: &Client, cluster: &Arc<Mutex<ChaosCluster>>) {
+    let events = client.history().events();
+    let mut resources: Vec<String> = events
+        .iter()
+        .filter(|e| e.f == "acquire")
+        .filter_map(|e| {
+            e.value
+                .get("resource")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .collect();
+    resources.sort();
+    resources.dedup();
+    let ids: Vec<u64> = client.nodes.iter().map(|n| n.id).collect();
+    for (i, r) in resources.iter().enumerate() {
+        for attempt in 0..10 {
+            let node = ids[(i + attempt) % ids.len()];
+            if let Outcome::Ok(_) = client.read_lock("final", "final_read", node, r).await {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    // Wait until the replicas have applied the same prefix, then record their views.
+    for _ in 0..50 {
+        let views = cluster.lock().await.views().await;
+        let applied: Vec<u64> = views.iter().map(|v| v.last_applied).collect();
+        if views.len() == ids.len() && applied.windows(2).all(|w| w[0] == w[1]) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for n in client.nodes.iter() {
+        client
+            .get(
+                "final",
+                "final_cluster",
+                Some(n.id),
+                format!("{}/v1/cluster", n.api),
+            )
+            .await;
+    }
+    client
+        .get("final", "store_log", None, format!("{}/log", client.store))
+        .await;
+}
+
+#[allow(clippy::too_many_arguments)]
+fn verdict(
+    args: &ChaosArgs,
+    seed: u64,
+    faults: &[Fault],
+    m: &checker::Model,
+    results: &[checker::CheckResult],
+    crashes: &[String],
+    drops: &DropSwitch,
+    recovered: bool,
+) -> Value {
+    let total: u64 = results.iter().map(|r| r.violations).sum();
+    let mut by_kind: BTreeMap<&str, u64> = faults.iter().map(|f| (f.name(), 0)).collect();
+    for (k, v) in &m.faults {
+        by_kind.insert(k, *v);
+    }
+    let violations: BTreeMap<String, Value> = results
+        .iter()
+        .map(|r| {
+            (
+                format!("{}_{}", r.invariant, r.name),
+                json!({
+                    "invariant": r.invariant,
+                    "description": r.description,
+                    "checked": r.checked,
+                    "checked_by_kind": r.parts,
+                    "count": r.violations,
+                    "first": r.first,
+                    "examples": r.examples,
+                }),
+            )
+        })
+        .collect();
+    json!({
+        "valid": total == 0 && crashes.is_empty(),
+        "mode": if args.unsafe_no_fencing { "unsafe-no-fencing" } else { "fenced" },
+        "seed": seed,
+        "duration_s": args.duration_s,
+        "workers": args.workers,
+        "zombies": args.zombies,
+        "keys": args.keys,
+        "operations": checker::stats(m),
+        "faults": {
+            "total": m.faults.values().sum::<u64>(),
+            "by_kind": by_kind,
+            "responses_dropped_after_answer": drops.dropped.load(Ordering::Relaxed),
+            "requests_abandoned_in_flight": drops.abandoned.load(Ordering::Relaxed),
+        },
+        "violations_total": total,
+        "violations": violations,
+        "node_crashes": crashes,
+        "recovered_after_heal": recovered,
+    })
+}
+
+fn print_summary(v: &Value, results: &[checker::CheckResult]) {
+    println!();
+    println!(
+        "chaos verdict: {}  ({} mode, {} client operations, {} faults)",
+        if v["valid"] == json!(true) {
+            "VALID"
+        } else {
+            "INVALID"
+        },
+        v["mode"].as_str().unwrap_or(""),
+        v["operations"]["client_operations"],
+        v["faults"]["total"],
+    );
+    if let Some(kinds) = v["faults"]["by_kind"].as_object() {
+        let s: Vec<String> = kinds.iter().map(|(k, n)| format!("{k}={n}")).collect();
+        println!("  faults: {}", s.join(" "));
+    }
+    if let Some(w) = v["operations"]["writes_by_role"].as_object() {
+        for (role, counts) in w {
+            println!("  {role} writes: {counts}");
+        }
+    }
+    for r in results {
+        println!(
+            "  [{}] {} {:<24} checked {:>7}  violations {}",
+            if r.violations == 0 { "ok" } else { "!!" },
+            r.invariant,
+            r.name,
+            r.checked,
+            r.violations
+        );
+        if let Some(first) = &r.first {
+            let s = serde_json::to_string(first).unwrap_or_default();
+            let s: String = s.chars().take(1_500).collect();
+            println!("      first: {s}");
+        }
+    }
+    if let Some(c) = v["node_crashes"].as_array() {
+        for msg in c {
+            println!("  node crash: {msg}");
+        }
+    }
+}
+
+/// `--recheck DIR`: the checker alone, on a recorded history.
+fn recheck(dir: &Path) -> anyhow::Result<()> {
+    let events = history::load(&dir.join("history.jsonl"))?;
+    let m = checker::model(&events);
+    let results = checker::check_all(&m);
+    let total: u64 = results.iter().map(|r| r.violations).sum();
+    let summary = json!({
+        "valid": total == 0,
+        "mode": "recheck",
+        "operations": checker::stats(&m),
+        "faults": { "total": m.faults.values().sum::<u64>(), "by_kind": m.faults },
+        "node_crashes": [],
+    });
+    print_summary(&summary, &results);
+    if total > 0 {
+        bail!("chaos: {total} violation(s)");
+    }
+    Ok(())
+}

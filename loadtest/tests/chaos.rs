@@ -1,0 +1,120 @@
+//! The chaos harness end to end, as CI runs it (issue 6): `fencegate-loadtest chaos` against
+//! three real `fencegate node` processes with every fault kind mixed in.
+//!
+//! - A fenced run must pass: all five invariant checks clean, exit status 0 — and it must
+//!   have actually exercised something (operations, faults, zombie writes), or passing
+//!   would mean nothing.
+//! - The same clients with the proxies' fencing turned off (`--unsafe-no-fencing`) must be
+//!   caught: exit status non-zero and invariant 3 violations in verdict.json. This is the
+//!   proof that the checker can fail.
+//!
+//! Both need the `fencegate` binary next to the harness (target/debug/fencegate), which
+//! `cargo test --workspace` builds.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn phase(msg: &str) {
+    eprintln!("---- {msg}");
+}
+
+fn harness() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_fencegate-loadtest"))
+}
+
+/// target/<profile>/fencegate, next to the harness binary.
+fn fencegate() -> PathBuf {
+    let bin = harness()
+        .parent()
+        .expect("harness has a directory")
+        .join("fencegate");
+    assert!(
+        bin.is_file(),
+        "{} is missing: run `cargo test --workspace` (it builds the proxy crate's `fencegate` \
+         binary) or `cargo build -p proxy --bin fencegate` first",
+        bin.display()
+    );
+    bin
+}
+
+fn chaos(out: &Path, extra: &[&str]) -> (bool, Value) {
+    let mut cmd = Command::new(harness());
+    cmd.arg("chaos")
+        .arg("--out")
+        .arg(out)
+        .arg("--fencegate-bin")
+        .arg(fencegate())
+        .args(extra);
+    let status = cmd.status().expect("run fencegate-loadtest chaos");
+    let text = std::fs::read_to_string(out.join("verdict.json"))
+        .unwrap_or_else(|e| panic!("no verdict.json in {} ({e}); exit {status}", out.display()));
+    let verdict: Value = serde_json::from_str(&text).expect("verdict.json is JSON");
+    (status.success(), verdict)
+}
+
+fn count(v: &Value, key: &str) -> u64 {
+    v["violations"][key]["count"].as_u64().unwrap_or(u64::MAX)
+}
+
+/// SPEC §3 invariants 1–5 of issue 6 under mixed faults, with fencing on: no violation.
+#[test]
+fn fenced_run_under_mixed_faults_passes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    phase("fenced chaos run, 60 s, every fault kind mixed");
+    let (ok, v) = chaos(dir.path(), &["--duration-s", "60"]);
+    eprintln!(
+        "{}",
+        serde_json::to_string_pretty(&v["violations"]).unwrap_or_default()
+    );
+    assert!(ok, "the fenced run must pass; verdict: {v:#}");
+    assert_eq!(v["valid"], Value::Bool(true));
+    assert_eq!(v["violations_total"], 0);
+
+    phase("it exercised the system");
+    let ops = v["operations"]["client_operations"].as_u64().unwrap_or(0);
+    assert!(
+        ops >= 200,
+        "too few client operations to mean anything: {ops}"
+    );
+    let faults = v["faults"]["total"].as_u64().unwrap_or(0);
+    assert!(faults >= 5, "too few faults injected: {faults}");
+    // Zombie writes were sent — and the proxies refused every one of them that would have
+    // been late (the store log check above is what proves nothing late landed).
+    let zombie = &v["operations"]["writes_by_role"]["zombie"];
+    assert!(
+        zombie["invoked"].as_u64().unwrap_or(0) >= 3,
+        "zombies did not get to write: {zombie}"
+    );
+    assert!(dir.path().join("history.jsonl").is_file());
+}
+
+/// The checker can fail: with fencing off the zombies' late writes land after newer ones.
+#[test]
+fn unfenced_run_is_caught() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    phase("unsafe chaos run (fencing off), 25 s, no faults needed");
+    let (ok, v) = chaos(
+        dir.path(),
+        &[
+            "--duration-s",
+            "25",
+            "--unsafe-no-fencing",
+            "--nemesis",
+            "none",
+        ],
+    );
+    assert!(!ok, "the unsafe run must exit non-zero");
+    assert_eq!(v["valid"], Value::Bool(false));
+    let lost = count(&v, "3_store_token_monotonic");
+    assert!(
+        lost > 0 && lost != u64::MAX,
+        "invariant 3 must report the zombies' lost updates: {:#}",
+        v["violations"]
+    );
+    eprintln!(
+        "caught: {lost} invariant-3 violations; first: {}",
+        v["violations"]["3_store_token_monotonic"]["first"]
+    );
+}

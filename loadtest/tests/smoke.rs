@@ -1,0 +1,130 @@
+//! CI runs the load harness: `fencegate-loadtest run --profile smoke` against a 3-node cluster
+//! of real `fencegate node` processes that the harness starts itself, then checks what it
+//! reports (SPEC §3.1, §3.2: no lost or duplicate lease, tokens increase per resource).
+//!
+//! The test builds nothing itself when it can avoid it: `cargo test --workspace` has already
+//! built the workspace's binaries next to this test's target directory.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use serde_json::Value;
+
+/// target/<profile>/fencegate, built with cargo if it is missing.
+fn fencegate_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/smoke-<hash>
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test executable lives in target/<profile>/deps")
+        .to_path_buf();
+    let bin = profile_dir.join("fencegate");
+    if bin.is_file() {
+        return bin;
+    }
+    eprintln!("{} missing; building it", bin.display());
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "-p", "proxy", "--bin", "fencegate"]);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("run cargo build");
+    assert!(
+        status.success() && bin.is_file(),
+        "could not build the fencegate binary ({}); run `cargo build -p proxy --bin fencegate` first",
+        bin.display()
+    );
+    bin
+}
+
+fn run_profile(scenario: &str) -> Value {
+    let bin = fencegate_bin();
+    let out = tempfile::tempdir().expect("temp dir");
+    let started = Instant::now();
+    let output = Command::new(env!("CARGO_BIN_EXE_fencegate-loadtest"))
+        .args(["run", "--profile", "smoke", "--scenario", scenario, "--out"])
+        .arg(out.path())
+        .arg("--fencegate-bin")
+        .arg(&bin)
+        .output()
+        .expect("run fencegate-loadtest");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!(
+        "fencegate-loadtest ({scenario}) took {:.1}s\n{stdout}\n{stderr}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        output.status.success(),
+        "fencegate-loadtest failed: {}",
+        output.status
+    );
+    for plot in ["latency_cdf.svg", "throughput.svg", "p99.svg"] {
+        assert!(out.path().join(plot).is_file(), "{plot} missing");
+    }
+    let text = std::fs::read_to_string(out.path().join("summary.json")).expect("summary.json");
+    serde_json::from_str(&text).expect("summary.json is JSON")
+}
+
+fn n(v: &Value, path: &[&str]) -> u64 {
+    let mut cur = v;
+    for p in path {
+        cur = &cur[*p];
+    }
+    cur.as_u64()
+        .unwrap_or_else(|| panic!("{} missing in summary.json", path.join(".")))
+}
+
+#[test]
+fn smoke_profile_grants_leases_and_loses_none() {
+    let s = run_profile("steady");
+
+    // The workload ran: leases were granted, renewed and released.
+    assert!(
+        n(&s, &["ops", "acquire", "ok"]) > 0,
+        "no successful acquire"
+    );
+    assert!(n(&s, &["ops", "renew", "ok"]) > 0, "no successful renew");
+    assert!(
+        n(&s, &["ops", "release", "ok"]) > 0,
+        "no successful release"
+    );
+    assert!(n(&s, &["invariants", "grants"]) > 0);
+
+    // SPEC §3.1/§3.2: every grant has its own token and lease id, tokens increase per
+    // resource, and no lease the client still held was dropped by the service.
+    assert_eq!(n(&s, &["invariants", "duplicate_tokens"]), 0, "{s:#}");
+    assert_eq!(n(&s, &["invariants", "duplicate_leases"]), 0, "{s:#}");
+    assert_eq!(n(&s, &["invariants", "non_monotonic_tokens"]), 0, "{s:#}");
+    assert_eq!(n(&s, &["invariants", "lost_leases"]), 0, "{s:#}");
+    assert_eq!(s["server_token_consistent"], Value::Bool(true), "{s:#}");
+    assert!(
+        s["node_failures"].as_array().is_some_and(Vec::is_empty),
+        "{s:#}"
+    );
+}
+
+#[test]
+fn leader_kill_mid_run_loses_no_lease_and_recovers() {
+    let s = run_profile("leader-kill");
+
+    // The fault happened and the cluster came back (SPEC §9: killing the leader mid-load
+    // loses no committed lease and issues no duplicate lease; tokens stay monotonic).
+    let k = &s["leader_kill"];
+    assert!(k.is_object(), "no leader-kill report: {s:#}");
+    assert!(k["new_leader_after_ms"].is_u64(), "no new leader: {k:#}");
+    assert!(
+        k["first_success_after_ms"].is_u64(),
+        "never recovered: {k:#}"
+    );
+    assert!(n(&s, &["ops", "acquire", "ok"]) > 0);
+
+    assert_eq!(n(&s, &["invariants", "duplicate_tokens"]), 0, "{s:#}");
+    assert_eq!(n(&s, &["invariants", "duplicate_leases"]), 0, "{s:#}");
+    assert_eq!(n(&s, &["invariants", "non_monotonic_tokens"]), 0, "{s:#}");
+    assert_eq!(n(&s, &["invariants", "lost_leases"]), 0, "{s:#}");
+    assert_eq!(s["server_token_consistent"], Value::Bool(true), "{s:#}");
+}
