@@ -127,6 +127,10 @@ pub struct RunArgs {
     /// Poisson arrivals instead of evenly spaced ones.
     #[arg(long)]
     pub poisson: bool,
+    /// Pick resources in a sweep (next free index) instead of at random, so every resource
+    /// is touched after `resources` acquisitions (for memory measurements at full size).
+    #[arg(long)]
+    pub sweep: bool,
     /// Random seed (resource choice, jitter, arrivals).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -195,6 +199,7 @@ pub struct Workload {
     pub hot_fraction: f64,
     pub wait_timeout_ms: u64,
     pub poisson: bool,
+    pub sweep: bool,
     pub seed: u64,
     pub connections: usize,
     pub request_timeout_ms: u64,
@@ -223,6 +228,7 @@ impl Workload {
             hot_fraction: a.hot_fraction.unwrap_or(0.0),
             wait_timeout_ms: a.wait_timeout_ms.unwrap_or(1_000),
             poisson: a.poisson,
+            sweep: a.sweep,
             seed: a.seed,
             connections: a.connections.unwrap_or(if seed { 64 } else { 16 }),
             request_timeout_ms: a.request_timeout_ms,

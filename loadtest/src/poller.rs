@@ -65,7 +65,8 @@ impl Poller {
                 let s = sample(system, &http, &bases, &pids, &rec).await;
                 if let Some(prev) = samples.last() {
                     for (node, idx) in &s.snapshot_index {
-                        if prev.snapshot_index.get(node).is_some_and(|p| p != idx) {
+                        let was = prev.snapshot_index.get(node);
+                        if was != Some(idx) && (was.is_some() || prev.commits.contains_key(node)) {
                             rec.event(format!("snapshot node {} @{idx}", node + 1));
                         }
                     }

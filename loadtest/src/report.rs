@@ -179,6 +179,9 @@ pub struct Summary {
     /// Operations of the measured window still waiting for an answer when the report was
     /// made (bounded wait after the window): under overload, the client-side backlog.
     pub unfinished_ops: u64,
+    /// CPU the harness itself used during the run, in cores (it shares the machine with the
+    /// servers).
+    pub client_cpu_cores: f64,
     /// Completed lock cycles (successful releases) per second.
     pub lock_cycles_per_s: f64,
     pub server: ServerSummary,
@@ -255,8 +258,17 @@ pub fn print_table(s: &Summary) {
         println!("failed attempts: {}", errs.join(", "));
     }
     println!(
-        "lock cycles/s {:.0} · server commits/s {:.0} · log entries/s {:.0} · snapshots {}",
-        s.lock_cycles_per_s, s.server.commits_per_s, s.server.log_entries_per_s, s.server.snapshots
+        "lock cycles/s {:.0} · server commits/s {:.0} · log entries/s {:.0} · snapshots {} · harness CPU {:.2} cores{}",
+        s.lock_cycles_per_s,
+        s.server.commits_per_s,
+        s.server.log_entries_per_s,
+        s.server.snapshots,
+        s.client_cpu_cores,
+        if s.unfinished_ops > 0 {
+            format!(" · {} ops still unanswered at report time", s.unfinished_ops)
+        } else {
+            String::new()
+        }
     );
     if !s.server.rss_mib.is_empty() {
         let rss: Vec<String> = s

@@ -271,6 +271,7 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         );
     }
 
+    let cpu_start = process_cpu_s();
     let t0 = Instant::now() + Duration::from_millis(200);
     let rec = Arc::new(Recorder::new(t0));
     for e in pre_events {
@@ -360,6 +361,7 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         }
     }
     let unfinished_ops = rec.in_flight(main_window);
+    let client_cpu_cores = (process_cpu_s() - cpu_start) / t0.elapsed().as_secs_f64().max(1e-3);
     engine.stop_arrivals();
     let _ = arrivals.await;
     let drained = engine.drain(Duration::from_secs(60)).await;
@@ -425,6 +427,7 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         measured_s,
         ops,
         unfinished_ops,
+        client_cpu_cores,
         lock_cycles_per_s,
         server,
         invariants: inv,
@@ -456,6 +459,17 @@ fn ramp_step_s(args: &RunArgs) -> u64 {
         Profile::Seed => 20,
         Profile::Smoke => 4,
     })
+}
+
+/// User + system CPU seconds of this process so far.
+fn process_cpu_s() -> f64 {
+    // SAFETY: getrusage only writes into the struct we pass.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 /// Waits until every op started in the window has finished (bounded).
@@ -532,6 +546,7 @@ async fn run_ramp(
         rate = next;
         start += step;
     }
+    rec.set_window_end(whole, start + step);
     for st in &report.steps {
         if st.sustained {
             report.max_rate_under_bound = Some(st.target_rate);
@@ -587,7 +602,9 @@ fn server_summary(system: System, samples: &[Sample], from: f64, to: f64) -> Ser
     let mut snapshots = 0;
     for w in samples.windows(2) {
         for (n, idx) in &w[1].snapshot_index {
-            if w[0].snapshot_index.get(n).is_some_and(|p| p != idx) {
+            // A node's first snapshot shows as None -> Some (unless the node was down).
+            let was = w[0].snapshot_index.get(n);
+            if was != Some(idx) && (was.is_some() || w[0].commits.contains_key(n)) {
                 snapshots += 1;
             }
         }

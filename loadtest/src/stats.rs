@@ -299,6 +299,13 @@ impl Recorder {
         f(&g.windows[idx])
     }
 
+    /// Ends a window early (a ramp that stopped).
+    pub fn set_window_end(&self, idx: usize, end: Duration) {
+        let mut g = self.lock();
+        let w = &mut g.windows[idx];
+        w.end = end.max(w.start + Duration::from_millis(1));
+    }
+
     pub fn in_flight(&self, idx: usize) -> u64 {
         self.lock().windows[idx].in_flight
     }

@@ -58,6 +58,8 @@ struct Ctx {
     /// since t0 (an acquire whose outcome is unknown may hold it until its TTL runs out).
     busy: Vec<AtomicU64>,
     rate_bits: AtomicU64,
+    /// Next index for `--sweep`.
+    cursor: AtomicU64,
     stop: AtomicBool,
     drain_tx: watch::Sender<bool>,
     counters: Counters,
@@ -81,6 +83,7 @@ impl Engine {
                 ledger,
                 busy,
                 rate_bits: AtomicU64::new(rate.to_bits()),
+                cursor: AtomicU64::new(0),
                 stop: AtomicBool::new(false),
                 drain_tx,
                 counters: Counters::default(),
@@ -167,8 +170,13 @@ impl Ctx {
     fn claim_free(&self, rng: &mut impl Rng) -> Option<u32> {
         let lo = self.w.hot_resources;
         let now = self.now_ms();
+        let span = u64::from(self.w.resources - lo);
         for _ in 0..64 {
-            let idx = rng.random_range(lo..self.w.resources);
+            let idx = if self.w.sweep {
+                lo + (self.cursor.fetch_add(1, Ordering::Relaxed) % span) as u32
+            } else {
+                rng.random_range(lo..self.w.resources)
+            };
             let slot = &self.busy[idx as usize];
             let v = slot.load(Ordering::Relaxed);
             if v != HELD

@@ -36,7 +36,7 @@ pub enum Outcome {
 
 /// The drop-responses nemesis: while on, some lock calls lose their answer. Half of them are
 /// sent and answered in full, then the answer is thrown away (the server committed; the client
-/// never hears it); the other half are abandoned a few ms after sending (the client hangs up
+/// never hears it); the other half are abandoned 1–80 ms after sending (the client hangs up
 /// mid-request, so it is unknown whether the server acted).
 #[derive(Default)]
 pub struct DropSwitch {
@@ -260,7 +260,14 @@ impl Client {
         if rng.random_bool(0.5) {
             Drop::Lose
         } else {
-            Drop::Abandon(Duration::from_millis(rng.random_range(2..=60)))
+            // Mostly within a commit's time (a few ms): hanging up while the server is still
+            // deciding is where a lost answer is most interesting.
+            let ms = if rng.random_bool(0.6) {
+                rng.random_range(1..=15)
+            } else {
+                rng.random_range(15..=80)
+            };
+            Drop::Abandon(Duration::from_millis(ms))
         }
     }
 
