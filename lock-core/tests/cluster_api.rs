@@ -1515,3 +1515,47 @@ async fn unknown_paths_actions_and_methods_are_json_errors() {
     assert_eq!((s, v), (200, json!({ "locks": [] })));
     c.shutdown().await;
 }
+
+/// Regression (found by the chaos harness): a waiting acquire whose caller hangs up while it is
+/// being committed must not have its lease released behind the retry's back. A retry with the
+/// same request_id gets the lease back (§3.6) and it is live: renew succeeds (§3.4, §4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_waiting_acquire_leaves_a_live_lease_for_its_retry() {
+    let c = TestCluster::start(3).await;
+    let leader = c.wait_leader(Duration::from_secs(5)).await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(3))
+        .build()
+        .expect("client");
+    for i in 0..12 {
+        let resource = format!("abandon:{i}");
+        let request_id = format!("abandon-{i}");
+        phase("the caller hangs up while its waiting acquire is being committed");
+        let _ = impatient
+            .post(c.url(leader, &format!("/v1/locks/{resource}/acquire")))
+            .json(&json!({ "request_id": request_id, "wait_timeout_ms": 2_000 }))
+            .send()
+            .await;
+        // Let the node notice the hang-up and run its cancel.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+
+        phase("the retry either gets the original lease, which must be live, or a fresh one");
+        let (s, v) = c
+            .post(
+                leader,
+                &format!("/v1/locks/{resource}/acquire"),
+                json!({ "request_id": request_id, "wait_timeout_ms": 2_000 }),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        let (s, r) = c
+            .post(
+                leader,
+                &format!("/v1/locks/{resource}/renew"),
+                json!({ "lease_id": v["lease_id"] }),
+            )
+            .await;
+        assert_eq!(s, 200, "retry {i} returned a dead lease: {r}");
+    }
+    c.shutdown().await;
+}

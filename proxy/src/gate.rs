@@ -107,7 +107,7 @@ impl FenceGate {
         self.grants.lock().get(resource).copied()
     }
 
-        /// Decides whether a write with `token` for `resource` may be forwarded now.
+    /// Decides whether a write with `token` for `resource` may be forwarded now.
     pub async fn admit(
         self: &Arc<Self>,
         resource: &str,

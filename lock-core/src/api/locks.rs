@@ -288,7 +288,7 @@ async fn wait_in_queue(
                 request_id: cmd.request_id.clone(),
             };
             guard.disarm();
-            abandon(node, cancel, cmd.lease_id).await?;
+            abandon(node, cancel).await?;
             Err(lock_held(
                 0,
                 "wait_timeout_ms passed before the lock became free.",
@@ -299,18 +299,12 @@ async fn wait_in_queue(
     result
 }
 
-/// Withdraws a queued acquire nobody will collect: cancels the waiter, and if the lock was
-/// already handed to it, releases that lease with the lease id this node proposed for it (a
-/// retried acquire's waiter has another id, and then the release is a harmless no-op).
-async fn abandon(node: &Node, cancel: Command, lease_id: LeaseId) -> Result<(), ApiError> {
-    let Command::Cancel { resource, .. } = &cancel else {
-        return Ok(());
-    };
-    let resource = resource.clone();
-    if let Response::Cancelled(false) = node.propose(cancel).await? {
-        node.propose(Command::Release { resource, lease_id })
-            .await?;
-    }
+/// Withdraws a queued acquire nobody will collect. If the lock was already handed to it, the
+/// lease stays: only its lease id may end it (SPEC §3.4), a retry with the same request_id must
+/// get that live lease back (§3.6), and its TTL bounds it (§4). (Releasing it here once let a
+/// retry receive a dead lease with a future expiry — found by the chaos harness.)
+async fn abandon(node: &Node, cancel: Command) -> Result<(), ApiError> {
+    node.propose(cancel).await?;
     Ok(())
 }
 
@@ -319,7 +313,6 @@ struct CancelOnDrop {
     node: Option<Arc<Node>>,
     resource: String,
     request_id: String,
-    lease_id: LeaseId,
 }
 
 impl CancelOnDrop {
@@ -328,7 +321,6 @@ impl CancelOnDrop {
             node: armed.then(|| node.clone()),
             resource: cmd.resource.clone(),
             request_id: cmd.request_id.clone(),
-            lease_id: cmd.lease_id,
         }
     }
 
@@ -346,9 +338,8 @@ impl Drop for CancelOnDrop {
             resource: std::mem::take(&mut self.resource),
             request_id: std::mem::take(&mut self.request_id),
         };
-        let lease_id = self.lease_id;
         tokio::spawn(async move {
-            if let Err(e) = abandon(&node, cmd, lease_id).await {
+            if let Err(e) = abandon(&node, cmd).await {
                 tracing::warn!(error = %e.message, "cancel of an abandoned wait failed; its deadline will remove it");
             }
         });
