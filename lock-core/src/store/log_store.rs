@@ -24,6 +24,37 @@ const REMOVE_BATCH: usize = 1024;
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Db>,
+    /// Hands appended entries' callbacks to the flusher thread (group commit).
+    flusher: std::sync::mpsc::Sender<LogFlushed<TypeConfig>>,
+}
+
+/// Group commit: `append` writes entries into fjall's journal without syncing and queues its
+/// callback here; this thread syncs once for everything queued meanwhile and only then tells
+/// raft the entries are durable. Under load one fsync covers many appends instead of one each,
+/// and no entry is acknowledged before it is on disk.
+fn spawn_flusher(db: Arc<Db>) -> std::sync::mpsc::Sender<LogFlushed<TypeConfig>> {
+    let (tx, rx) = std::sync::mpsc::channel::<LogFlushed<TypeConfig>>();
+    let spawned = std::thread::Builder::new()
+        .name("fjall-log-flusher".into())
+        .spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let mut waiting = vec![first];
+                waiting.extend(rx.try_iter());
+                let synced = db.db.persist(PersistMode::SyncAll);
+                for callback in waiting {
+                    let result = match &synced {
+                        Ok(()) => Ok(()),
+                        Err(e) => Err(io::Error::other(format!("log fsync failed: {e}"))),
+                    };
+                    callback.log_io_completed(result);
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        // Without the thread every callback is dropped unanswered and raft stalls; say why.
+        tracing::error!(error = %e, "could not start the log flusher thread");
+    }
+    tx
 }
 
 fn log_key(index: u64) -> [u8; 8] {
@@ -47,8 +78,9 @@ fn map_bound(b: Bound<&u64>) -> Bound<[u8; 8]> {
 }
 
 impl LogStore {
-    pub(crate) fn open(db: Arc<Db>) -> Result<Self, StoreError> {
-        let store = LogStore { db };
+        pub(crate) fn open(db: Arc<Db>) -> Result<Self, StoreError> {
+        let flusher = spawn_flusher(db.clone());
+        let store = LogStore { db, flusher };
         // A crash between recording the purge marker and deleting the entries leaves entries at
         // or below it behind; finish that purge now so the log starts right after the marker.
         if let Some(purged) = store.read_meta::<LogId<u64>>(PURGED_KEY, "purged log id")? {
@@ -85,25 +117,18 @@ impl LogStore {
         .await
     }
 
-    /// Writes entries in one batch, synced: all of them are on disk before raft hears they are.
-    async fn write_entries(
+        /// Writes entries in one batch into the journal, not yet synced (the flusher syncs).
+    fn write_entries(
         &self,
         entries: impl IntoIterator<Item = Entry<TypeConfig>>,
     ) -> Result<(), StoreError> {
-        let mut rows = Vec::new();
+        let mut batch = self.db.db.batch().durability(None);
         for entry in entries {
-            rows.push((log_key(entry.log_id.index), encode("log entry", &entry)?));
+            let value = encode("log entry", &entry)?;
+            batch.insert(&self.db.log, log_key(entry.log_id.index), value);
         }
-        let db = self.db.clone();
-        blocking(move || {
-            let mut batch = db.db.batch().durability(Some(PersistMode::SyncAll));
-            for (key, value) in rows {
-                batch.insert(&db.log, key, value);
-            }
-            batch.commit()?;
-            Ok(())
-        })
-        .await
+        batch.commit()?;
+        Ok(())
     }
 
     fn read_entries<R: RangeBounds<u64>>(
@@ -246,12 +271,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let written = self.write_entries(entries).await;
+                let written = self.write_entries(entries);
         match written {
-            Ok(()) => {
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
+            // Durable once the flusher has synced; it calls back then.
+            Ok(()) => match self.flusher.send(callback) {
+                Ok(()) => Ok(()),
+                Err(unsent) => {
+                    let e = io::Error::other("log flusher thread is gone");
+                    unsent.0.log_io_completed(Err(io::Error::other(e.to_string())));
+                    Err(StorageIOError::write_logs(&e).into())
+                }
+            },
             Err(e) => {
                 callback.log_io_completed(Err(io::Error::other(e.to_string())));
                 Err(e.into_raft(StorageIOError::write_logs))
