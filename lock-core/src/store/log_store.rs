@@ -78,7 +78,7 @@ fn map_bound(b: Bound<&u64>) -> Bound<[u8; 8]> {
 }
 
 impl LogStore {
-        pub(crate) fn open(db: Arc<Db>) -> Result<Self, StoreError> {
+    pub(crate) fn open(db: Arc<Db>) -> Result<Self, StoreError> {
         let flusher = spawn_flusher(db.clone());
         let store = LogStore { db, flusher };
         // A crash between recording the purge marker and deleting the entries leaves entries at
@@ -117,7 +117,7 @@ impl LogStore {
         .await
     }
 
-        /// Writes entries in one batch into the journal, not yet synced (the flusher syncs).
+    /// Writes entries in one batch into the journal, not yet synced (the flusher syncs).
     fn write_entries(
         &self,
         entries: impl IntoIterator<Item = Entry<TypeConfig>>,
@@ -271,14 +271,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-                let written = self.write_entries(entries);
+        let written = self.write_entries(entries);
         match written {
             // Durable once the flusher has synced; it calls back then.
             Ok(()) => match self.flusher.send(callback) {
                 Ok(()) => Ok(()),
                 Err(unsent) => {
                     let e = io::Error::other("log flusher thread is gone");
-                    unsent.0.log_io_completed(Err(io::Error::other(e.to_string())));
+                    unsent
+                        .0
+                        .log_io_completed(Err(io::Error::other(e.to_string())));
                     Err(StorageIOError::write_logs(&e).into())
                 }
             },
