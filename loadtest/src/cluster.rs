@@ -170,24 +170,12 @@ impl LocalCluster {
     fn spawn(&mut self, id: u64) -> anyhow::Result<()> {
         let bin = self.bin.clone();
         let n = self.node_mut(id)?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&n.log)?;
-        let child = Command::new(&bin)
-            .arg("node")
-            .arg("--config")
-            .arg(&n.config)
-            .env(
-                "RUST_LOG",
-                std::env::var("FENCEGATE_LOADTEST_NODE_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("start {} node", bin.display()))?;
-        n.child = Some(child);
+        n.child = Some(spawn_node(
+            &bin,
+            &n.config,
+            &n.log,
+            "FENCEGATE_LOADTEST_NODE_LOG",
+        )?);
         Ok(())
     }
 
@@ -383,4 +371,31 @@ pub async fn wait_ready(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Starts `fencegate node --config CONFIG`, appending its output to `log`. The node's log
+/// filter comes from the environment variable `log_env` (default `warn`).
+pub fn spawn_node(
+    bin: &std::path::Path,
+    config: &std::path::Path,
+    log: &std::path::Path,
+    log_env: &str,
+) -> anyhow::Result<std::process::Child> {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    Command::new(bin)
+        .arg("node")
+        .arg("--config")
+        .arg(config)
+        .env(
+            "RUST_LOG",
+            std::env::var(log_env).unwrap_or_else(|_| "warn".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("start {} node", bin.display()))
 }

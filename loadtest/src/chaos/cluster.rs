@@ -158,23 +158,8 @@ impl ChaosCluster {
     fn spawn(&mut self, id: u64) -> anyhow::Result<()> {
         let bin = self.bin.clone();
         let n = self.node_mut(id)?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&n.log)?;
-        let child = Command::new(&bin)
-            .arg("node")
-            .arg("--config")
-            .arg(&n.config)
-            .env(
-                "RUST_LOG",
-                std::env::var("FENCEGATE_CHAOS_NODE_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("start {} node", bin.display()))?;
+        let child =
+            crate::cluster::spawn_node(&bin, &n.config, &n.log, "FENCEGATE_CHAOS_NODE_LOG")?;
         n.child = Some(child);
         n.paused = false;
         Ok(())
