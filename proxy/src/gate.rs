@@ -248,11 +248,6 @@ impl FenceGate {
         };
         self.remember(resource, floor);
     }
-
-    /// Number of resources with a local grant or floor (for metrics).
-    pub fn cached(&self) -> usize {
-        self.grants.lock().len()
-    }
 }
 
 fn stripe(resource: &str) -> usize {
