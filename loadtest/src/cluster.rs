@@ -82,25 +82,16 @@ impl LocalCluster {
     /// Writes three node configs and starts the nodes (and, with `proxies`, a demo store and
     /// a fencing proxy per node routing `/kv/{key}` to it as resource `kv:{key}`).
     pub fn start(bin: PathBuf, dir: Option<PathBuf>, proxies: bool) -> anyhow::Result<Self> {
-        let (dir, tmp) = match dir {
-            Some(d) => {
-                // Node data from an earlier run holds that run's ports in its membership.
-                if d.join("node1").exists() {
-                    bail!(
-                        "--data-dir {} already holds a cluster; give an empty or new directory",
-                        d.display()
-                    );
-                }
-                std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
-                (d, None)
+        if let Some(d) = &dir {
+            // Node data from an earlier run holds that run's ports in its membership.
+            if d.join("node1").exists() {
+                bail!(
+                    "--data-dir {} already holds a cluster; give an empty or new directory",
+                    d.display()
+                );
             }
-            None => {
-                let t = tempfile::Builder::new()
-                    .prefix("fencegate-loadtest-")
-                    .tempdir()?;
-                (t.path().to_path_buf(), Some(t))
-            }
-        };
+        }
+        let (dir, tmp) = cluster_dir(dir, "fencegate-loadtest-")?;
         let ports = free_ports(7)?;
         let api_ports = &ports[0..3];
         let proxy_ports = &ports[3..6];
@@ -398,4 +389,22 @@ pub fn spawn_node(
         .stderr(out)
         .spawn()
         .with_context(|| format!("start {} node", bin.display()))
+}
+
+/// The directory a cluster's nodes keep their data and logs in: `dir` (created if missing), or a
+/// fresh temp dir named `prefix…` that is removed when the returned guard is dropped.
+pub fn cluster_dir(
+    dir: Option<std::path::PathBuf>,
+    prefix: &str,
+) -> anyhow::Result<(std::path::PathBuf, Option<tempfile::TempDir>)> {
+    match dir {
+        Some(d) => {
+            std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
+            Ok((d, None))
+        }
+        None => {
+            let t = tempfile::Builder::new().prefix(prefix).tempdir()?;
+            Ok((t.path().to_path_buf(), Some(t)))
+        }
+    }
 }

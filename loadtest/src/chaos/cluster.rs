@@ -62,18 +62,7 @@ impl ChaosCluster {
         dir: Option<PathBuf>,
         unsafe_no_fencing: bool,
     ) -> anyhow::Result<Self> {
-        let (dir, tmp) = match dir {
-            Some(d) => {
-                std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
-                (d, None)
-            }
-            None => {
-                let t = tempfile::Builder::new()
-                    .prefix("fencegate-chaos-")
-                    .tempdir()?;
-                (t.path().to_path_buf(), Some(t))
-            }
-        };
+        let (dir, tmp) = crate::cluster::cluster_dir(dir, "fencegate-chaos-")?;
         let ports = free_ports(7)?;
         let (api_ports, proxy_ports, store_port) = (&ports[0..3], &ports[3..6], ports[6]);
         let store = format!("127.0.0.1:{store_port}");

@@ -203,17 +203,9 @@ impl LockMachine {
         if by == 0 {
             return;
         }
-        let live: Vec<(u64, String)> = self
-            .lease_expiry
-            .range((prev.saturating_add(1), String::new())..)
-            .cloned()
-            .collect();
-        for (exp, res) in live {
-            self.lease_expiry.remove(&(exp, res.clone()));
-            self.lease_expiry
-                .insert((exp.saturating_add(by), res.clone()));
+        for (res, exp) in shift_index(&mut self.lease_expiry, prev, by) {
             if let Some(lease) = self.resources.get_mut(&res).and_then(|r| r.lease.as_mut()) {
-                lease.expires_at_ms = exp.saturating_add(by);
+                lease.expires_at_ms = exp;
             }
         }
         // Touch only records with live grants: a write to a persistent map copies its path.
@@ -230,17 +222,9 @@ impl LockMachine {
                 }
             }
         }
-        let reissues: Vec<(u64, String)> = self
-            .reissue_index
-            .range((prev.saturating_add(1), String::new())..)
-            .cloned()
-            .collect();
-        for (at, res) in reissues {
-            self.reissue_index.remove(&(at, res.clone()));
-            self.reissue_index
-                .insert((at.saturating_add(by), res.clone()));
+        for (res, at) in shift_index(&mut self.reissue_index, prev, by) {
             if let Some(r) = self.resources.get_mut(&res) {
-                r.reissue_at_ms = Some(at.saturating_add(by));
+                r.reissue_at_ms = Some(at);
             }
         }
         let waiting: Vec<(u64, String, String)> = self
@@ -899,6 +883,23 @@ impl LockMachine {
         }
         Ok(())
     }
+}
+
+/// Moves the deadlines in `index` still in the future at `prev` later by `by`, and returns each
+/// moved resource with its new deadline (for updating the record the index points at).
+fn shift_index(index: &mut OrdSet<(u64, String)>, prev: u64, by: u64) -> Vec<(String, u64)> {
+    let live: Vec<(u64, String)> = index
+        .range((prev.saturating_add(1), String::new())..)
+        .cloned()
+        .collect();
+    live.into_iter()
+        .map(|(at, res)| {
+            index.remove(&(at, res.clone()));
+            let moved = at.saturating_add(by);
+            index.insert((moved, res.clone()));
+            (res, moved)
+        })
+        .collect()
 }
 
 /// How long an idle resource record is kept (it carries the resource's last token).
