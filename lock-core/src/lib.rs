@@ -47,10 +47,24 @@
 //! ```
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
-pub mod api;
+// The client side: the wire contract, timing facts and the Rust client. Built without the
+// `server` feature too, so a client pulls in no raft, storage or HTTP server.
 pub mod client;
+pub mod timing;
+pub mod wire;
+
+// The server side, in layer order from the top: each module only uses those below it.
+#[cfg(feature = "server")]
+pub mod api;
+#[cfg(feature = "server")]
 pub mod machine;
+#[cfg(feature = "server")]
 pub mod net;
+#[cfg(feature = "server")]
 pub mod node;
+#[cfg(feature = "server")]
 pub mod raft;
+#[cfg(feature = "server")]
+pub mod server;
+#[cfg(feature = "server")]
 pub mod store;

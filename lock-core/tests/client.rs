@@ -329,7 +329,10 @@ async fn t30_lost_acquire_answer_then_retry_returns_the_same_lease() {
     phase("the retry got the original lease (SPEC §3.6): same request id, same lease and token");
     let (s, v) = c.acquire(id, "kv:retry", "retry-req-1", 5_000).await;
     assert_eq!(s, 200, "{v}");
-    assert_eq!(v["lease_id"].as_str(), Some(a.lease_id()));
+    assert_eq!(
+        v["lease_id"].as_str(),
+        Some(a.lease_id().to_string().as_str())
+    );
     assert_eq!(v["fencing_token"].as_u64(), Some(a.token()));
     let (s, v) = c.acquire(id, "kv:retry", "someone-else", 5_000).await;
     assert_eq!(

@@ -59,12 +59,12 @@ enum LockCmd {
     Renew {
         resource: String,
         #[arg(long)]
-        lease_id: String,
+        lease_id: lock_core::wire::LeaseId,
     },
     Release {
         resource: String,
         #[arg(long)]
-        lease_id: String,
+        lease_id: lock_core::wire::LeaseId,
     },
     Status {
         resource: String,
@@ -163,10 +163,10 @@ pub async fn lock(args: LockArgs) -> anyhow::Result<()> {
             print_json(&guard.detach())
         }
         LockCmd::Renew { resource, lease_id } => {
-            print_json(&client()?.renew(&resource, &lease_id).await?)
+            print_json(&client()?.renew(&resource, lease_id).await?)
         }
         LockCmd::Release { resource, lease_id } => {
-            let released = client()?.release(&resource, &lease_id).await?;
+            let released = client()?.release(&resource, lease_id).await?;
             print_json(&json!({ "released": released }))
         }
         LockCmd::Status { resource } => {

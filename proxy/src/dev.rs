@@ -66,7 +66,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             members.clone(),
         );
         config.enable_fault_injection = args.enable_fault_injection;
-        let handle = node::start(config, listener).await?;
+        let handle = lock_core::server::start(config, listener, std::future::pending()).await?;
         let proxy_addr = format!("127.0.0.1:{}", args.proxy_ports[*id as usize - 1]);
         let proxy_listener = std::net::TcpListener::bind(&proxy_addr)
             .with_context(|| format!("bind proxy {proxy_addr}"))?;
@@ -162,7 +162,7 @@ pub async fn run_node(path: &Path) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("bind {}", file.listen))?;
     let id = config.id;
-    let handle = node::start(config, listener).await?;
+    let handle = lock_core::server::start(config, listener, std::future::pending()).await?;
     tracing::info!(node = id, addr = %handle.addr, "node started");
     let (stop_tx, stop_rx) = watch::channel(false);
     let proxy_task = match &file.proxy {

@@ -112,8 +112,7 @@ impl ProxyHttp for FenceProxy {
         }
         let upstream_timeout = Duration::from_millis(route.config.upstream_timeout_ms);
         let checked = async {
-            lock_core::api::validate_resource(&m.resource)
-                .map_err(|e| Rejection::BadResource(e.message))?;
+            lock_core::wire::validate_resource(&m.resource).map_err(Rejection::BadResource)?;
             check_resource_header(
                 req.headers.get("fence-resource").map(|v| v.as_bytes()),
                 &m.resource,

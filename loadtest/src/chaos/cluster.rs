@@ -238,7 +238,7 @@ impl ChaosCluster {
             id,
             leader_id: v.get("leader_id").and_then(Value::as_u64),
             term: v.get("term").and_then(Value::as_u64).unwrap_or(0),
-            is_leader: v.get("state").and_then(Value::as_str) == Some("Leader"),
+            is_leader: v.get("role").and_then(Value::as_str) == Some("leader"),
             last_applied: v.get("last_applied").and_then(Value::as_u64).unwrap_or(0),
         })
     }

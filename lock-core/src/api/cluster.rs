@@ -9,72 +9,74 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use openraft::ServerState;
+use serde::Serialize;
+use serde_json::Value;
 
 use super::{parse_json, ApiError};
-use crate::net::{FaultSnapshot, PeerError};
+use crate::net::PeerError;
 use crate::node::Node;
 use crate::raft::NodeInfo;
+use crate::wire::{
+    AddMemberRequest, ClusterStatus, ErrorCode, FaultSnapshot, HealthStatus, Member,
+    MembershipResponse, ReadyStatus, RemoveMemberRequest, Role,
+};
 
 /// `GET /v1/cluster`: this node's view of the cluster (not linearizable: it is a status page).
-pub async fn status(State(node): State<Arc<Node>>) -> Json<Value> {
+pub async fn status(State(node): State<Arc<Node>>) -> Json<ClusterStatus> {
     let m = node.raft.metrics().borrow().clone();
     let membership = m.membership_config.membership();
     let voters: BTreeSet<u64> = membership.voter_ids().collect();
-    let members: Vec<Value> = membership
+    let members = membership
         .nodes()
-        .map(|(id, n)| json!({ "id": id, "addr": n.api_addr, "voter": voters.contains(id) }))
+        .map(|(id, n)| Member {
+            id: *id,
+            addr: n.api_addr.clone(),
+            voter: voters.contains(id),
+        })
         .collect();
-    let stats = node.machine.read(|s| s.stats());
-    Json(json!({
-        "node_id": node.id,
-        "leader_id": m.current_leader,
-        "term": m.current_term,
-        "state": format!("{:?}", m.state),
-        "members": members,
-        "last_log_index": m.last_log_index,
-        "last_applied": m.last_applied.map_or(0, |l| l.index),
-        "snapshot_index": m.snapshot.map(|l| l.index),
-        "purged_index": m.purged.map(|l| l.index),
-        "millis_since_quorum_ack": m.millis_since_quorum_ack,
-        "locks": stats,
-    }))
+    Json(ClusterStatus {
+        node_id: node.id,
+        leader_id: m.current_leader,
+        term: m.current_term,
+        role: role(m.state),
+        members,
+        last_log_index: m.last_log_index,
+        last_applied: m.last_applied.map_or(0, |l| l.index),
+        snapshot_index: m.snapshot.map(|l| l.index),
+        purged_index: m.purged.map(|l| l.index),
+        millis_since_quorum_ack: m.millis_since_quorum_ack,
+        locks: node.machine.read(|s| s.stats()),
+    })
 }
 
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AddMember {
-    node_id: u64,
-    addr: String,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RemoveMember {
-    node_id: u64,
+fn role(state: ServerState) -> Role {
+    match state {
+        ServerState::Leader => Role::Leader,
+        ServerState::Follower => Role::Follower,
+        ServerState::Candidate => Role::Candidate,
+        ServerState::Learner => Role::Learner,
+        ServerState::Shutdown => Role::Shutdown,
+    }
 }
 
 /// Membership changes run on the leader; a follower relays the call there and hands back
 /// the leader's answer as it is — an error the leader gives (400, 409) is the caller's answer,
 /// not a 503 about reaching the leader.
-async fn relay_to_leader(node: &Node, path: &str, body: &Value) -> Result<Response, ApiError> {
+async fn relay_to_leader<B: Serialize>(
+    node: &Node,
+    path: &str,
+    body: &B,
+) -> Result<Response, ApiError> {
     let leader = node
         .current_leader()
         .ok_or_else(|| ApiError::from(crate::node::ProposeError::NoQuorum))?;
-    let addr = {
-        let m = node.raft.metrics();
-        let m = m.borrow();
-        m.membership_config
-            .membership()
-            .get_node(&leader)
-            .map(|n| n.api_addr.clone())
-    }
-    .ok_or_else(|| ApiError::from(crate::node::ProposeError::NoQuorum))?;
+    let addr = node
+        .member_addr(leader)
+        .ok_or_else(|| ApiError::from(crate::node::ProposeError::NoQuorum))?;
     let unreachable = |e: &dyn std::fmt::Display| {
         ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no_quorum",
+            ErrorCode::NoQuorum,
             format!("Could not reach the leader: {e}"),
         )
     };
@@ -103,8 +105,7 @@ async fn relay_to_leader(node: &Node, path: &str, body: &Value) -> Result<Respon
 
 fn membership_error(e: impl std::fmt::Display) -> ApiError {
     ApiError::new(
-        StatusCode::CONFLICT,
-        "membership_change_failed",
+        ErrorCode::MembershipChangeFailed,
         format!("The membership change was refused: {e}. Check /v1/cluster and retry."),
     )
 }
@@ -112,13 +113,12 @@ fn membership_error(e: impl std::fmt::Display) -> ApiError {
 /// `POST /v1/cluster/members/add {node_id, addr}`: adds a node as a learner, waits for it to
 /// catch up, then promotes it to voter.
 pub async fn add_member(State(node): State<Arc<Node>>, body: Bytes) -> Result<Response, ApiError> {
-    let req: AddMember = parse_json(&body)?;
+    let req: AddMemberRequest = parse_json(&body)?;
     if req.addr.is_empty() {
         return Err(ApiError::invalid("Field 'addr' must be host:port."));
     }
     if node.current_leader() != Some(node.id) {
-        let body = serde_json::to_value(&req).unwrap_or_default();
-        return relay_to_leader(&node, "/v1/cluster/members/add", &body).await;
+        return relay_to_leader(&node, "/v1/cluster/members/add", &req).await;
     }
     node.raft
         .add_learner(req.node_id, NodeInfo { api_addr: req.addr }, true)
@@ -137,7 +137,7 @@ pub async fn add_member(State(node): State<Arc<Node>>, body: Bytes) -> Result<Re
         .change_membership(voters.clone(), false)
         .await
         .map_err(membership_error)?;
-    Ok(Json(json!({ "voters": voters })).into_response())
+    Ok(Json(MembershipResponse { voters }).into_response())
 }
 
 /// `POST /v1/cluster/members/remove {node_id}`: removes a voter (and forgets the node).
@@ -145,10 +145,9 @@ pub async fn remove_member(
     State(node): State<Arc<Node>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let req: RemoveMember = parse_json(&body)?;
+    let req: RemoveMemberRequest = parse_json(&body)?;
     if node.current_leader() != Some(node.id) {
-        let body = serde_json::to_value(&req).unwrap_or_default();
-        return relay_to_leader(&node, "/v1/cluster/members/remove", &body).await;
+        return relay_to_leader(&node, "/v1/cluster/members/remove", &req).await;
     }
     let mut voters: BTreeSet<u64> = node
         .raft
@@ -171,20 +170,24 @@ pub async fn remove_member(
         .change_membership(voters.clone(), false)
         .await
         .map_err(membership_error)?;
-    Ok(Json(json!({ "voters": voters })).into_response())
+    Ok(Json(MembershipResponse { voters }).into_response())
 }
 
-pub async fn healthz() -> Json<Value> {
-    Json(json!({ "status": "ok" }))
+pub async fn healthz() -> Json<HealthStatus> {
+    Json(HealthStatus {
+        status: "ok".into(),
+    })
 }
 
 /// Ready when this node knows a leader (it can then serve every call).
-pub async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<Value>, ApiError> {
+pub async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<ReadyStatus>, ApiError> {
     match node.current_leader() {
-        Some(leader) => Ok(Json(json!({ "status": "ready", "leader_id": leader }))),
+        Some(leader_id) => Ok(Json(ReadyStatus {
+            status: "ready".into(),
+            leader_id,
+        })),
         None => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no_leader",
+            ErrorCode::NoLeader,
             "This node does not know a leader yet (election in progress or partitioned).",
         )),
     }
@@ -203,8 +206,7 @@ fn faults_enabled(node: &Node) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "fault_injection_disabled",
+            ErrorCode::FaultInjectionDisabled,
             "Fault injection is off on this node (enable_fault_injection in its config).",
         ))
     }

@@ -1,41 +1,49 @@
-//! The API's error type: a status, a stable code and a sentence (SPEC §4).
+//! The API's error type: a stable code (with its HTTP status) and a sentence.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::{json, Map, Value};
 
 use crate::node::ProposeError;
+use crate::wire::{ErrorBody, ErrorCode};
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
     pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
-    /// Extra fields merged into the body (e.g. `retry_after_ms`).
-    pub extra: Map<String, Value>,
+    pub body: ErrorBody,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    /// An error answered with its code's own status.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        let status =
+            StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         ApiError {
             status,
-            code,
-            message: message.into(),
-            extra: Map::new(),
+            body: ErrorBody::new(code, message),
         }
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+        Self::new(ErrorCode::InvalidRequest, message)
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+        Self::new(ErrorCode::NotFound, message)
     }
 
-    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
-        self.extra.insert(key.to_string(), value.into());
+    /// Answers with another status than the code's usual one (axum's own rejections).
+    pub fn with_status(mut self, status: StatusCode) -> Self {
+        self.status = status;
         self
+    }
+
+    pub fn with_retry_after(mut self, retry_after_ms: u64) -> Self {
+        self.body.retry_after_ms = Some(retry_after_ms);
+        self
+    }
+
+    pub fn code(&self) -> &ErrorCode {
+        &self.body.error
     }
 }
 
@@ -43,14 +51,12 @@ impl From<ProposeError> for ApiError {
     fn from(e: ProposeError) -> Self {
         match e {
             ProposeError::NoQuorum | ProposeError::NotLeader(_) => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "no_quorum",
+                ErrorCode::NoQuorum,
                 "No quorum of the cluster answered in time; nothing was granted. Retry with the \
                  same request_id.",
             ),
             ProposeError::Stopped(why) => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "node_stopped",
+                ErrorCode::NodeStopped,
                 format!("This node is shutting down ({why}); use another node."),
             ),
         }
@@ -59,10 +65,6 @@ impl From<ProposeError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut body = json!({ "error": self.code, "message": self.message });
-        if let Value::Object(map) = &mut body {
-            map.extend(self.extra);
-        }
-        (self.status, axum::Json(body)).into_response()
+        (self.status, axum::Json(self.body)).into_response()
     }
 }

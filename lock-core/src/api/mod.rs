@@ -1,20 +1,36 @@
-//! The node's HTTP API (SPEC §4): lock calls, cluster and health endpoints, raft RPCs.
+//! The node's HTTP API: lock calls, cluster and health endpoints, raft RPCs, the admin UI.
+//!
+//! Handlers only translate HTTP: they parse a [`wire`](crate::wire) body, hand the request to
+//! the [`Node`], and turn its answer back into a wire body or an [`ApiError`].
 
 mod cluster;
 mod error;
 mod locks;
 mod raft_rpc;
 
+use std::future::Future;
 use std::sync::Arc;
 
-use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::Router;
+use tokio::net::TcpListener;
 
 pub use error::ApiError;
-pub use locks::{validate_resource, MAX_ID_LEN, MAX_RESOURCE_LEN};
 
 use crate::node::Node;
+use crate::wire::ErrorCode;
+
+/// Serves the API of `node` on `listener` until `shutdown` completes; then stops accepting
+/// and lets in-flight calls finish.
+pub async fn serve(
+    node: Arc<Node>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(node))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
 
 /// All routes of a node. Every node serves every call; writes and linearizable reads are
 /// routed to the leader internally.
@@ -40,8 +56,7 @@ pub fn router(node: Arc<Node>) -> Router {
         // After every route: it applies to the routes added so far.
         .method_not_allowed_fallback(|| async {
             ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+                ErrorCode::MethodNotAllowed,
                 "This endpoint does not take that HTTP method; see docs/api.md.",
             )
         })

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
@@ -14,6 +14,7 @@ use super::{parse_json, ApiError};
 use crate::machine::Command;
 use crate::net::FROM_HEADER;
 use crate::node::Node;
+use crate::wire::ErrorCode;
 
 fn admit(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
     let from = headers
@@ -22,8 +23,7 @@ fn admit(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
         .and_then(|v| v.parse::<u64>().ok());
     match from {
         Some(peer) if !node.faults().incoming_allowed(peer) => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "partitioned",
+            ErrorCode::Partitioned,
             "Traffic from this peer is blocked by an injected fault.",
         )),
         _ => Ok(()),

@@ -3,12 +3,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
-
-use super::guard::{LeaseGuard, LeaseState};
+use super::guard::LeaseGuard;
 use super::schedule::new_request_id;
+use super::state::LeaseState;
 use super::transport::{AttemptError, CallFailure, Transport};
 use super::{AcquireOptions, Error, Lease};
+use crate::wire::{
+    self, AcquireRequest, CancelRequest, CancelResponse, ErrorCode, LeaseRequest, RenewResponse,
+};
 
 /// How long the server keeps a long-poll open past its `wait_timeout_ms` before it cancels
 /// the wait itself (`WAIT_SLACK` in the API). Our attempt must outlast it: if we hung up
@@ -50,7 +52,7 @@ pub(crate) async fn acquire(
     let mut maybe_pending = false;
     let mut attempts = 0u32;
     let mut last = String::from("no attempt made");
-    let lease = loop {
+    let lease: Lease = loop {
         let now = Instant::now();
         if now >= deadline {
             return Err(Error::Timeout {
@@ -61,20 +63,19 @@ pub(crate) async fn acquire(
         }
         attempts += 1;
         let left = deadline - now;
-        let mut body = json!({ "request_id": request_id });
-        if let Some(ttl) = opts.ttl {
-            body["ttl_ms"] = json!(millis(ttl));
-        }
-        if let Some(h) = &opts.holder {
-            body["holder"] = json!(h);
-        }
+        let mut body = AcquireRequest {
+            request_id: request_id.clone(),
+            holder: opts.holder.clone(),
+            ttl_ms: opts.ttl.map(millis),
+            wait_timeout_ms: None,
+        };
         let timeout = if wait.is_zero() {
             transport.opts.request_timeout
         } else {
             // Never send 0 on a retry of a waiting acquire: if we are still queued, a
             // try-once request cannot collect the grant.
             let wait_ms = millis(wait_end.saturating_duration_since(now).min(left)).max(1);
-            body["wait_timeout_ms"] = json!(wait_ms);
+            body.wait_timeout_ms = Some(wait_ms);
             maybe_pending = true;
             Duration::from_millis(wait_ms) + SERVER_WAIT_SLACK + transport.opts.request_timeout
         };
@@ -82,22 +83,16 @@ pub(crate) async fn acquire(
             .post(resource, "acquire", &body, timeout.min(left))
             .await
         {
-            Ok(v) => match parse_lease(resource, v) {
-                Some(lease) => break lease,
-                None => {
-                    maybe_pending = true;
-                    last = "grant answer without the expected fields".into();
-                }
-            },
+            Ok(lease) => break lease,
             Err(AttemptError::Api(reply)) => {
-                let early = reply.code == "lock_held"
+                let early = reply.body.error == ErrorCode::LockHeld
                     && !wait.is_zero()
                     && wait_end.saturating_duration_since(Instant::now()) > EARLY_WAIT_END;
                 if !early {
                     cancel.armed = maybe_pending;
                     return Err(reply.into_error(resource));
                 }
-                last = format!("wait ended early: {}", reply.message);
+                last = format!("wait ended early: {}", reply.body.message);
             }
             Err(AttemptError::Uncertain(why)) => {
                 tracing::debug!(resource, attempts, %why, "acquire outcome uncertain; retrying with the same request id");
@@ -121,13 +116,14 @@ pub(crate) async fn acquire(
     let verify = attempts > 1 || provable.saturating_duration_since(Instant::now()) < usable / 2;
     let local_deadline = if verify {
         let until = deadline.max(Instant::now() + transport.opts.request_timeout);
-        let body = json!({ "lease_id": lease.lease_id });
-        match transport.call_until(resource, "renew", &body, until).await {
-            Ok((sent, v))
-                if v.get("fencing_token").and_then(Value::as_u64) == Some(lease.fencing_token) =>
-            {
-                sent + usable
-            }
+        let body = LeaseRequest {
+            lease_id: Some(lease.lease_id),
+        };
+        match transport
+            .call_until::<_, RenewResponse>(resource, "renew", &body, until)
+            .await
+        {
+            Ok((sent, renewed)) if renewed.fencing_token == lease.fencing_token => sent + usable,
             Ok(_) => {
                 return Err(Error::LeaseLost {
                     resource: resource.to_string(),
@@ -144,14 +140,6 @@ pub(crate) async fn acquire(
         transport.clone(),
         LeaseState::new(lease, margin, local_deadline),
     ))
-}
-
-fn parse_lease(resource: &str, v: Value) -> Option<Lease> {
-    let mut lease: Lease = serde_json::from_value(v).ok()?;
-    if lease.resource.is_empty() {
-        lease.resource = resource.to_string();
-    }
-    Some(lease)
 }
 
 fn millis(d: Duration) -> u64 {
@@ -172,13 +160,8 @@ fn check_margin(transport: &Transport, ttl: Duration) -> Result<(), Error> {
 /// Checks a resource name like the server does (1–256 bytes of `[A-Za-z0-9._:/-]`), so a bad
 /// name fails before anything is sent and never needs escaping in a URL.
 pub(crate) fn validate_resource(resource: &str) -> Result<(), Error> {
-    let ok = |b: u8| b.is_ascii_alphanumeric() || b"._:/-".contains(&b);
-    if resource.is_empty() || resource.len() > 256 || !resource.bytes().all(ok) {
-        return Err(Error::Invalid(format!(
-            "resource '{resource}' must be 1–256 bytes of letters, digits and . _ : / -"
-        )));
-    }
-    Ok(())
+    wire::validate_resource(resource)
+        .map_err(|why| Error::Invalid(format!("resource '{resource}': {why}")))
 }
 
 /// Cancels the server-side side of an acquire that ends without handing a guard to the
@@ -204,11 +187,16 @@ impl Drop for CancelOnDrop {
         };
         let transport = self.transport.clone();
         let resource = std::mem::take(&mut self.resource);
-        let body = json!({ "request_id": std::mem::take(&mut self.request_id) });
+        let body = CancelRequest {
+            request_id: std::mem::take(&mut self.request_id),
+        };
         rt.spawn(async move {
             let until = Instant::now() + transport.opts.call_timeout;
-            match transport.call_until(&resource, "cancel", &body, until).await {
-                Ok((_, v)) => tracing::debug!(%resource, answer = %v, "abandoned acquire cancelled"),
+            match transport
+                .call_until::<_, CancelResponse>(&resource, "cancel", &body, until)
+                .await
+            {
+                Ok((_, answer)) => tracing::debug!(%resource, cancelled = answer.cancelled, "abandoned acquire cancelled"),
                 Err(e) => tracing::warn!(%resource, error = ?e, "cancel of an abandoned acquire failed; the server's wait deadline will remove it"),
             }
         });

@@ -6,7 +6,7 @@ use std::time::Duration;
 use reqwest::header::{HeaderName, HeaderValue};
 use reqwest::RequestBuilder;
 
-use super::guard::{fence_headers, LeaseState};
+use super::state::{fence_headers, LeaseState};
 use super::Error;
 
 /// A request built by [`LeaseGuard::fenced_request`](super::LeaseGuard::fenced_request).

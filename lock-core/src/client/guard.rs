@@ -5,121 +5,20 @@
 //! request, so the server's expiry is at least `sent + ttl` and our deadline
 //! `sent + ttl - margin` comes first (see `docs/client.md` for what the margin covers).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use reqwest::header::{HeaderMap, HeaderValue};
-use serde_json::{json, Value};
+use reqwest::header::HeaderMap;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::fenced::FencedRequest;
 use super::schedule::renew_delay;
+use super::state::{fence_headers, LeaseState};
 use super::transport::{CallFailure, Transport};
 use super::{Error, Lease, LostReason};
-
-/// Header carrying the fencing token on protected writes (SPEC §5).
-pub const FENCE_TOKEN_HEADER: &str = "Fence-Token";
-/// Optional header naming the resource; the proxy checks it equals the route's resource.
-pub const FENCE_RESOURCE_HEADER: &str = "Fence-Resource";
-
-/// State shared by the guard, its renewal task and fenced requests.
-pub(crate) struct LeaseState {
-    pub lease: Lease,
-    pub ttl: Duration,
-    pub margin: Duration,
-    validity: Mutex<Validity>,
-    /// `true` while valid; flips to `false` once, when the guard turns invalid.
-    valid_tx: watch::Sender<bool>,
-    renewals: AtomicU64,
-}
-
-struct Validity {
-    deadline: Instant,
-    lost: Option<LostReason>,
-}
-
-impl LeaseState {
-    pub fn new(lease: Lease, margin: Duration, deadline: Instant) -> Self {
-        let ttl = lease.ttl();
-        LeaseState {
-            lease,
-            ttl,
-            margin,
-            validity: Mutex::new(Validity {
-                deadline,
-                lost: None,
-            }),
-            valid_tx: watch::Sender::new(true),
-            renewals: AtomicU64::new(0),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Validity> {
-        // The critical sections cannot panic, so a poisoned lock still holds consistent data.
-        self.validity.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The local deadline if still valid, else why not. Reads the clock itself, so a guard
-    /// whose renewal task is stalled (or whose process was paused) still answers correctly.
-    pub fn status(&self) -> Result<Instant, LostReason> {
-        let mut v = self.lock();
-        if let Some(reason) = v.lost {
-            return Err(reason);
-        }
-        if Instant::now() >= v.deadline {
-            v.lost = Some(LostReason::Unconfirmed);
-            drop(v);
-            self.valid_tx.send_replace(false);
-            return Err(LostReason::Unconfirmed);
-        }
-        Ok(v.deadline)
-    }
-
-    pub fn check(&self) -> Result<(), Error> {
-        self.status().map(|_| ()).map_err(Error::LeaseInvalid)
-    }
-
-    pub fn deadline(&self) -> Instant {
-        self.lock().deadline
-    }
-
-    pub fn lost_reason(&self) -> Option<LostReason> {
-        self.status().err()
-    }
-
-    /// Marks the guard invalid (the first reason sticks) and wakes every watcher.
-    pub fn invalidate(&self, reason: LostReason) {
-        let mut v = self.lock();
-        if v.lost.is_none() {
-            v.lost = Some(reason);
-        }
-        drop(v);
-        self.valid_tx.send_replace(false);
-    }
-
-    /// Records a successful renewal sent at `sent`. A renewal that lands after the guard
-    /// already turned invalid does not revive it: callers may have stopped work on the
-    /// strength of `lost()`, and flapping would make that signal useless.
-    fn extend(&self, sent: Instant) -> bool {
-        let mut v = self.lock();
-        if v.lost.is_some() || Instant::now() >= v.deadline {
-            v.lost.get_or_insert(LostReason::Unconfirmed);
-            drop(v);
-            self.valid_tx.send_replace(false);
-            return false;
-        }
-        v.deadline = v.deadline.max(sent + self.ttl.saturating_sub(self.margin));
-        drop(v);
-        self.renewals.fetch_add(1, Ordering::Relaxed);
-        true
-    }
-
-    pub fn subscribe(&self) -> watch::Receiver<bool> {
-        self.valid_tx.subscribe()
-    }
-}
+use crate::wire::{ErrorCode, LeaseId, LeaseRequest, ReleaseResponse, RenewResponse};
 
 /// An acquired lease, kept alive by a background task until it is released, dropped, or can
 /// no longer be proven.
@@ -178,8 +77,8 @@ impl LeaseGuard {
 
     /// The lease id. **A secret**: whoever holds it can renew and release this lease. Never
     /// log it; send it only to the lock service.
-    pub fn lease_id(&self) -> &str {
-        &self.state.lease.lease_id
+    pub fn lease_id(&self) -> LeaseId {
+        self.state.lease.lease_id
     }
 
     /// The TTL the server granted.
@@ -269,15 +168,14 @@ impl LeaseGuard {
     /// this is called.
     pub async fn release(mut self) -> Result<bool, Error> {
         self.finish(LostReason::Released);
-        let body = json!({ "lease_id": self.state.lease.lease_id });
         let until = Instant::now() + self.transport.opts.call_timeout;
         let resource = &self.state.lease.resource;
         match self
             .transport
-            .call_until(resource, "release", &body, until)
+            .call_until::<_, ReleaseResponse>(resource, "release", &self.state.body(), until)
             .await
         {
-            Ok((_, v)) => Ok(v.get("released").and_then(Value::as_bool).unwrap_or(false)),
+            Ok((_, answer)) => Ok(answer.released),
             Err(f) => Err(f.into_error(resource)),
         }
     }
@@ -317,10 +215,14 @@ impl Drop for LeaseGuard {
         let transport = self.transport.clone();
         let state = self.state.clone();
         rt.spawn(async move {
-            let body = json!({ "lease_id": state.lease.lease_id });
             let until = Instant::now() + transport.opts.request_timeout;
             if let Err(e) = transport
-                .call_until(&state.lease.resource, "release", &body, until)
+                .call_until::<_, ReleaseResponse>(
+                    &state.lease.resource,
+                    "release",
+                    &state.body(),
+                    until,
+                )
                 .await
             {
                 tracing::debug!(resource = %state.lease.resource, error = ?e, "background release failed; the lease will expire");
@@ -329,24 +231,12 @@ impl Drop for LeaseGuard {
     }
 }
 
-pub(crate) fn fence_headers(state: &LeaseState) -> Result<HeaderMap, Error> {
-    let mut h = HeaderMap::new();
-    h.insert(
-        FENCE_TOKEN_HEADER,
-        HeaderValue::from(state.lease.fencing_token),
-    );
-    let resource = HeaderValue::from_str(&state.lease.resource)
-        .map_err(|_| Error::Invalid("resource is not a valid header value".into()))?;
-    h.insert(FENCE_RESOURCE_HEADER, resource);
-    Ok(h)
-}
-
 /// Renews every ~ttl/3 (jittered) until the lease is lost or unprovable. Two timers race each
 /// renewal: the local deadline wins ties, so the guard turns invalid *at* the deadline even
 /// while a request hangs.
 async fn renew_loop(state: Arc<LeaseState>, transport: Arc<Transport>) {
     let resource = state.lease.resource.clone();
-    let body = json!({ "lease_id": state.lease.lease_id });
+    let body: LeaseRequest = state.body();
     loop {
         let Ok(deadline) = state.status() else {
             return;
@@ -363,13 +253,13 @@ async fn renew_loop(state: Arc<LeaseState>, transport: Arc<Transport>) {
         let outcome = tokio::select! {
             biased;
             _ = tokio::time::sleep_until(deadline.into()) => None,
-            r = transport.call_until(&resource, "renew", &body, deadline) => Some(r),
+            r = transport.call_until::<_, RenewResponse>(&resource, "renew", &body, deadline) => Some(r),
         };
         match outcome {
-            Some(Ok((sent, v))) => {
-                let token = v.get("fencing_token").and_then(Value::as_u64);
-                if token != Some(state.lease.fencing_token) {
-                    tracing::warn!(%resource, ?token, "renewal answered with another token; treating the lease as lost");
+            Some(Ok((sent, renewed))) => {
+                let token = renewed.fencing_token;
+                if token != state.lease.fencing_token {
+                    tracing::warn!(%resource, token, "renewal answered with another token; treating the lease as lost");
                     state.invalidate(LostReason::LeaseLost);
                     return;
                 }
@@ -377,13 +267,13 @@ async fn renew_loop(state: Arc<LeaseState>, transport: Arc<Transport>) {
                     return;
                 }
             }
-            Some(Err(CallFailure::Api(reply))) if reply.code == "lease_lost" => {
+            Some(Err(CallFailure::Api(reply))) if reply.body.error == ErrorCode::LeaseLost => {
                 tracing::info!(%resource, "lease lost: the server no longer holds it");
                 state.invalidate(LostReason::LeaseLost);
                 return;
             }
             Some(Err(CallFailure::Api(reply))) => {
-                tracing::warn!(%resource, code = %reply.code, message = %reply.message, "renewal rejected");
+                tracing::warn!(%resource, code = %reply.body.error, message = %reply.body.message, "renewal rejected");
                 state.invalidate(LostReason::Unconfirmed);
                 return;
             }

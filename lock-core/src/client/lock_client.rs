@@ -3,12 +3,16 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde_json::{json, Value};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use super::acquire::{acquire, validate_resource};
 use super::guard::LeaseGuard;
 use super::transport::Transport;
 use super::{AcquireOptions, ClientOptions, Error, Lease};
+use crate::wire::{
+    CancelRequest, CancelResponse, LeaseId, LeaseRequest, ReleaseResponse, RenewResponse,
+};
 
 /// A client for a fencegate cluster. Cheap to clone; clones share one connection pool.
 ///
@@ -73,42 +77,46 @@ impl Client {
 
     /// Renews a lease by id, once (retrying uncertain outcomes up to `call_timeout`). For
     /// tools like the CLI; applications hold a [`LeaseGuard`], which renews by itself.
-    pub async fn renew(&self, resource: &str, lease_id: &str) -> Result<Lease, Error> {
-        validate_resource(resource)?;
-        let body = json!({ "lease_id": lease_id });
-        let (_, v) = self.call(resource, "renew", &body).await?;
-        let mut lease: Lease = serde_json::from_value(v.clone()).map_err(|e| Error::Api {
-            status: 200,
-            code: "bad_answer".into(),
-            message: format!("renew answer not understood ({e}): {v}"),
-        })?;
-        lease.resource = resource.to_string();
-        Ok(lease)
+    pub async fn renew(&self, resource: &str, lease_id: LeaseId) -> Result<Lease, Error> {
+        let body = LeaseRequest {
+            lease_id: Some(lease_id),
+        };
+        let (_, r): (_, RenewResponse) = self.call(resource, "renew", &body).await?;
+        Ok(Lease {
+            resource: resource.to_string(),
+            lease_id: r.lease_id,
+            fencing_token: r.fencing_token,
+            ttl_ms: r.ttl_ms,
+            expires_at_ms: r.expires_at_ms,
+        })
     }
 
     /// Releases a lease by id. `Ok(false)` if it was not held (already expired, released or
     /// replaced): release is idempotent and never touches a newer holder.
-    pub async fn release(&self, resource: &str, lease_id: &str) -> Result<bool, Error> {
-        validate_resource(resource)?;
-        let body = json!({ "lease_id": lease_id });
-        let (_, v) = self.call(resource, "release", &body).await?;
-        Ok(v.get("released").and_then(Value::as_bool).unwrap_or(false))
+    pub async fn release(&self, resource: &str, lease_id: LeaseId) -> Result<bool, Error> {
+        let body = LeaseRequest {
+            lease_id: Some(lease_id),
+        };
+        let (_, r): (_, ReleaseResponse) = self.call(resource, "release", &body).await?;
+        Ok(r.released)
     }
 
     /// Cancels a pending (or granted but unseen) acquire by its request id.
     pub async fn cancel(&self, resource: &str, request_id: &str) -> Result<bool, Error> {
-        validate_resource(resource)?;
-        let body = json!({ "request_id": request_id });
-        let (_, v) = self.call(resource, "cancel", &body).await?;
-        Ok(v.get("cancelled").and_then(Value::as_bool).unwrap_or(false))
+        let body = CancelRequest {
+            request_id: request_id.to_string(),
+        };
+        let (_, r): (_, CancelResponse) = self.call(resource, "cancel", &body).await?;
+        Ok(r.cancelled)
     }
 
-    async fn call(
+    async fn call<B: Serialize, T: DeserializeOwned>(
         &self,
         resource: &str,
         action: &str,
-        body: &Value,
-    ) -> Result<(Instant, Value), Error> {
+        body: &B,
+    ) -> Result<(Instant, T), Error> {
+        validate_resource(resource)?;
         let until = Instant::now() + self.transport.opts.call_timeout;
         self.transport
             .call_until(resource, action, body, until)

@@ -59,11 +59,13 @@ mod lease;
 mod lock_client;
 mod options;
 mod schedule;
+mod state;
 mod transport;
 
+pub use crate::wire::{FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
 pub use error::{Error, LostReason};
 pub use fenced::FencedRequest;
-pub use guard::{LeaseGuard, FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
+pub use guard::LeaseGuard;
 pub use lease::Lease;
 pub use lock_client::Client;
 pub use options::{AcquireOptions, ClientOptions};

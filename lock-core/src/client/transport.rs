@@ -4,38 +4,35 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 
 use super::schedule::backoff_delay;
 use super::{ClientOptions, Error};
+use crate::wire::{classify, ErrorBody, ErrorCode, Failure};
 
 /// A definite error answer from a node (anything but 5xx).
 #[derive(Debug, Clone)]
 pub(crate) struct ApiReply {
     pub status: u16,
-    pub code: String,
-    pub message: String,
-    pub retry_after_ms: Option<u64>,
+    pub body: ErrorBody,
 }
 
 impl ApiReply {
     /// The caller-facing error for this answer.
     pub fn into_error(self, resource: &str) -> Error {
-        match self.code.as_str() {
-            "lock_held" => Error::LockHeld {
-                resource: resource.to_string(),
-                retry_after: Duration::from_millis(self.retry_after_ms.unwrap_or(0)),
+        let resource = resource.to_string();
+        match self.body.error {
+            ErrorCode::LockHeld => Error::LockHeld {
+                resource,
+                retry_after: Duration::from_millis(self.body.retry_after_ms.unwrap_or(0)),
             },
-            "lease_lost" => Error::LeaseLost {
-                resource: resource.to_string(),
-            },
-            "too_many_waiters" => Error::TooManyWaiters {
-                resource: resource.to_string(),
-            },
-            _ => Error::Api {
+            ErrorCode::LeaseLost => Error::LeaseLost { resource },
+            ErrorCode::TooManyWaiters => Error::TooManyWaiters { resource },
+            code => Error::Api {
                 status: self.status,
-                code: self.code,
-                message: self.message,
+                code: code.as_str().to_string(),
+                message: self.body.message,
             },
         }
     }
@@ -126,13 +123,13 @@ impl Transport {
 
     /// One `POST /v1/locks/{resource}/{action}` to the current node, bounded by `timeout`.
     /// After an uncertain outcome the next call goes to the next node.
-    pub async fn post(
+    pub async fn post<B: Serialize, T: DeserializeOwned>(
         &self,
         resource: &str,
         action: &str,
-        body: &Value,
+        body: &B,
         timeout: Duration,
-    ) -> Result<Value, AttemptError> {
+    ) -> Result<T, AttemptError> {
         let idx = self.current.load(Ordering::Relaxed) % self.nodes.len();
         let base = &self.nodes[idx];
         let url = format!("{base}/v1/locks/{resource}/{action}");
@@ -157,12 +154,12 @@ impl Transport {
         outcome
     }
 
-    async fn attempt(
+    async fn attempt<B: Serialize, T: DeserializeOwned>(
         &self,
         url: &str,
-        body: &Value,
+        body: &B,
         timeout: Duration,
-    ) -> Result<Value, AttemptError> {
+    ) -> Result<T, AttemptError> {
         let resp = self
             .http
             .post(url)
@@ -172,51 +169,26 @@ impl Transport {
             .await
             .map_err(|e| AttemptError::Uncertain(format!("{url}: {e}")))?;
         let status = resp.status().as_u16();
-        let text = resp
-            .text()
+        let bytes = resp
+            .bytes()
             .await
             .map_err(|e| AttemptError::Uncertain(format!("{url}: reading the answer: {e}")))?;
-        let parsed: Option<Value> = serde_json::from_str(&text).ok();
-        if status == 200 {
-            return parsed.ok_or_else(|| {
-                AttemptError::Uncertain(format!("{url}: answer is not JSON: {text:.200}"))
-            });
-        }
-        let field = |k: &str| {
-            parsed
-                .as_ref()
-                .and_then(|v| v.get(k))
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        };
-        let code = field("error").unwrap_or_else(|| format!("http_{status}"));
-        let message = field("message").unwrap_or_else(|| format!("{text:.200}"));
-        if status >= 500 {
-            return Err(AttemptError::Uncertain(format!(
-                "{url}: {status} {code}: {message}"
-            )));
-        }
-        Err(AttemptError::Api(ApiReply {
-            status,
-            code,
-            message,
-            retry_after_ms: parsed
-                .as_ref()
-                .and_then(|v| v.get("retry_after_ms"))
-                .and_then(Value::as_u64),
-        }))
+        classify(status, &bytes).map_err(|f| match f {
+            Failure::Definite { status, body } => AttemptError::Api(ApiReply { status, body }),
+            Failure::Uncertain(why) => AttemptError::Uncertain(format!("{url}: {why}")),
+        })
     }
 
     /// Repeats a call that is safe to repeat (renew, release, cancel) on uncertain outcomes,
     /// with backoff, until `until`. Returns the answer and when the successful attempt was
     /// sent (the only moment a renewal's lease is provably measured from).
-    pub async fn call_until(
+    pub async fn call_until<B: Serialize, T: DeserializeOwned>(
         &self,
         resource: &str,
         action: &str,
-        body: &Value,
+        body: &B,
         until: Instant,
-    ) -> Result<(Instant, Value), CallFailure> {
+    ) -> Result<(Instant, T), CallFailure> {
         let started = Instant::now();
         let mut attempts = 0u32;
         let mut last = String::from("no attempt made");

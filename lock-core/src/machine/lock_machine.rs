@@ -24,6 +24,8 @@ use imbl::{HashMap, OrdMap, OrdSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::wire::{LockStats, LockView};
+
 use super::types::{
     Acquire, AdmitOutcome, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone,
 };
@@ -95,29 +97,6 @@ pub struct DedupRecord {
 }
 
 type DedupKey = (String, String);
-
-/// A read-only view of one resource (for `GET /v1/locks/{resource}`); never shows lease ids.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct LockView {
-    pub resource: String,
-    pub held: bool,
-    pub holder: Option<String>,
-    pub fencing_token: Option<u64>,
-    pub expires_at_ms: Option<u64>,
-    pub waiters: u32,
-}
-
-/// Aggregate numbers for metrics and the cluster endpoint.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct MachineStats {
-    pub now_ms: u64,
-    pub term: u64,
-    pub last_token: u64,
-    pub resources: u64,
-    pub active_locks: u64,
-    pub waiters: u64,
-    pub dedup_records: u64,
-}
 
 /// The replicated lock state.
 #[derive(Clone, Debug, Default)]
@@ -789,8 +768,8 @@ impl LockMachine {
         !self.lease_expiry.is_empty()
     }
 
-    pub fn stats(&self) -> MachineStats {
-        MachineStats {
+    pub fn stats(&self) -> LockStats {
+        LockStats {
             now_ms: self.now_ms,
             term: self.term,
             last_token: self.last_token,

@@ -3,37 +3,13 @@
 //! Every outgoing peer request (raft RPCs and forwarded client commands) passes
 //! [`FaultLayer::outgoing`], and every incoming one [`FaultLayer::incoming_allowed`], so one
 //! rule on each side of a link partitions it in both directions. Rules are per peer node id.
-//! The layer also carries an offset for this node's wall clock, the time source the leader
-//! stamps commands with, so clock skew can be injected too.
+//! The layer also carries a skew for this node's clock (read by the node's clock, which the
+//! leader stamps commands with), so clock skew can be injected too.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-/// What happens to traffic between this node and one peer.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct FaultRule {
-    /// Drop everything in both directions (a partition).
-    #[serde(default)]
-    pub blocked: bool,
-    /// Delay every outgoing request by this long.
-    #[serde(default)]
-    pub delay_ms: u64,
-    /// Drop this fraction (0.0–1.0) of outgoing requests.
-    #[serde(default)]
-    pub drop_rate: f64,
-}
-
-/// The whole fault configuration of a node, as shown and set by the admin endpoint.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct FaultSnapshot {
-    #[serde(default)]
-    pub peers: BTreeMap<u64, FaultRule>,
-    #[serde(default)]
-    pub clock_offset_ms: i64,
-}
+pub use crate::wire::{FaultRule, FaultSnapshot};
 
 #[derive(Clone, Debug, Default)]
 pub struct FaultLayer {
@@ -99,12 +75,9 @@ impl FaultLayer {
         !self.read().peers.get(&peer).is_some_and(|r| r.blocked)
     }
 
-    /// This node's wall clock in ms since the Unix epoch, plus any injected offset.
-    pub fn now_ms(&self) -> u64 {
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        wall.saturating_add_signed(self.read().clock_offset_ms)
+    /// The injected skew of this node's clock (see `node::Clock`).
+    pub fn clock_offset_ms(&self) -> i64 {
+        self.read().clock_offset_ms
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, FaultSnapshot> {

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::server::Node;
+use super::Node;
 use crate::machine::Command;
 
 const INTERVAL: Duration = Duration::from_millis(25);

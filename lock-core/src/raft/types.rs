@@ -5,6 +5,7 @@ use std::io::Cursor;
 use serde::{Deserialize, Serialize};
 
 use crate::machine::{Proposal, Response};
+use crate::timing;
 
 /// How a raft member is reached: its API address, which also serves raft RPCs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,12 +43,13 @@ impl RaftConfigExt for openraft::Config {
     fn fencegate_default() -> openraft::Config {
         openraft::Config {
             cluster_name: "fencegate".to_string(),
-            heartbeat_interval: 100,
-            election_timeout_min: 400,
-            election_timeout_max: 800,
-            // Log compaction: snapshot every 20k entries, keep 5k behind it for slow followers.
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(20_000),
-            max_in_snapshot_log_to_keep: 5_000,
+            heartbeat_interval: timing::HEARTBEAT_MS,
+            election_timeout_min: timing::ELECTION_TIMEOUT_MIN_MS,
+            election_timeout_max: timing::ELECTION_TIMEOUT_MAX_MS,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(
+                timing::SNAPSHOT_EVERY_ENTRIES,
+            ),
+            max_in_snapshot_log_to_keep: timing::LOG_KEPT_BEHIND_SNAPSHOT,
             max_payload_entries: 1_000,
             install_snapshot_timeout: 2_000,
             ..Default::default()

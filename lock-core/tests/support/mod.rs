@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use lock_core::node::{self, NodeConfig, NodeHandle, Policy};
+use lock_core::node::{NodeConfig, Policy};
+use lock_core::server::{self, NodeHandle};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
@@ -48,7 +49,7 @@ impl TestCluster {
                 .expect("client"),
         };
         for (id, l) in listeners {
-            let h = node::start(cluster.config(id), l)
+            let h = server::start(cluster.config(id), l, std::future::pending())
                 .await
                 .expect("start node");
             cluster.nodes.insert(id, Some(h));
@@ -191,7 +192,7 @@ impl TestCluster {
                 Err(e) => panic!("rebind {}: {e}", self.addrs[&id]),
             }
         };
-        let handle = node::start(self.config(id), listener)
+        let handle = server::start(self.config(id), listener, std::future::pending())
             .await
             .unwrap_or_else(|e| panic!("restart node {id}: {e}"));
         self.nodes.insert(id, Some(handle));
@@ -232,7 +233,9 @@ impl TestCluster {
         let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = l.local_addr().expect("addr").to_string();
         let config = self.config(id);
-        let h = node::start(config, l).await.expect("start joining node");
+        let h = server::start(config, l, std::future::pending())
+            .await
+            .expect("start joining node");
         self.addrs.insert(id, addr.clone());
         self.nodes.insert(id, Some(h));
         addr

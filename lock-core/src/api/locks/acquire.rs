@@ -1,0 +1,174 @@
+//! `POST /v1/locks/{resource}/acquire`: try once, or wait in the resource's FIFO queue
+//! (a long poll) until granted, timed out or cancelled.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{audit, lock_held, unexpected};
+use crate::api::{parse_json, ApiError};
+use crate::machine::{Acquire, Command, Grant, Response, WaiterGone};
+use crate::node::{Node, WaitOutcome, WaitTicket};
+use crate::wire::{AcquireRequest, AcquireResponse, ErrorCode};
+
+/// How long a long-poll waits beyond its own timeout for the leader's sweeper to remove it.
+const WAIT_SLACK: Duration = Duration::from_secs(2);
+
+pub(super) async fn acquire(
+    node: &Arc<Node>,
+    resource: &str,
+    body: &[u8],
+) -> Result<AcquireResponse, ApiError> {
+    let req: AcquireRequest = parse_json(body)?;
+    let cmd = node
+        .acquire_command(resource, req)
+        .map_err(ApiError::invalid)?;
+    let waits = cmd.wait_timeout_ms > 0;
+    // Subscribe before proposing so a hand-off applied before we hear back is not missed.
+    let mut ticket = waits.then(|| node.waits.subscribe(resource, &cmd.request_id));
+    // Armed before proposing: a caller that hangs up while the acquire is being committed
+    // must not leave a waiter behind for the whole wait timeout.
+    let mut guard = CancelOnDrop::arm(node, &cmd, waits);
+    let response = match node.propose(Command::Acquire(cmd.clone())).await {
+        Ok(r) => r,
+        Err(e) => {
+            // The caller hears 503 and retries with the same request_id; the waiter (if the
+            // acquire commits after all) stays for that retry, bounded by its wait timeout.
+            guard.disarm();
+            return Err(e.into());
+        }
+    };
+    if !matches!(response, Response::Queued { .. }) {
+        guard.disarm();
+    }
+    let outcome = match response {
+        Response::Granted(g) => Ok(g),
+        Response::Held { retry_after_ms } => Err(lock_held(
+            retry_after_ms,
+            "The lock is held by another lease; retry after retry_after_ms or wait with \
+             wait_timeout_ms.",
+        )),
+        Response::TooManyWaiters => Err(ApiError::new(
+            ErrorCode::TooManyWaiters,
+            "The wait queue for this resource (or the node) is full; retry later.",
+        )),
+        Response::Queued { .. } => match ticket.as_mut() {
+            Some(t) => wait_in_queue(node, &cmd, t, guard).await,
+            // A try-once retry (wait_timeout_ms 0) of a request_id that is still waiting in
+            // the queue: the original wait goes on untouched; this call just reports it.
+            None => {
+                let retry_after_ms = node.machine.read(|m| {
+                    let now = m.now_ms();
+                    m.view(resource, now)
+                        .expires_at_ms
+                        .map_or(0, |e| e.saturating_sub(now))
+                });
+                Err(lock_held(
+                    retry_after_ms,
+                    "This request_id is already waiting in the queue; retry it with \
+                     wait_timeout_ms to wait for its outcome, or cancel it.",
+                ))
+            }
+        },
+        other => Err(unexpected(other)),
+    };
+    match &outcome {
+        Ok(g) => audit(
+            "acquire",
+            resource,
+            Some(&g.lease_id),
+            Some(g.fencing_token),
+            "granted",
+        ),
+        Err(e) => audit("acquire", resource, None, None, e.code().as_str()),
+    }
+    outcome.map(|g| AcquireResponse {
+        resource: g.resource,
+        lease_id: g.lease_id,
+        fencing_token: g.fencing_token,
+        ttl_ms: g.ttl_ms,
+        expires_at_ms: g.expires_at_ms,
+    })
+}
+
+/// Long-polls a queued acquire. If the caller goes away (the future is dropped), the guard
+/// proposes a cancel so the queue does not carry a dead waiter.
+async fn wait_in_queue(
+    node: &Arc<Node>,
+    cmd: &Acquire,
+    ticket: &mut WaitTicket,
+    mut guard: CancelOnDrop,
+) -> Result<Grant, ApiError> {
+    let limit = Duration::from_millis(cmd.wait_timeout_ms) + WAIT_SLACK;
+    let result = match tokio::time::timeout(limit, ticket.outcome()).await {
+        Ok(Some(WaitOutcome::Granted(g))) => Ok(g),
+        Ok(Some(WaitOutcome::Removed(WaiterGone::TimedOut))) => Err(lock_held(
+            0,
+            "wait_timeout_ms passed before the lock became free; retry with a new request_id.",
+        )),
+        Ok(Some(WaitOutcome::Removed(WaiterGone::Cancelled))) => {
+            Err(lock_held(0, "The wait was cancelled."))
+        }
+        // The sweeper did not remove us in time (e.g. no leader): withdraw ourselves.
+        Ok(None) | Err(_) => {
+            let cancel = Command::Cancel {
+                resource: cmd.resource.clone(),
+                request_id: cmd.request_id.clone(),
+            };
+            guard.disarm();
+            abandon(node, cancel).await?;
+            Err(lock_held(
+                0,
+                "wait_timeout_ms passed before the lock became free.",
+            ))
+        }
+    };
+    guard.disarm();
+    result
+}
+
+/// Withdraws a queued acquire nobody will collect. If the lock was already handed to it, the
+/// lease stays: only its lease id may end it, a retry with the same request_id must get that
+/// live lease back, and its TTL bounds it. (Releasing it here once let a retry receive a dead
+/// lease with a future expiry — found by the chaos harness.)
+async fn abandon(node: &Node, cancel: Command) -> Result<(), ApiError> {
+    node.propose(cancel).await?;
+    Ok(())
+}
+
+/// Abandons a queued acquire when the handler future is dropped (the client went away).
+struct CancelOnDrop {
+    node: Option<Arc<Node>>,
+    resource: String,
+    request_id: String,
+}
+
+impl CancelOnDrop {
+    fn arm(node: &Arc<Node>, cmd: &Acquire, armed: bool) -> Self {
+        CancelOnDrop {
+            node: armed.then(|| node.clone()),
+            resource: cmd.resource.clone(),
+            request_id: cmd.request_id.clone(),
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.node = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(node) = self.node.take() else {
+            return;
+        };
+        let cmd = Command::Cancel {
+            resource: std::mem::take(&mut self.resource),
+            request_id: std::mem::take(&mut self.request_id),
+        };
+        tokio::spawn(async move {
+            if let Err(e) = abandon(&node, cmd).await {
+                tracing::warn!(error = %e.body.message, "cancel of an abandoned wait failed; its deadline will remove it");
+            }
+        });
+    }
+}

@@ -1,0 +1,117 @@
+//! Lock calls, one file each: acquire (with long-poll waiting), renew, release, cancel, and
+//! the reads (get, list).
+
+mod acquire;
+mod cancel;
+mod read;
+mod release;
+mod renew;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response as HttpResponse};
+use axum::Json;
+use serde::Serialize;
+
+pub use read::{get, list};
+
+use super::ApiError;
+use crate::machine::{LeaseId, Response};
+use crate::node::Node;
+use crate::wire::{validate_resource, ErrorCode};
+
+/// `POST /v1/locks/{resource}/{action}`; the resource may itself contain `/`.
+pub async fn post(
+    State(node): State<Arc<Node>>,
+    path: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<HttpResponse, ApiError> {
+    let path = path_param(path)?;
+    // Axum's own rejections (e.g. 413 for an oversized body) are plain text; every error
+    // must be the JSON error body.
+    let body = body.map_err(|e| {
+        let code = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ErrorCode::PayloadTooLarge
+        } else {
+            ErrorCode::InvalidRequest
+        };
+        ApiError::new(code, e.body_text()).with_status(e.status())
+    })?;
+    let Some((resource, action)) = path.rsplit_once('/') else {
+        return Err(ApiError::not_found(
+            "Use POST /v1/locks/{resource}/acquire|renew|release|cancel.",
+        ));
+    };
+    if !matches!(action, "acquire" | "renew" | "release" | "cancel") {
+        return Err(ApiError::not_found(format!(
+            "Unknown lock action '{action}'; use acquire, renew, release or cancel."
+        )));
+    }
+    let started = Instant::now();
+    let result = async {
+        validate_resource(resource).map_err(ApiError::invalid)?;
+        match action {
+            "acquire" => json(acquire::acquire(&node, resource, &body).await),
+            "renew" => json(renew::renew(&node, resource, &body).await),
+            "release" => json(release::release(&node, resource, &body).await),
+            _ => json(cancel::cancel(&node, resource, &body).await),
+        }
+    }
+    .await;
+    record(&node, action, started, result.as_ref().err());
+    result
+}
+
+fn json<T: Serialize>(result: Result<T, ApiError>) -> Result<HttpResponse, ApiError> {
+    result.map(|body| Json(body).into_response())
+}
+
+/// The `{*path}` part of the URL; a path that does not decode (e.g. `%FF`) is a JSON 400.
+fn path_param(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    path.map(|Path(p)| p)
+        .map_err(|e| ApiError::invalid(format!("Bad resource in the URL: {}.", e.body_text())))
+}
+
+/// Latency and outcome metrics of one call.
+fn record(node: &Node, op: &str, started: Instant, error: Option<&ApiError>) {
+    let outcome = error.map_or("success", |e| e.code().as_str());
+    node.metrics
+        .op_seconds
+        .with_label_values(&[op])
+        .observe(started.elapsed().as_secs_f64());
+    node.metrics
+        .op_outcomes
+        .with_label_values(&[op, outcome])
+        .inc();
+}
+
+/// One audit line per lock call that reached the state machine.
+fn audit(op: &str, resource: &str, lease: Option<&LeaseId>, token: Option<u64>, outcome: &str) {
+    // A digest, not the lease id: the id is a bearer capability and logs are widely readable.
+    let digest = lease.map(|l| format!("{:016x}", (l.0 >> 64) as u64 ^ l.0 as u64));
+    tracing::info!(
+        target: "fencegate::audit",
+        op, resource, lease = digest.as_deref(), token, outcome
+    );
+}
+
+fn lock_held(retry_after_ms: u64, message: &str) -> ApiError {
+    ApiError::new(ErrorCode::LockHeld, message).with_retry_after(retry_after_ms)
+}
+
+fn unexpected(resp: Response) -> ApiError {
+    ApiError::new(
+        ErrorCode::Internal,
+        format!("Unexpected state machine response {resp:?}; this is a bug, please report it."),
+    )
+}
+
+/// The lease id of a renew or release body.
+fn required_lease(lease_id: Option<LeaseId>) -> Result<LeaseId, ApiError> {
+    lease_id.ok_or_else(|| ApiError::invalid("Field 'lease_id' is required."))
+}

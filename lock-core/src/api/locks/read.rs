@@ -1,0 +1,56 @@
+//! The linearizable reads: `GET /v1/locks/{resource}` and `GET /v1/locks?prefix=&limit=`.
+//! Neither ever shows a lease id.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use serde::Deserialize;
+
+use super::{path_param, record};
+use crate::api::ApiError;
+use crate::node::Node;
+use crate::wire::{validate_resource, LockList, LockView, MAX_LIST_LIMIT};
+
+/// `GET /v1/locks/{resource}`.
+pub async fn get(
+    State(node): State<Arc<Node>>,
+    resource: Result<Path<String>, PathRejection>,
+) -> Result<Json<LockView>, ApiError> {
+    let resource = path_param(resource)?;
+    let started = Instant::now();
+    let result = async {
+        validate_resource(&resource).map_err(ApiError::invalid)?;
+        node.read_barrier().await?;
+        Ok(node.machine.read(|m| m.view(&resource, m.now_ms())))
+    }
+    .await;
+    record(&node, "get", started, result.as_ref().err());
+    result.map(Json)
+}
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    #[serde(default)]
+    prefix: String,
+    limit: Option<usize>,
+}
+
+/// `GET /v1/locks?prefix=&limit=`: held or waited-on resources, in name order.
+pub async fn list(
+    State(node): State<Arc<Node>>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<LockList>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::invalid(format!("Bad query: {e}.")))?;
+    let limit = q.limit.unwrap_or(100);
+    if limit == 0 || limit > MAX_LIST_LIMIT {
+        return Err(ApiError::invalid(format!(
+            "limit must be 1–{MAX_LIST_LIMIT}."
+        )));
+    }
+    node.read_barrier().await?;
+    let locks = node.machine.read(|m| m.list(&q.prefix, limit, m.now_ms()));
+    Ok(Json(LockList { locks }))
+}

@@ -1,0 +1,49 @@
+//! `POST /v1/locks/{resource}/renew`: only the current lease id extends the lease.
+
+use std::sync::Arc;
+
+use super::{audit, required_lease, unexpected};
+use crate::api::{parse_json, ApiError};
+use crate::machine::{Command, Response};
+use crate::node::Node;
+use crate::wire::{ErrorCode, LeaseRequest, RenewResponse};
+
+pub(super) async fn renew(
+    node: &Arc<Node>,
+    resource: &str,
+    body: &[u8],
+) -> Result<RenewResponse, ApiError> {
+    let req: LeaseRequest = parse_json(body)?;
+    let lease_id = required_lease(req.lease_id)?;
+    let cmd = Command::Renew {
+        resource: resource.to_string(),
+        lease_id,
+    };
+    match node.propose(cmd).await? {
+        Response::Renewed(g) => {
+            audit(
+                "renew",
+                resource,
+                Some(&lease_id),
+                Some(g.fencing_token),
+                "renewed",
+            );
+            Ok(RenewResponse {
+                lease_id: g.lease_id,
+                fencing_token: g.fencing_token,
+                ttl_ms: g.ttl_ms,
+                expires_at_ms: g.expires_at_ms,
+            })
+        }
+        Response::LeaseLost => {
+            node.metrics.renew_failures.inc();
+            audit("renew", resource, Some(&lease_id), None, "lease_lost");
+            Err(ApiError::new(
+                ErrorCode::LeaseLost,
+                "This lease is no longer held (expired, released or replaced); stop work and \
+                 acquire again.",
+            ))
+        }
+        other => Err(unexpected(other)),
+    }
+}

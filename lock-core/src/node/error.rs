@@ -1,0 +1,32 @@
+//! The node's errors: fatal ones (storage, raft) and why a command was not committed.
+
+use serde::{Deserialize, Serialize};
+
+use crate::store;
+
+/// Fatal errors starting or running a node.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    #[error("storage: {0}")]
+    Storage(#[from] store::StoreError),
+    #[error("raft: {0}")]
+    Raft(String),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Why a command could not be committed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProposeError {
+    /// This node is not the leader; it names the leader if it knows one.
+    #[error("not the leader (leader: {0:?})")]
+    NotLeader(Option<u64>),
+    /// No quorum answered within the write timeout.
+    #[error("no quorum within the write timeout")]
+    NoQuorum,
+    /// The raft node stopped.
+    #[error("raft stopped: {0}")]
+    Stopped(String),
+}

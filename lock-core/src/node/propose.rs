@@ -1,0 +1,79 @@
+//! The write path: commit a command through raft, on the leader or forwarded to it.
+
+use std::time::{Duration, Instant};
+
+use openraft::error::{ClientWriteError, RaftError};
+
+use super::{Node, ProposeError};
+use crate::machine::{Command, Proposal, Response};
+use crate::net::PeerError;
+
+impl Node {
+    /// Commits `cmd` through raft wherever the leader is, and returns the state machine's
+    /// response. Answers `NoQuorum` within the write timeout rather than hanging.
+    ///
+    /// Retrying a command is safe: acquires are deduplicated by request id, renew, release
+    /// and cancel are idempotent in effect, and ticks only act on what is due.
+    pub async fn propose(&self, cmd: Command) -> Result<Response, ProposeError> {
+        let deadline = Instant::now() + self.write_timeout();
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(ProposeError::NoQuorum);
+            }
+            let leader = match self.propose_local(cmd.clone(), remaining).await {
+                Err(ProposeError::NotLeader(leader)) => leader,
+                other => return other,
+            };
+            if let Some(leader) = leader.filter(|l| *l != self.id) {
+                if let Some(addr) = self.member_addr(leader) {
+                    let remaining = deadline.saturating_duration_since(Instant::now());
+                    let reply: Result<Result<Response, ProposeError>, PeerError> = self
+                        .peers
+                        .post(leader, &addr, "/internal/propose", &cmd, remaining)
+                        .await;
+                    match reply {
+                        Ok(Ok(resp)) => return Ok(resp),
+                        Ok(Err(ProposeError::NotLeader(_))) | Err(_) => {}
+                        Ok(Err(e)) => return Err(e),
+                    }
+                }
+            }
+            // No usable leader yet (election in progress, or it is unreachable): wait a beat.
+            tokio::time::sleep(Duration::from_millis(50).min(remaining)).await;
+        }
+    }
+
+    /// Proposes on this node if it is the leader; never forwards.
+    pub async fn propose_local(
+        &self,
+        cmd: Command,
+        timeout: Duration,
+    ) -> Result<Response, ProposeError> {
+        let leader = self.current_leader();
+        if leader != Some(self.id) {
+            return Err(ProposeError::NotLeader(leader));
+        }
+        let proposal = Proposal {
+            now_ms: self.now_ms(),
+            failover_grace_ms: self.config.policy.failover_grace_ms,
+            cmd,
+        };
+        let started = Instant::now();
+        let result = tokio::time::timeout(timeout, self.raft.client_write(proposal)).await;
+        match result {
+            Err(_) => Err(ProposeError::NoQuorum),
+            Ok(Ok(resp)) => {
+                self.metrics
+                    .commit_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                Ok(resp.data)
+            }
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                Err(ProposeError::NotLeader(f.leader_id))
+            }
+            Ok(Err(RaftError::APIError(e))) => Err(ProposeError::Stopped(e.to_string())),
+            Ok(Err(RaftError::Fatal(f))) => Err(ProposeError::Stopped(f.to_string())),
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Starting a node: open storage, start raft, initialise a new cluster, spawn the sweeper.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use openraft::Config as RaftConfig;
+use tokio::task::JoinHandle;
+
+use super::waits::{WaitOutcome, WaitRegistry};
+use super::{Clock, Metrics, Node, NodeConfig, NodeError};
+use crate::machine::Effect;
+use crate::net::{FaultLayer, NetworkFactory, PeerClient};
+use crate::raft::{FencegateRaft, NodeInfo, RaftConfigExt};
+use crate::store::{self, EffectSink};
+
+/// A node with raft and its background tasks running. Dropping it does not stop the node;
+/// call [`RunningNode::stop`].
+pub struct RunningNode {
+    pub node: Arc<Node>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningNode {
+    /// Stops the background tasks and raft. What was acknowledged as durable stays on disk;
+    /// nothing else is flushed, so this is also how a crash is simulated.
+    pub async fn stop(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        let _ = self.node.raft.shutdown().await;
+    }
+}
+
+/// Opens storage in `config.data_dir`, starts raft and the leader's sweeper. `bound` is the
+/// address the caller's API listener is bound to: the advertised address unless the config
+/// names another.
+pub async fn start(config: NodeConfig, bound: SocketAddr) -> Result<RunningNode, NodeError> {
+    let advertise_addr = config
+        .advertise_addr
+        .clone()
+        .unwrap_or_else(|| bound.to_string());
+    let faults = FaultLayer::new();
+    let clock = Clock::new(faults.clone());
+    let peers = PeerClient::new(config.id, faults);
+    let waits = WaitRegistry::default();
+    let metrics = Metrics::new(config.id);
+
+    let sink: EffectSink = {
+        let waits = waits.clone();
+        let metrics = metrics.clone();
+        Arc::new(move |_index, effects: &[Effect]| dispatch_effects(&waits, &metrics, effects))
+    };
+    std::fs::create_dir_all(&config.data_dir)?;
+    let (log_store, mut sm_store) = store::open(&config.data_dir, sink)?;
+    sm_store.observe_apply_with(metrics.apply_seconds.clone());
+    let machine = sm_store.shared();
+
+    let raft_config = RaftConfig::fencegate_default()
+        .validate()
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
+    let raft = FencegateRaft::new(
+        config.id,
+        Arc::new(raft_config),
+        NetworkFactory::new(peers.clone()),
+        log_store,
+        sm_store,
+    )
+    .await
+    .map_err(|e| NodeError::Raft(e.to_string()))?;
+
+    let node = Arc::new(Node {
+        id: config.id,
+        config,
+        raft,
+        machine,
+        peers,
+        waits,
+        metrics,
+        clock,
+        advertise_addr,
+    });
+
+    maybe_initialize(&node).await?;
+
+    let tasks = vec![
+        tokio::spawn(super::sweeper::run(node.clone())),
+        tokio::spawn(watch_leader(node.clone())),
+    ];
+    Ok(RunningNode { node, tasks })
+}
+
+/// The founding member with the lowest id initialises a brand-new cluster. Everyone else
+/// (and every restart) finds the membership in its log.
+async fn maybe_initialize(node: &Arc<Node>) -> Result<(), NodeError> {
+    let members = &node.config.initial_members;
+    if members.keys().next() != Some(&node.id) {
+        return Ok(());
+    }
+    let initialized = node
+        .raft
+        .is_initialized()
+        .await
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
+    if initialized {
+        return Ok(());
+    }
+    let nodes: BTreeMap<u64, NodeInfo> = members
+        .iter()
+        .map(|(id, addr)| {
+            let api_addr = if *id == node.id {
+                node.advertise_addr.clone()
+            } else {
+                addr.clone()
+            };
+            (*id, NodeInfo { api_addr })
+        })
+        .collect();
+    node.raft
+        .initialize(nodes)
+        .await
+        .map_err(|e| NodeError::Raft(e.to_string()))
+}
+
+fn dispatch_effects(waits: &WaitRegistry, metrics: &Metrics, effects: &[Effect]) {
+    for e in effects {
+        match e {
+            Effect::HandedOff { request_id, grant } => {
+                metrics.handoffs.inc();
+                waits.notify(
+                    &grant.resource,
+                    request_id,
+                    WaitOutcome::Granted(grant.clone()),
+                );
+            }
+            Effect::WaiterRemoved {
+                resource,
+                request_id,
+                reason,
+            } => {
+                if *reason == crate::machine::WaiterGone::TimedOut {
+                    metrics.waiter_timeouts.inc();
+                }
+                waits.notify(resource, request_id, WaitOutcome::Removed(*reason));
+            }
+            Effect::Expired { .. } => metrics.expirations.inc(),
+        }
+    }
+}
+
+/// Counts leader changes and measures how long the node was without a leader.
+async fn watch_leader(node: Arc<Node>) {
+    let mut rx = node.raft.metrics();
+    let mut last_leader = rx.borrow().current_leader;
+    let mut leaderless_since: Option<Instant> = last_leader.is_none().then(Instant::now);
+    while rx.changed().await.is_ok() {
+        let leader = rx.borrow().current_leader;
+        if leader == last_leader {
+            continue;
+        }
+        match leader {
+            None => leaderless_since = Some(Instant::now()),
+            Some(l) => {
+                node.metrics.leader_changes.inc();
+                if let Some(since) = leaderless_since.take() {
+                    node.metrics
+                        .election_seconds
+                        .observe(since.elapsed().as_secs_f64());
+                }
+                tracing::info!(node = node.id, leader = l, "leader changed");
+            }
+        }
+        last_leader = leader;
+    }
+}

@@ -1,0 +1,16 @@
+//! The cluster's raft timing and log-compaction policy, as plain numbers.
+//!
+//! The node's raft configuration is built from these, and the load and chaos harnesses read
+//! them (a pause longer than an election timeout, enough entries for several snapshots)
+//! instead of keeping copies that could drift.
+
+/// How often the leader heartbeats its followers.
+pub const HEARTBEAT_MS: u64 = 100;
+/// A follower starts an election after hearing nothing for a random time in this range.
+pub const ELECTION_TIMEOUT_MIN_MS: u64 = 400;
+pub const ELECTION_TIMEOUT_MAX_MS: u64 = 800;
+/// A snapshot is built every this many log entries...
+pub const SNAPSHOT_EVERY_ENTRIES: u64 = 20_000;
+/// ...and this many entries are kept behind it, so a briefly slow follower catches up from the
+/// log instead of a snapshot.
+pub const LOG_KEPT_BEHIND_SNAPSHOT: u64 = 5_000;

@@ -1,0 +1,129 @@
+//! Bodies of the lock calls: `POST /v1/locks/{resource}/{acquire|renew|release|cancel}`,
+//! `GET /v1/locks/{resource}` and `GET /v1/locks?prefix=&limit=`.
+
+use serde::{Deserialize, Serialize};
+
+use super::LeaseId;
+
+/// Longest resource name, in bytes.
+pub const MAX_RESOURCE_LEN: usize = 256;
+/// Longest `request_id` and `holder`, in characters.
+pub const MAX_ID_LEN: usize = 128;
+/// Most entries one list call returns.
+pub const MAX_LIST_LIMIT: usize = 1_000;
+
+/// Checks a resource name: 1–256 bytes of `[A-Za-z0-9._:/-]`. The error is a sentence for
+/// the caller.
+pub fn validate_resource(resource: &str) -> Result<(), String> {
+    let ok_char = |b: u8| b.is_ascii_alphanumeric() || b"._:/-".contains(&b);
+    if resource.is_empty() || resource.len() > MAX_RESOURCE_LEN {
+        return Err(format!(
+            "Resource names are 1–{MAX_RESOURCE_LEN} bytes; got {}.",
+            resource.len()
+        ));
+    }
+    if !resource.bytes().all(ok_char) {
+        return Err("Resource names may only contain letters, digits and . _ : / -".into());
+    }
+    Ok(())
+}
+
+/// Checks a caller-chosen id field (`request_id`, `holder`): 1–128 characters.
+pub fn validate_id(value: &str, field: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err(format!("Field '{field}' is required."));
+    }
+    if value.chars().count() > MAX_ID_LEN {
+        return Err(format!(
+            "Field '{field}' must be 1–{MAX_ID_LEN} characters."
+        ));
+    }
+    Ok(())
+}
+
+/// `POST /v1/locks/{resource}/acquire`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireRequest {
+    /// Names the logical acquire: a retry with the same id returns the original outcome.
+    #[serde(default)]
+    pub request_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// Lease length; the server's default (30 s) when absent, bounded by its policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// How long to wait in the resource's FIFO queue; absent or 0 means try once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_timeout_ms: Option<u64>,
+}
+
+/// `POST /v1/locks/{resource}/renew` and `.../release`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    #[serde(default)]
+    pub lease_id: Option<LeaseId>,
+}
+
+/// `POST /v1/locks/{resource}/cancel`: withdraws a waiting acquire.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelRequest {
+    #[serde(default)]
+    pub request_id: String,
+}
+
+/// A granted lease, as its holder sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcquireResponse {
+    pub resource: String,
+    pub lease_id: LeaseId,
+    pub fencing_token: u64,
+    pub ttl_ms: u64,
+    pub expires_at_ms: u64,
+}
+
+/// A renewed lease: same id and token, a later expiry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewResponse {
+    pub lease_id: LeaseId,
+    pub fencing_token: u64,
+    pub ttl_ms: u64,
+    pub expires_at_ms: u64,
+}
+
+/// `released: false` when the lease was not (or no longer) held: release is idempotent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseResponse {
+    pub released: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelResponse {
+    pub cancelled: bool,
+}
+
+/// One resource as readers see it. Never carries the lease id: that is a bearer capability.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockView {
+    pub resource: String,
+    pub held: bool,
+    pub holder: Option<String>,
+    /// The latest token issued for the resource (also after its lease ended).
+    pub fencing_token: Option<u64>,
+    pub expires_at_ms: Option<u64>,
+    pub waiters: u32,
+}
+
+/// `GET /v1/locks?prefix=&limit=`: held or waited-on resources in name order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockList {
+    pub locks: Vec<LockView>,
+}
+
+impl AcquireResponse {
+    pub fn ttl(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.ttl_ms)
+    }
+}

@@ -1,0 +1,30 @@
+//! The v1 wire contract: every body that crosses the public API, as serde types.
+//!
+//! The server, the Rust client, the `fencegate` CLI, the load and chaos harnesses and the tests
+//! all speak through these types; nobody builds or parses these bodies by hand. This module
+//! needs only serde: a client built with `default-features = false` gets it without the server.
+//!
+//! - [`locks`]: acquire, renew, release, cancel, get and list.
+//! - [`cluster`]: cluster status, membership, health and fault injection.
+//! - [`error`]: the error body, its stable codes with their HTTP statuses, and [`classify`],
+//!   which sorts any answer into success, a definite refusal or an uncertain outcome.
+//! - [`headers`]: the header names the fencing proxy reads.
+
+pub mod cluster;
+pub mod error;
+pub mod headers;
+mod lease_id;
+pub mod locks;
+
+pub use cluster::{
+    AddMemberRequest, ClusterStatus, FaultRule, FaultSnapshot, HealthStatus, LockStats, Member,
+    MembershipResponse, ReadyStatus, RemoveMemberRequest, Role,
+};
+pub use error::{classify, ErrorBody, ErrorCode, Failure};
+pub use headers::{FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
+pub use lease_id::LeaseId;
+pub use locks::{
+    validate_id, validate_resource, AcquireRequest, AcquireResponse, CancelRequest, CancelResponse,
+    LeaseRequest, LockList, LockView, ReleaseResponse, RenewResponse, MAX_ID_LEN, MAX_LIST_LIMIT,
+    MAX_RESOURCE_LEN,
+};
