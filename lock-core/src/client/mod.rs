@@ -1,5 +1,5 @@
 //! The Rust client: safe acquire, automatic renewal, and quiescence when the lease is
-//! uncertain (SPEC §3, §4; guide in `docs/client.md`).
+//! uncertain (guide in `docs/client.md`).
 //!
 //! ```no_run
 //! use std::time::Duration;

@@ -2,7 +2,7 @@
 //!
 //! `apply(proposal, term)` is the only way state changes. It never reads a clock, a random
 //! source or node configuration: time, lease ids and policy limits come stamped in the
-//! proposal by the leader that proposed it (STYLE.md §1–2). Every replica applying the same
+//! proposal by the leader that proposed it. Every replica applying the same
 //! log therefore reaches the same state and emits the same effects.
 //!
 //! Time. `now_ms` is *log time*: the maximum stamp applied so far, so it never goes
@@ -10,128 +10,43 @@
 //! expires_at_ms`. Expiry is lazy (any command touching a resource settles it first) and also
 //! swept by `Tick` commands the leader proposes when something is due.
 //!
-//! Failover (SPEC §3.7). The first stamped command of a new term shifts every live lease's
+//! Failover. The first stamped command of a new term shifts every live lease's
 //! expiry by the time that passed between the previous leader's last stamp and the new
 //! leader's first one (never negative) plus the stamped grace. A lease therefore keeps its
 //! remaining time as of the last committed stamp, the election is not charged to it, and clock
 //! offset between the two leaders cancels out. Never a reset to full TTL, never shorter.
 
-use std::collections::VecDeque;
-
 // Persistent (structurally shared) collections: cloning the whole machine is O(1), so a
 // snapshot copies it under the lock in constant time and serialises outside the lock.
 use imbl::{HashMap, OrdMap, OrdSet};
 
-use serde::{Deserialize, Serialize};
-
-use crate::wire::{LockStats, LockView};
-
+use super::state::{DedupKey, DedupRecord, DedupState, FenceGrant, Lease, ResourceState, Waiter};
 use super::types::{
     Acquire, AdmitOutcome, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone,
 };
 
-/// A granted lease as stored in the replicated state.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Lease {
-    pub lease_id: LeaseId,
-    pub fencing_token: u64,
-    pub holder: Option<String>,
-    pub ttl_ms: u64,
-    pub expires_at_ms: u64,
-    pub granted_at_ms: u64,
-}
-
-/// An acquire waiting in a resource's FIFO queue.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Waiter {
-    pub request_id: String,
-    pub holder: Option<String>,
-    pub ttl_ms: u64,
-    pub deadline_ms: u64,
-    pub lease_id: LeaseId,
-    pub retain_ms: u64,
-}
-
-/// Per-resource record. Kept while held or waited on, then for `retain_ms` after it went
-/// idle so that reads (and the fencing proxy) still see its last token.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ResourceState {
-    pub lease: Option<Lease>,
-    pub waiters: VecDeque<Waiter>,
-    /// Highest fencing token ever issued for this resource.
-    pub last_token: u64,
-    /// Highest token a fencing proxy was admitted to forward writes with.
-    #[serde(default)]
-    pub admitted: u64,
-    /// Live proxy admission grants for the current token (see `Command::Admit`).
-    #[serde(default)]
-    pub grants: Vec<FenceGrant>,
-    /// Set when the lease ended while proxy grants were live: no new token is issued for the
-    /// resource before this time, so writes already admitted under the old token have
-    /// completed or timed out before a newer token can exist (the epoch barrier).
-    #[serde(default)]
-    pub reissue_at_ms: Option<u64>,
-    /// When the record became idle (no lease, no waiters) and when it may be dropped.
-    pub idle_until_ms: Option<u64>,
-}
-
-/// A proxy's permission to forward writes with `fencing_token` until `until_ms` (log time).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FenceGrant {
-    pub proxy: u64,
-    pub fencing_token: u64,
-    pub until_ms: u64,
-}
-
-/// What a retried acquire with the same `request_id` gets back.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum DedupState {
-    Granted(Grant),
-    Waiting,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DedupRecord {
-    pub state: DedupState,
-    pub expires_at_ms: u64,
-}
-
-type DedupKey = (String, String);
-
 /// The replicated lock state.
 #[derive(Clone, Debug, Default)]
 pub struct LockMachine {
-    now_ms: u64,
+    pub(super) now_ms: u64,
     /// Term of the last applied stamped command; a larger one triggers the failover shift.
-    term: u64,
-    /// The global fencing-token counter (SPEC §3.2). Only ever incremented.
-    last_token: u64,
-    resources: OrdMap<String, ResourceState>,
-    dedup: HashMap<DedupKey, DedupRecord>,
+    pub(super) term: u64,
+    /// The global fencing-token counter: tokens are globally monotonic. Only ever incremented.
+    pub(super) last_token: u64,
+    pub(super) resources: OrdMap<String, ResourceState>,
+    pub(super) dedup: HashMap<DedupKey, DedupRecord>,
     /// Highest token of any resource record dropped as idle: a token at or below it for a
     /// resource without a record is stale, above it was never issued for that resource.
-    gc_floor: u64,
+    pub(super) gc_floor: u64,
 
     // Indexes, derived from the above and rebuilt on restore. Kept in step by the helpers
     // below; `check_indexes` verifies them in tests.
-    lease_expiry: OrdSet<(u64, String)>,
-    waiter_deadlines: OrdSet<(u64, String, String)>,
-    dedup_expiry: OrdSet<(u64, String, String)>,
-    idle_expiry: OrdSet<(u64, String)>,
-    reissue_index: OrdSet<(u64, String)>,
-    total_waiters: u64,
-}
-
-/// The persistent part of the machine, as written into snapshots.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MachineImage {
-    pub now_ms: u64,
-    pub term: u64,
-    pub last_token: u64,
-    #[serde(default)]
-    pub gc_floor: u64,
-    pub resources: Vec<(String, ResourceState)>,
-    pub dedup: Vec<(String, String, DedupRecord)>,
+    pub(super) lease_expiry: OrdSet<(u64, String)>,
+    pub(super) waiter_deadlines: OrdSet<(u64, String, String)>,
+    pub(super) dedup_expiry: OrdSet<(u64, String, String)>,
+    pub(super) idle_expiry: OrdSet<(u64, String)>,
+    pub(super) reissue_index: OrdSet<(u64, String)>,
+    pub(super) total_waiters: u64,
 }
 
 impl LockMachine {
@@ -177,59 +92,10 @@ impl LockMachine {
         self.now_ms = now;
     }
 
-    /// Moves every deadline still in the future (as of `prev`) later by `by` ms.
-    fn shift_live_deadlines(&mut self, prev: u64, by: u64) {
-        if by == 0 {
-            return;
-        }
-        for (res, exp) in shift_index(&mut self.lease_expiry, prev, by) {
-            if let Some(lease) = self.resources.get_mut(&res).and_then(|r| r.lease.as_mut()) {
-                lease.expires_at_ms = exp;
-            }
-        }
-        // Touch only records with live grants: a write to a persistent map copies its path.
-        let granted: Vec<String> = self
-            .resources
-            .iter()
-            .filter(|(_, r)| r.grants.iter().any(|g| g.until_ms > prev))
-            .map(|(name, _)| name.clone())
-            .collect();
-        for name in granted {
-            if let Some(res) = self.resources.get_mut(&name) {
-                for g in res.grants.iter_mut().filter(|g| g.until_ms > prev) {
-                    g.until_ms = g.until_ms.saturating_add(by);
-                }
-            }
-        }
-        for (res, at) in shift_index(&mut self.reissue_index, prev, by) {
-            if let Some(r) = self.resources.get_mut(&res) {
-                r.reissue_at_ms = Some(at);
-            }
-        }
-        let waiting: Vec<(u64, String, String)> = self
-            .waiter_deadlines
-            .range((prev.saturating_add(1), String::new(), String::new())..)
-            .cloned()
-            .collect();
-        for (deadline, res, rid) in waiting {
-            self.waiter_deadlines
-                .remove(&(deadline, res.clone(), rid.clone()));
-            self.waiter_deadlines
-                .insert((deadline.saturating_add(by), res.clone(), rid.clone()));
-            if let Some(w) = self
-                .resources
-                .get_mut(&res)
-                .and_then(|r| r.waiters.iter_mut().find(|w| w.request_id == rid))
-            {
-                w.deadline_ms = deadline.saturating_add(by);
-            }
-        }
-    }
-
     fn acquire(&mut self, a: &Acquire, fx: &mut Vec<Effect>) -> Response {
         self.settle(&a.resource, fx);
         let key = (a.resource.clone(), a.request_id.clone());
-        // A retry of an acquire we already answered returns the original result (SPEC §3.6).
+        // A retry of an acquire we already answered returns the original result.
         if let Some(rec) = self.dedup.get(&key) {
             return match &rec.state {
                 DedupState::Granted(g) => Response::Granted(self.current_view_of(g)),
@@ -315,7 +181,7 @@ impl LockMachine {
             .and_then(|r| r.lease.as_ref())
             .is_some_and(|l| l.lease_id == lease_id);
         if !held_by_caller {
-            // Idempotent, and a stale release never touches the new holder (SPEC §3.4).
+            // Idempotent, and a stale release never touches the new holder.
             return Response::Released(false);
         }
         self.free(resource, fx);
@@ -340,7 +206,7 @@ impl LockMachine {
                 self.mark_idle_if_unused(resource);
                 Response::Cancelled(true)
             }
-            // Already granted: only the lease id may end a lease (SPEC §3.4), and a request id
+            // Already granted: only the lease id may end a lease, and a request id
             // is no secret. A node cancelling an abandoned long-poll follows up with a release
             // carrying the lease id it proposed for that waiter.
             DedupState::Granted(_) => Response::Cancelled(false),
@@ -422,7 +288,7 @@ impl LockMachine {
             budget -= 1;
             self.idle_expiry.remove(&(until, res.clone()));
             // The global counter keeps every token ever issued below `last_token`, so dropping
-            // the record loses no monotonicity (SPEC §3.2).
+            // the record loses no monotonicity.
             if let Some(gone) = self.resources.remove(&res) {
                 self.gc_floor = self.gc_floor.max(gone.last_token).max(gone.admitted);
             }
@@ -634,252 +500,4 @@ impl LockMachine {
             .and_then(|r| r.waiters.iter().position(|w| w.request_id == request_id))
             .map_or(0, |p| p as u32 + 1)
     }
-
-    fn remove_waiter(&mut self, resource: &str, request_id: &str) {
-        let Some(res) = self.resources.get_mut(resource) else {
-            return;
-        };
-        if let Some(pos) = res.waiters.iter().position(|w| w.request_id == request_id) {
-            if let Some(w) = res.waiters.remove(pos) {
-                self.total_waiters -= 1;
-                self.waiter_deadlines
-                    .remove(&(w.deadline_ms, resource.to_string(), w.request_id));
-            }
-        }
-    }
-
-    fn mark_idle_if_unused(&mut self, resource: &str) {
-        let Some(res) = self.resources.get_mut(resource) else {
-            return;
-        };
-        if res.lease.is_some()
-            || !res.waiters.is_empty()
-            || res.idle_until_ms.is_some()
-            || res.reissue_at_ms.is_some()
-        {
-            return;
-        }
-        // Idle records are kept as long as retries may still refer to them.
-        let until = self.now_ms.saturating_add(DEFAULT_IDLE_RETAIN_MS);
-        res.idle_until_ms = Some(until);
-        self.idle_expiry.insert((until, resource.to_string()));
-    }
-
-    /// Records the outcome of an acquire for retries. A waiting acquire's record has no expiry
-    /// (it lives exactly as long as the waiter); a granted one lives for `retain_ms`.
-    fn remember(&mut self, key: &DedupKey, state: DedupState, retain_ms: u64) {
-        let expires = match state {
-            DedupState::Waiting => u64::MAX,
-            DedupState::Granted(_) => self.now_ms.saturating_add(retain_ms),
-        };
-        if let Some(old) = self.dedup.insert(
-            key.clone(),
-            DedupRecord {
-                state,
-                expires_at_ms: expires,
-            },
-        ) {
-            self.dedup_expiry
-                .remove(&(old.expires_at_ms, key.0.clone(), key.1.clone()));
-        }
-        if expires != u64::MAX {
-            self.dedup_expiry
-                .insert((expires, key.0.clone(), key.1.clone()));
-        }
-    }
-
-    fn forget(&mut self, key: &DedupKey) {
-        if let Some(old) = self.dedup.remove(key) {
-            self.dedup_expiry
-                .remove(&(old.expires_at_ms, key.0.clone(), key.1.clone()));
-        }
-    }
-
-    // ---- reads -------------------------------------------------------------------------
-
-    /// Log time: the latest stamp applied.
-    pub fn now_ms(&self) -> u64 {
-        self.now_ms
-    }
-
-    pub fn last_token(&self) -> u64 {
-        self.last_token
-    }
-
-    /// The resource as a reader should see it at log time `now_ms` (a lease whose time is up
-    /// but that no command has expired yet is shown as not held).
-    pub fn view(&self, resource: &str, now_ms: u64) -> LockView {
-        let res = self.resources.get(resource);
-        let live = res
-            .and_then(|r| r.lease.as_ref())
-            .filter(|l| l.expires_at_ms > now_ms.max(self.now_ms));
-        LockView {
-            resource: resource.to_string(),
-            held: live.is_some(),
-            holder: live.and_then(|l| l.holder.clone()),
-            fencing_token: res.map(|r| r.last_token).filter(|t| *t > 0),
-            expires_at_ms: live.map(|l| l.expires_at_ms),
-            waiters: res.map_or(0, |r| r.waiters.len() as u32),
-        }
-    }
-
-    /// Resources whose name starts with `prefix`, in name order, that are held or waited on.
-    pub fn list(&self, prefix: &str, limit: usize, now_ms: u64) -> Vec<LockView> {
-        self.resources
-            .range(prefix.to_string()..)
-            .take_while(|(name, _)| name.starts_with(prefix))
-            .filter(|(_, r)| {
-                let live = r
-                    .lease
-                    .as_ref()
-                    .is_some_and(|l| l.expires_at_ms > now_ms.max(self.now_ms));
-                live || !r.waiters.is_empty()
-            })
-            .take(limit)
-            .map(|(name, _)| self.view(name, now_ms))
-            .collect()
-    }
-
-    /// The lease currently recorded for a resource (expired or not), for tests and checks.
-    pub fn lease(&self, resource: &str) -> Option<&Lease> {
-        self.resources.get(resource)?.lease.as_ref()
-    }
-
-    pub fn resource(&self, resource: &str) -> Option<&ResourceState> {
-        self.resources.get(resource)
-    }
-
-    /// The earliest moment at which a `Tick` would change something, if any.
-    pub fn next_deadline(&self) -> Option<u64> {
-        [
-            self.lease_expiry.get_min().map(|(t, _)| *t),
-            self.waiter_deadlines.get_min().map(|(t, _, _)| *t),
-            self.dedup_expiry.get_min().map(|(t, _, _)| *t),
-            self.idle_expiry.get_min().map(|(t, _)| *t),
-            self.reissue_index.get_min().map(|(t, _)| *t),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
-    }
-
-    /// Whether any lease is recorded (the sweeper then keeps log time fresh).
-    pub fn has_leases(&self) -> bool {
-        !self.lease_expiry.is_empty()
-    }
-
-    pub fn stats(&self) -> LockStats {
-        LockStats {
-            now_ms: self.now_ms,
-            term: self.term,
-            last_token: self.last_token,
-            resources: self.resources.len() as u64,
-            active_locks: self.lease_expiry.len() as u64,
-            waiters: self.total_waiters,
-            dedup_records: self.dedup.len() as u64,
-        }
-    }
-
-    // ---- snapshots ---------------------------------------------------------------------
-
-    pub fn image(&self) -> MachineImage {
-        let mut dedup: Vec<_> = self
-            .dedup
-            .iter()
-            .map(|((r, q), rec)| (r.clone(), q.clone(), rec.clone()))
-            .collect();
-        // HashMap order differs between replicas; snapshots should be byte-identical.
-        dedup.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
-        MachineImage {
-            now_ms: self.now_ms,
-            term: self.term,
-            last_token: self.last_token,
-            gc_floor: self.gc_floor,
-            resources: self
-                .resources
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            dedup,
-        }
-    }
-
-    pub fn from_image(image: MachineImage) -> Self {
-        let mut m = LockMachine {
-            now_ms: image.now_ms,
-            term: image.term,
-            last_token: image.last_token,
-            gc_floor: image.gc_floor,
-            ..Default::default()
-        };
-        for (name, res) in image.resources {
-            if let Some(l) = &res.lease {
-                m.lease_expiry.insert((l.expires_at_ms, name.clone()));
-            }
-            for w in &res.waiters {
-                m.waiter_deadlines
-                    .insert((w.deadline_ms, name.clone(), w.request_id.clone()));
-            }
-            m.total_waiters += res.waiters.len() as u64;
-            if let Some(until) = res.idle_until_ms {
-                m.idle_expiry.insert((until, name.clone()));
-            }
-            if let Some(at) = res.reissue_at_ms {
-                m.reissue_index.insert((at, name.clone()));
-            }
-            m.resources.insert(name, res);
-        }
-        for (r, q, rec) in image.dedup {
-            if rec.expires_at_ms != u64::MAX {
-                m.dedup_expiry
-                    .insert((rec.expires_at_ms, r.clone(), q.clone()));
-            }
-            m.dedup.insert((r, q), rec);
-        }
-        m
-    }
-
-    /// Verifies that the derived indexes agree with the primary state. For tests.
-    pub fn check_indexes(&self) -> Result<(), String> {
-        let rebuilt = LockMachine::from_image(self.image());
-        if rebuilt.lease_expiry != self.lease_expiry {
-            return Err("lease_expiry index out of step".into());
-        }
-        if rebuilt.waiter_deadlines != self.waiter_deadlines {
-            return Err("waiter_deadlines index out of step".into());
-        }
-        if rebuilt.dedup_expiry != self.dedup_expiry {
-            return Err("dedup_expiry index out of step".into());
-        }
-        if rebuilt.idle_expiry != self.idle_expiry {
-            return Err("idle_expiry index out of step".into());
-        }
-        if rebuilt.reissue_index != self.reissue_index {
-            return Err("reissue_index out of step".into());
-        }
-        if rebuilt.total_waiters != self.total_waiters {
-            return Err("total_waiters out of step".into());
-        }
-        Ok(())
-    }
 }
-
-/// Moves the deadlines in `index` still in the future at `prev` later by `by`, and returns each
-/// moved resource with its new deadline (for updating the record the index points at).
-fn shift_index(index: &mut OrdSet<(u64, String)>, prev: u64, by: u64) -> Vec<(String, u64)> {
-    let live: Vec<(u64, String)> = index
-        .range((prev.saturating_add(1), String::new())..)
-        .cloned()
-        .collect();
-    live.into_iter()
-        .map(|(at, res)| {
-            index.remove(&(at, res.clone()));
-            let moved = at.saturating_add(by);
-            index.insert((moved, res.clone()));
-            (res, moved)
-        })
-        .collect()
-}
-
-/// How long an idle resource record is kept (it carries the resource's last token).
-pub const DEFAULT_IDLE_RETAIN_MS: u64 = 10 * 60 * 1000;

@@ -1,10 +1,15 @@
 //! The pure lock state machine (no IO, no clock, no randomness). See [`LockMachine`].
 
+mod image;
+mod indexes;
 mod lock_machine;
+mod reads;
+mod state;
 mod types;
 
-pub use lock_machine::{
-    DedupRecord, DedupState, FenceGrant, Lease, LockMachine, MachineImage, ResourceState, Waiter,
+pub use lock_machine::LockMachine;
+pub use state::{
+    DedupRecord, DedupState, FenceGrant, Lease, MachineImage, ResourceState, Waiter,
     DEFAULT_IDLE_RETAIN_MS,
 };
 pub use types::{

@@ -16,7 +16,7 @@ pub struct Proposal {
     /// The proposing leader's wall clock, in ms since the Unix epoch.
     pub now_ms: u64,
     /// Extra time every live lease gets when a new leader's first command is applied
-    /// (SPEC §3.7), from the proposing leader's configuration.
+    /// (never a shortening, never a full reset), from the proposing leader's configuration.
     pub failover_grace_ms: u64,
     pub cmd: Command,
 }
@@ -37,7 +37,7 @@ pub enum Command {
         resource: String,
         request_id: String,
     },
-    /// A fencing proxy asks to forward writes carrying `token` for `resource` (SPEC §3.3).
+    /// A fencing proxy asks to forward writes carrying `token` for `resource`.
     /// Granted only for the resource's current, live lease; the grant lets `proxy` forward
     /// such writes without another round trip for `grant_ms` (capped at the lease's expiry),
     /// and a new token for the resource is not issued while a grant for an older one lives.

@@ -42,7 +42,7 @@ pub struct Policy {
     pub retry_window_ms: u64,
     pub max_waiters_per_resource: u32,
     pub max_total_waiters: u32,
-    /// Added to every live lease when a new leader takes over (SPEC §3.7).
+    /// Added to every live lease when a new leader takes over; it covers clock skew and election time.
     pub failover_grace_ms: u64,
     /// How long a write may take to commit before the caller gets 503 `no_quorum`.
     pub write_timeout_ms: u64,

@@ -1,4 +1,4 @@
-//! Prometheus metrics of a node (SPEC §6).
+//! Prometheus metrics of a node.
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,

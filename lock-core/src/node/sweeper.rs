@@ -1,6 +1,6 @@
 //! The leader's sweeper: proposes `Tick` when something in the state machine is due.
 //!
-//! Expiry is a committed command (STYLE §2): only the leader reads its clock, and replicas
+//! Expiry is a committed command: only the leader reads its clock, and replicas
 //! expire leases when they apply the tick. The sweeper also ticks at least once a second
 //! while leases exist, so log time never lags the leader's clock by much — that bounds how
 //! much idle time a failover can credit to a lease (see `machine::LockMachine`).

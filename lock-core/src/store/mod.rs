@@ -13,8 +13,8 @@
 //! keyspace ranges.
 //!
 //! Durability: every write openraft must be able to rely on (log append, vote, committed id,
-//! purge marker, snapshot) is committed with [`PersistMode::SyncAll`] before the call returns
-//! (STYLE.md §9). The lock state machine itself lives in memory and is persisted only through
+//! purge marker, snapshot) is committed with [`PersistMode::SyncAll`] before the call returns.
+//! The lock state machine itself lives in memory and is persisted only through
 //! snapshots; after a restart openraft re-applies the committed log entries that follow the
 //! snapshot, which is why the committed log id is stored.
 //!
@@ -23,7 +23,7 @@
 //!
 //! Errors: any fjall or decoding failure is reported to openraft as a `StorageError`, which stops
 //! the raft node. That is deliberate: after a failed write the on-disk state is unknown, and a
-//! node that limps on could vote or acknowledge twice (STYLE.md §6).
+//! node that limps on could vote or acknowledge twice.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 

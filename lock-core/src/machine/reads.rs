@@ -1,0 +1,90 @@
+//! Reads of the lock state: views for the API, deadlines for the sweeper, stats.
+
+use super::lock_machine::LockMachine;
+use super::state::{Lease, ResourceState};
+use crate::wire::{LockStats, LockView};
+
+impl LockMachine {
+    /// Log time: the latest stamp applied.
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
+    pub fn last_token(&self) -> u64 {
+        self.last_token
+    }
+
+    /// The resource as a reader should see it at log time `now_ms` (a lease whose time is up
+    /// but that no command has expired yet is shown as not held).
+    pub fn view(&self, resource: &str, now_ms: u64) -> LockView {
+        let res = self.resources.get(resource);
+        let live = res
+            .and_then(|r| r.lease.as_ref())
+            .filter(|l| l.expires_at_ms > now_ms.max(self.now_ms));
+        LockView {
+            resource: resource.to_string(),
+            held: live.is_some(),
+            holder: live.and_then(|l| l.holder.clone()),
+            fencing_token: res.map(|r| r.last_token).filter(|t| *t > 0),
+            expires_at_ms: live.map(|l| l.expires_at_ms),
+            waiters: res.map_or(0, |r| r.waiters.len() as u32),
+        }
+    }
+
+    /// Resources whose name starts with `prefix`, in name order, that are held or waited on.
+    pub fn list(&self, prefix: &str, limit: usize, now_ms: u64) -> Vec<LockView> {
+        self.resources
+            .range(prefix.to_string()..)
+            .take_while(|(name, _)| name.starts_with(prefix))
+            .filter(|(_, r)| {
+                let live = r
+                    .lease
+                    .as_ref()
+                    .is_some_and(|l| l.expires_at_ms > now_ms.max(self.now_ms));
+                live || !r.waiters.is_empty()
+            })
+            .take(limit)
+            .map(|(name, _)| self.view(name, now_ms))
+            .collect()
+    }
+
+    /// The lease currently recorded for a resource (expired or not), for tests and checks.
+    pub fn lease(&self, resource: &str) -> Option<&Lease> {
+        self.resources.get(resource)?.lease.as_ref()
+    }
+
+    pub fn resource(&self, resource: &str) -> Option<&ResourceState> {
+        self.resources.get(resource)
+    }
+
+    /// The earliest moment at which a `Tick` would change something, if any.
+    pub fn next_deadline(&self) -> Option<u64> {
+        [
+            self.lease_expiry.get_min().map(|(t, _)| *t),
+            self.waiter_deadlines.get_min().map(|(t, _, _)| *t),
+            self.dedup_expiry.get_min().map(|(t, _, _)| *t),
+            self.idle_expiry.get_min().map(|(t, _)| *t),
+            self.reissue_index.get_min().map(|(t, _)| *t),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Whether any lease is recorded (the sweeper then keeps log time fresh).
+    pub fn has_leases(&self) -> bool {
+        !self.lease_expiry.is_empty()
+    }
+
+    pub fn stats(&self) -> LockStats {
+        LockStats {
+            now_ms: self.now_ms,
+            term: self.term,
+            last_token: self.last_token,
+            resources: self.resources.len() as u64,
+            active_locks: self.lease_expiry.len() as u64,
+            waiters: self.total_waiters,
+            dedup_records: self.dedup.len() as u64,
+        }
+    }
+}
