@@ -1,7 +1,10 @@
 //! `fencegate`: the node, the embedded local cluster (`dev`) and an operator CLI.
 
 mod cli;
+mod demo;
 mod dev;
+mod node;
+mod signal;
 
 use clap::{Parser, Subcommand};
 
@@ -53,8 +56,8 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Args::parse().cmd {
         Cmd::Dev(args) => dev::run(args).await,
-        Cmd::Node { config } => dev::run_node(&config).await,
-        Cmd::DemoStore { listen } => dev::run_demo_store(&listen).await,
+        Cmd::Node { config } => node::run(&config).await,
+        Cmd::DemoStore { listen } => demo::run(&listen).await,
         Cmd::Cluster(args) => cli::cluster(args).await,
         Cmd::Lock(args) => cli::lock(args).await,
     }
