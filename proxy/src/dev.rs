@@ -73,7 +73,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             handle.node.clone(),
             &proxy_config,
             proxy_listener,
-            stop_rx.clone(),
+            stopped(stop_rx.clone()),
         )?;
         running.push((handle, proxy_task));
     }

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::signal::shutdown_signal;
+use crate::signal::{shutdown_signal, stopped};
 
 /// The config file of a production node.
 #[derive(Deserialize)]
@@ -71,7 +71,7 @@ pub async fn run(path: &Path) -> anyhow::Result<()> {
                 handle.node.clone(),
                 p,
                 l,
-                stop_rx,
+                stopped(stop_rx),
             )?)
         }
         None => None,
