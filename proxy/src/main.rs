@@ -26,7 +26,7 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Start a complete local system: 3 raft nodes in this process (SPEC §8).
+    /// Start a complete local system: 3 raft nodes, their fencing proxies and the demo store.
     Dev(dev::DevArgs),
     /// Run one production node from a config file (see docs/operations.md).
     Node {
