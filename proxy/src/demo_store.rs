@@ -1,5 +1,5 @@
-//! The bundled demo store (SPEC §8): a tiny HTTP key-value store that cannot check tokens —
-//! the kind of store the fencing proxy exists for.
+//! The bundled demo store: a tiny HTTP key-value store that cannot check tokens — the kind
+//! of store the fencing proxy exists for.
 //!
 //! `PUT /kv/{key}` stores the body, `GET /kv/{key}` returns it, and `GET /log` lists every
 //! accepted write in the order it was applied, with the `Fence-Token` header it carried (the

@@ -1,14 +1,15 @@
-//! `fencegate dev` (three nodes in one process) and `fencegate node --config`.
+//! `fencegate dev`: three nodes in one process, a fencing proxy per node and the demo store.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 use fencegate_proxy::config::ProxyConfig;
-use lock_core::node::{self, NodeConfig};
-use serde::Deserialize;
+use lock_core::node::NodeConfig;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+
+use crate::signal::{shutdown_signal, stopped};
 
 #[derive(clap::Args)]
 pub struct DevArgs {
@@ -41,12 +42,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let store_listener = TcpListener::bind(&store_addr)
         .await
         .with_context(|| format!("bind demo store {store_addr}"))?;
-    let mut store_stop = stop_rx.clone();
     let store_task = tokio::spawn(fencegate_proxy::demo_store::serve(
         store_listener,
-        async move {
-            let _ = store_stop.wait_for(|s| *s).await;
-        },
+        stopped(stop_rx.clone()),
     ));
 
     let members: BTreeMap<u64, String> = args
@@ -55,18 +53,24 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         .enumerate()
         .map(|(i, p)| (i as u64 + 1, format!("127.0.0.1:{p}")))
         .collect();
-    let mut running = Vec::new();
-    for (id, addr) in &members {
+    // Every API port is bound before any node starts: the first node's vote requests then
+    // wait in the others' accept queues instead of failing as "connection refused".
+    let mut listeners = Vec::new();
+    for addr in members.values() {
         let listener = TcpListener::bind(addr)
             .await
             .with_context(|| format!("bind {addr} (is another fencegate running?)"))?;
+        listeners.push(listener);
+    }
+    let mut running = Vec::new();
+    for ((id, _), listener) in members.iter().zip(listeners) {
         let mut config = NodeConfig::new(
             *id,
             args.data_dir.join(format!("node{id}")),
             members.clone(),
         );
         config.enable_fault_injection = args.enable_fault_injection;
-        let handle = lock_core::server::start(config, listener, std::future::pending()).await?;
+        let handle = lock_core::server::start(config, listener, stopped(stop_rx.clone())).await?;
         let proxy_addr = format!("127.0.0.1:{}", args.proxy_ports[*id as usize - 1]);
         let proxy_listener = std::net::TcpListener::bind(&proxy_addr)
             .with_context(|| format!("bind proxy {proxy_addr}"))?;
@@ -75,7 +79,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             handle.node.clone(),
             &proxy_config,
             proxy_listener,
-            stop_rx.clone(),
+            stopped(stop_rx.clone()),
         )?;
         running.push((handle, proxy_task));
     }
@@ -90,7 +94,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         let p = args.proxy_ports[*id as usize - 1];
         println!("  node {id}: API http://{addr}  proxy http://127.0.0.1:{p}");
     }
-    println!("  metrics: http://{api}/metrics");
+    println!("  admin UI: http://{api}/ui   metrics: http://{api}/metrics");
     println!("  demo store: http://{store_addr}  (GET /kv/KEY, GET /log)");
     println!();
     println!("Try it: take the lock, write through the proxy with its token, release:");
@@ -109,113 +113,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let grace = std::time::Duration::from_secs(2);
     for (handle, proxy_task) in running {
         let _ = tokio::time::timeout(grace, proxy_task).await;
-        handle.shutdown().await;
+        handle.stopped().await;
     }
     let _ = tokio::time::timeout(grace, store_task).await;
-    Ok(())
-}
-
-/// The config file of a production node.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    /// Address the API (and raft RPCs) listen on.
-    listen: String,
-    node: NodeFileConfig,
-    /// Optional fencing proxy served next to the node.
-    #[serde(default)]
-    proxy: Option<ProxyConfig>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NodeFileConfig {
-    id: u64,
-    data_dir: PathBuf,
-    #[serde(default)]
-    advertise_addr: Option<String>,
-    /// Keys are node ids as strings (TOML keys are strings).
-    #[serde(default)]
-    initial_members: BTreeMap<String, String>,
-    #[serde(default)]
-    policy: Option<node::Policy>,
-    #[serde(default)]
-    enable_fault_injection: bool,
-}
-
-pub async fn run_node(path: &Path) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
-    let file: FileConfig =
-        toml::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
-    let mut members = BTreeMap::new();
-    for (id, addr) in file.node.initial_members {
-        let id: u64 = id
-            .parse()
-            .with_context(|| format!("initial_members key '{id}' is not a node id"))?;
-        members.insert(id, addr);
-    }
-    let mut config = NodeConfig::new(file.node.id, file.node.data_dir, members);
-    config.advertise_addr = file.node.advertise_addr;
-    config.policy = file.node.policy.unwrap_or_default();
-    config.enable_fault_injection = file.node.enable_fault_injection;
-    let listener = TcpListener::bind(&file.listen)
-        .await
-        .with_context(|| format!("bind {}", file.listen))?;
-    let id = config.id;
-    let handle = lock_core::server::start(config, listener, std::future::pending()).await?;
-    tracing::info!(node = id, addr = %handle.addr, "node started");
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let proxy_task = match &file.proxy {
-        Some(p) => {
-            let l = std::net::TcpListener::bind(&p.listen)
-                .with_context(|| format!("bind proxy {}", p.listen))?;
-            tracing::info!(node = id, addr = %p.listen, "fencing proxy started");
-            Some(fencegate_proxy::server::start(
-                handle.node.clone(),
-                p,
-                l,
-                stop_rx,
-            )?)
-        }
-        None => None,
-    };
-    shutdown_signal().await;
-    tracing::info!(node = id, "stopping");
-    let _ = stop_tx.send(true);
-    if let Some(t) = proxy_task {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
-    }
-    handle.shutdown().await;
-    Ok(())
-}
-
-/// Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
-}
-
-/// `fencegate demo-store`: the bundled demo store on its own.
-pub async fn run_demo_store(listen: &str) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("bind {listen}"))?;
-    println!("demo store on http://{}", listener.local_addr()?);
-    fencegate_proxy::demo_store::serve(listener, shutdown_signal()).await?;
     Ok(())
 }

@@ -1,10 +1,11 @@
 //! The fencing proxy: pingora in front of stores that cannot check fencing tokens.
 //!
 //! A protected write reaches the upstream only if its `Fence-Token` is the current token of
-//! the resource its path maps to, decided against the lock cluster's replicated state
-//! (SPEC §3.3, §5). The decision logic is pure ([`verdict`]); [`gate`] adds the local grant
-//! cache and the consensus round trip; [`service`] is the pingora glue; [`server`] runs it
-//! inside a node's tokio runtime on a listener the caller bound.
+//! the resource its path maps to, decided against the lock cluster's replicated state. The
+//! decision logic is pure ([`verdict`]); [`gate`] adds the local grant cache and the consensus
+//! round trip; [`service`] is the pingora glue; [`server`] runs it inside a node's tokio
+//! runtime on a listener the caller bound, until a shutdown future the caller passes
+//! completes.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 

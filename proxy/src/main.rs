@@ -1,7 +1,10 @@
 //! `fencegate`: the node, the embedded local cluster (`dev`) and an operator CLI.
 
 mod cli;
+mod demo;
 mod dev;
+mod node;
+mod signal;
 
 use clap::{Parser, Subcommand};
 
@@ -23,7 +26,7 @@ struct Args {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Start a complete local system: 3 raft nodes in this process (SPEC §8).
+    /// Start a complete local system: 3 raft nodes, their fencing proxies and the demo store.
     Dev(dev::DevArgs),
     /// Run one production node from a config file (see docs/operations.md).
     Node {
@@ -53,8 +56,8 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Args::parse().cmd {
         Cmd::Dev(args) => dev::run(args).await,
-        Cmd::Node { config } => dev::run_node(&config).await,
-        Cmd::DemoStore { listen } => dev::run_demo_store(&listen).await,
+        Cmd::Node { config } => node::run(&config).await,
+        Cmd::DemoStore { listen } => demo::run(&listen).await,
         Cmd::Cluster(args) => cli::cluster(args).await,
         Cmd::Lock(args) => cli::lock(args).await,
     }

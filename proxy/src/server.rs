@@ -1,6 +1,7 @@
 //! Runs the fencing proxy inside the node's tokio runtime, on a listener the caller bound
-//! (so tests can use port 0), until the shutdown watch turns true.
+//! (so tests can use port 0), until the caller's shutdown future completes.
 
+use std::future::Future;
 use std::os::fd::IntoRawFd;
 use std::sync::Arc;
 
@@ -25,12 +26,13 @@ pub enum ProxyError {
     Io(#[from] std::io::Error),
 }
 
-/// Starts the proxy for `node` on `listener`; returns the task serving it.
+/// Starts the proxy for `node` on `listener`; returns the task serving it, which ends once
+/// `shutdown` has completed and pingora has stopped the service.
 pub fn start(
     node: Arc<Node>,
     config: &ProxyConfig,
     listener: std::net::TcpListener,
-    shutdown: watch::Receiver<bool>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<()>, ProxyError> {
     config.validate().map_err(ProxyError::Config)?;
     let routes =
@@ -56,6 +58,17 @@ pub fn start(
     fds.add(addr, listener.into_raw_fd());
     let fds: ListenFds = Arc::new(parking_lot::Mutex::new(fds));
     Ok(tokio::spawn(async move {
-        service.start_service(Some(fds), shutdown, 1).await;
+        // pingora stops a service through a watch channel. Bridging the caller's future to it
+        // here, in the service's own task, leaves nothing behind when the task is aborted.
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let serve = service.start_service(Some(fds), stop_rx, 1);
+        tokio::pin!(serve);
+        tokio::select! {
+            () = &mut serve => {}
+            () = shutdown => {
+                let _ = stop_tx.send(true);
+                serve.await;
+            }
+        }
     }))
 }

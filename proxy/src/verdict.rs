@@ -1,5 +1,5 @@
-//! The fence verdict, as pure functions (SPEC §5): header parsing, the fast path against
-//! this proxy's local admission grants, and the mapping of the cluster's answer.
+//! The fence verdict, as pure functions: header parsing, the fast path against this proxy's
+//! local admission grants, and the mapping of the cluster's answer.
 //!
 //! No pingora, no IO: everything here is unit-tested directly.
 
@@ -235,7 +235,7 @@ mod tests {
             fast_verdict(Some(&g), 7, now + Duration::from_millis(600), T),
             FastVerdict::Consult
         );
-        // SPEC §3.3: below the admitted token is stale, without asking anyone.
+        // Below the admitted token is stale, without asking anyone.
         assert_eq!(
             fast_verdict(Some(&g), 6, now, T),
             FastVerdict::Reject(Rejection::Stale {

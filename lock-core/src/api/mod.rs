@@ -1,4 +1,5 @@
-//! The node's HTTP API: lock calls, cluster and health endpoints, raft RPCs, the admin UI.
+//! The node's HTTP API: lock calls, cluster and health endpoints, raft RPCs, and the operator
+//! page (`/ui`, from the `admin-ui` crate).
 //!
 //! Handlers only translate HTTP: they parse a [`wire`](crate::wire) body, hand the request to
 //! the [`Node`], and turn its answer back into a wire body or an [`ApiError`].
@@ -53,6 +54,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/raft/snapshot", post(raft_rpc::snapshot))
         .route("/internal/propose", post(raft_rpc::propose))
         .route("/internal/read_index", post(raft_rpc::read_index))
+        .merge(admin_ui::router())
         // After every route: it applies to the routes added so far.
         .method_not_allowed_fallback(|| async {
             ApiError::new(

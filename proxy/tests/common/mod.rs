@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use fencegate_proxy::config::ProxyConfig;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 pub use cluster::{eventually, phase, TestCluster};
@@ -57,7 +57,7 @@ pub struct Lease {
 }
 
 struct RunningProxy {
-    stop: watch::Sender<bool>,
+    stop: oneshot::Sender<()>,
     task: JoinHandle<()>,
 }
 
@@ -253,12 +253,14 @@ impl FenceHarness {
         assert!(!self.proxies.contains_key(&id), "proxy {id} already runs");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy");
         let addr = listener.local_addr().expect("addr").to_string();
-        let (stop, stop_rx) = watch::channel(false);
+        let (stop, stop_rx) = oneshot::channel();
         let task = fencegate_proxy::server::start(
             self.cluster.node(id).node.clone(),
             &self.config,
             listener,
-            stop_rx,
+            async move {
+                let _ = stop_rx.await;
+            },
         )
         .expect("start proxy");
         self.proxies.insert(id, RunningProxy { stop, task });
@@ -277,7 +279,7 @@ impl FenceHarness {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
         if let Some(p) = self.proxies.remove(&id) {
-            let _ = p.stop.send(true);
+            let _ = p.stop.send(());
             let mut task = p.task;
             if tokio::time::timeout(Duration::from_secs(5), &mut task)
                 .await
