@@ -2,25 +2,19 @@
 //! a removal that would leave fewer reachable voters than a quorum is refused, and removing
 //! the leader hands leadership over.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use lock_core::wire::{ClusterStatus, ErrorBody, ErrorCode, MembershipResponse};
 use serde_json::json;
-use support::{eventually, phase, TestCluster};
-
-fn status_of(v: serde_json::Value) -> ClusterStatus {
-    serde_json::from_value(v).expect("a ClusterStatus")
-}
+use lock_core::testkit::{eventually, phase, TestCluster};
 
 fn voter_set(s: &ClusterStatus) -> BTreeSet<u64> {
     s.members.iter().filter(|m| m.voter).map(|m| m.id).collect()
 }
 
 async fn status(c: &TestCluster, id: u64) -> ClusterStatus {
-    status_of(c.cluster_status(id).await)
+    c.cluster_status(id).await
 }
 
 fn error_of(got: &(u16, serde_json::Value)) -> ErrorBody {
