@@ -51,6 +51,9 @@ error_codes! {
     PayloadTooLarge = ("payload_too_large", 413),
     /// Try-once acquire of a held resource, or a wait that ended without the lock.
     LockHeld = ("lock_held", 409),
+    /// Try-once acquire while the previous lease's token is being fenced off at the proxies
+    /// (usually milliseconds; `retry_after_ms` is the longest it can take).
+    LockRevoking = ("lock_revoking", 409),
     /// A waiting acquire was withdrawn by a cancel (its own, or an earlier attempt's).
     WaitCancelled = ("wait_cancelled", 409),
     /// Renew of a lease that is no longer held.
