@@ -21,7 +21,7 @@ use std::time::Duration;
 use openraft::ServerState;
 
 pub use clock::Clock;
-pub use config::{NodeConfig, Policy};
+pub use config::{NodeConfig, Policy, MAX_FAILOVER_GRACE_MS};
 pub use error::{NodeError, ProposeError};
 pub use metrics::Metrics;
 pub use revocations::{Revocation, Revocations};

@@ -37,6 +37,7 @@ impl RunningNode {
 /// address the caller's API listener is bound to: the advertised address unless the config
 /// names another.
 pub async fn start(config: NodeConfig, bound: SocketAddr) -> Result<RunningNode, NodeError> {
+    config.policy.validate().map_err(NodeError::Config)?;
     let advertise_addr = config
         .advertise_addr
         .clone()

@@ -56,21 +56,3 @@ impl RaftConfigExt for openraft::Config {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_member_recorded_before_the_peer_port_reads_with_its_api_address() {
-        let old: NodeInfo =
-            serde_json::from_str(r#"{"api_addr":"10.0.0.1:7001"}"#).expect("old record");
-        assert_eq!(old.peer_addr, "");
-        assert_eq!(old.peer_addr(), "10.0.0.1:7001");
-        let new = NodeInfo {
-            api_addr: "10.0.0.1:7001".into(),
-            peer_addr: "10.0.0.1:7101".into(),
-        };
-        assert_eq!(new.peer_addr(), "10.0.0.1:7101");
-    }
-}
