@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lock_core::wire::ErrorCode;
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
 use tokio::time::sleep_until;
@@ -266,10 +267,10 @@ async fn cycle(ctx: &Ctx, intended: Instant, n: u64, rate: f64, seed: u64) {
     let grant = match &call.result {
         Ok(g) => {
             ctx.finish(Op::Acquire, intended, &call, Outcome::Ok, true);
-            ctx.ledger.grant(res, g.lease_num, g.token, !hot);
+            ctx.ledger.grant(res, g.lease_num(), g.token, !hot);
             g.clone()
         }
-        Err(f) if f.definite && (f.code == "lock_held" || f.code == "too_many_waiters") => {
+        Err(f) if f.definite && is_conflict(&f.code) => {
             ctx.finish(
                 Op::Acquire,
                 intended,
@@ -353,7 +354,7 @@ async fn cycle(ctx: &Ctx, intended: Instant, n: u64, rate: f64, seed: u64) {
                             Op::Renew,
                             at,
                             &call,
-                            Outcome::Failed("lease_lost".into()),
+                            Outcome::Failed(ErrorCode::LeaseLost.to_string()),
                             true,
                         );
                         ctx.ledger.lease_gone(
@@ -434,6 +435,13 @@ async fn cycle(ctx: &Ctx, intended: Instant, n: u64, rate: f64, seed: u64) {
             ctx.taint(res, hot);
         }
     }
+}
+
+/// A definite refusal that is part of a contended workload, not an error.
+fn is_conflict(code: &str) -> bool {
+    [ErrorCode::LockHeld, ErrorCode::TooManyWaiters]
+        .iter()
+        .any(|c| c.as_str() == code)
 }
 
 fn ctx_hold(w: &Workload, rate: f64, rng: &mut impl Rng) -> Duration {
