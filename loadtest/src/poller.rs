@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::cluster::{node_status, rss_mib};
+use crate::cluster::process::rss_mib;
+use crate::cluster::status::{self, READ_TIMEOUT};
 use crate::config::System;
 use crate::stats::Recorder;
 
@@ -122,19 +123,19 @@ async fn sample(
             }
         }
         if system == System::Fencegate {
-            if let Ok(st) = node_status(http, b).await {
+            if let Ok(st) = status::fetch(http, b, READ_TIMEOUT).await {
                 if let Some(x) = st.snapshot_index {
                     s.snapshot_index.insert(i, x);
                 }
                 if let Some(x) = st.purged_index {
                     s.purged_index.insert(i, x);
                 }
-                if st.leader_id.is_some() && st.leader_id == Some(st.node_id) {
-                    s.leader = st.leader_id;
-                    s.active_locks = Some(st.active_locks);
-                    s.resources = Some(st.resources);
-                    s.dedup_records = Some(st.dedup_records);
-                    s.last_token = Some(st.last_token);
+                if st.is_leader() {
+                    s.leader = Some(st.node_id);
+                    s.active_locks = Some(st.locks.active_locks);
+                    s.resources = Some(st.locks.resources);
+                    s.dedup_records = Some(st.locks.dedup_records);
+                    s.last_token = Some(st.locks.last_token);
                 }
             }
         }

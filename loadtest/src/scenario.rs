@@ -11,7 +11,9 @@ use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend::{Backend, EtcdClient, FencegateClient};
-use crate::cluster::{self, find_fencegate_bin, free_ports, LocalCluster};
+use crate::cluster::process::{find_fencegate_bin, free_ports};
+use crate::cluster::status::{self, READ_TIMEOUT};
+use crate::cluster::{ClusterSpec, LocalCluster, ProxySpec};
 use crate::config::{check_loopback, Profile, RunArgs, Scenario, System, Workload};
 use crate::ledger::Ledger;
 use crate::poller::{self, Pids, Poller, Sample};
@@ -147,33 +149,25 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
             if matches!(scenario, Scenario::ReplicaDown | Scenario::LeaderKill) {
                 bail!("--scenario {scenario:?} stops nodes: it needs a cluster the harness starts (no --target)");
             }
-            cluster::wait_ready(&http, &bases, Duration::from_secs(10)).await?;
+            status::wait_ready(&http, &bases, Duration::from_secs(10)).await?;
             (bases, proxies, format!("target {}", args.target.join(",")))
         }
         System::Fencegate => {
             let bin = find_fencegate_bin(args.fencegate_bin.as_deref())?;
             let with_proxy = w.writes_per_hold > 0;
-            let c = LocalCluster::start(bin.clone(), args.data_dir.clone(), with_proxy)?;
+            let spec = ClusterSpec {
+                tmp_prefix: "fencegate-loadtest-",
+                log_env: "FENCEGATE_LOADTEST_NODE_LOG",
+                proxies: with_proxy.then_some(ProxySpec::LOAD),
+                fault_injection: false,
+            };
+            let c = LocalCluster::start(bin.clone(), args.data_dir.clone(), spec)?;
             let bases = c.api_urls();
             let proxies = c.proxy_urls();
-            {
-                let mut p = pids.lock().unwrap_or_else(|e| e.into_inner());
-                for (i, n) in c.nodes.iter().enumerate() {
-                    if let Some(pid) = c.pid(n.id) {
-                        p.insert(i, pid);
-                    }
-                }
-            }
+            *pids.lock().unwrap_or_else(|e| e.into_inner()) = c.pids();
             let desc = format!("local 3 nodes ({})", bin.display());
-            let c = Arc::new(Mutex::new(c));
-            local = Some(c.clone());
-            if let Err(e) = cluster::wait_ready(&http, &bases, Duration::from_secs(30)).await {
-                let dir = c
-                    .lock()
-                    .map(|c| c.dir.display().to_string())
-                    .unwrap_or_default();
-                return Err(e.context(format!("node logs are in {dir}")));
-            }
+            c.wait_ready(Duration::from_secs(30)).await?;
+            local = Some(Arc::new(Mutex::new(c)));
             (bases, proxies, desc)
         }
         System::Etcd => {
@@ -217,12 +211,12 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     if scenario == Scenario::ReplicaDown {
         match (&local, &etcd) {
             (Some(c), _) => {
-                let (leader, _) = cluster::find_leader(&http, &bases)
+                let (leader, _) = status::find_leader(&http, &bases)
                     .await
                     .context("no leader")?;
                 let victim = (1..=3u64).find(|id| *id != leader).unwrap_or(3);
                 let mut g = c.lock().unwrap_or_else(|e| e.into_inner());
-                g.stop_node(victim, false)?;
+                g.stop(victim)?;
                 pids.lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&(victim as usize - 1));
@@ -247,7 +241,7 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     let backend = match system {
         System::Fencegate => {
             if w.leader_only {
-                if let Some((_, idx)) = cluster::find_leader(&http, &client_bases).await {
+                if let Some((_, idx)) = status::find_leader(&http, &client_bases).await {
                     leader_hint.store(idx, Ordering::Relaxed);
                 }
             }
@@ -377,15 +371,15 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     // ---- after the run ----
     let mut node_failures = Vec::new();
     if let Some(c) = &local {
-        node_failures = c.lock().map(|mut c| c.check_alive()).unwrap_or_default();
+        node_failures = c.lock().map(|mut c| c.crashed()).unwrap_or_default();
     }
     let final_status = if system == System::Fencegate {
-        cluster::statuses(&http, &bases).await
+        status::fetch_all(&http, &bases).await
     } else {
         Vec::new()
     };
     let inv = ledger.report();
-    let server_last_token = final_status.iter().map(|(_, s)| s.last_token).max();
+    let server_last_token = final_status.iter().map(|(_, s)| s.locks.last_token).max();
     let server_token_consistent = server_last_token.map(|t| t >= inv.max_token);
 
     let (from, to) = rec.with_window(main_window, |win| {
@@ -682,7 +676,7 @@ async fn leader_kill_fault(
     leader_hint: Arc<AtomicUsize>,
 ) -> anyhow::Result<LeaderKillReport> {
     tokio::time::sleep_until(at.into()).await;
-    let (leader, idx) = cluster::find_leader(&http, &bases)
+    let (leader, idx) = status::find_leader(&http, &bases)
         .await
         .context("no leader to kill")?;
     let mut report = LeaderKillReport {
@@ -693,7 +687,7 @@ async fn leader_kill_fault(
     let killed = Instant::now();
     {
         let mut c = cluster.lock().unwrap_or_else(|e| e.into_inner());
-        tokio::task::block_in_place(|| c.stop_node(leader, true))?;
+        tokio::task::block_in_place(|| c.kill(leader))?;
     }
     report.killed_at_s = rec.event(format!("leader node {leader} killed (SIGKILL)"));
     let kill_t = Duration::from_secs_f64(report.killed_at_s);
@@ -710,10 +704,11 @@ async fn leader_kill_fault(
         .collect();
     let deadline = killed + restart_after.max(Duration::from_secs(30));
     while Instant::now() < deadline {
-        let st = cluster::statuses(&http, &survivors).await;
+        let st = status::fetch_all(&http, &survivors).await;
         if let Some(new) = st
             .iter()
-            .find_map(|(_, s)| s.leader_id.filter(|l| *l != leader && *l == s.node_id))
+            .find(|(_, s)| s.is_leader() && s.node_id != leader)
+            .map(|(_, s)| s.node_id)
         {
             report.new_leader_after_ms = Some(killed.elapsed().as_millis() as u64);
             report.new_leader = Some(new);
@@ -730,23 +725,23 @@ async fn leader_kill_fault(
     }
     tokio::time::sleep_until((killed + restart_after).into()).await;
     let leader_applied = {
-        let st = cluster::statuses(&http, &survivors).await;
+        let st = status::fetch_all(&http, &survivors).await;
         st.iter().map(|(_, s)| s.last_applied).max().unwrap_or(0)
     };
     {
         let mut c = cluster.lock().unwrap_or_else(|e| e.into_inner());
-        c.restart_node(leader)?;
-        if let Some(pid) = c.pid(leader) {
+        c.restart(leader)?;
+        if let Some(pid) = c.pids().get(&idx) {
             pids.lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(idx, pid);
+                .insert(idx, *pid);
         }
     }
     let restarted = Instant::now();
     report.restarted_at_s = Some(rec.event(format!("node {leader} restarted")));
     let deadline = restarted + Duration::from_secs(60);
     while Instant::now() < deadline {
-        if let Ok(s) = cluster::node_status(&http, &bases[idx]).await {
+        if let Ok(s) = status::fetch(&http, &bases[idx], READ_TIMEOUT).await {
             if s.last_applied >= leader_applied {
                 report.caught_up_after_ms = Some(restarted.elapsed().as_millis() as u64);
                 rec.event(format!("node {leader} caught up"));

@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use tokio::time::sleep_until;
 
 use crate::backend::{Backend, Call};
+use crate::cluster::ProxySpec;
 use crate::config::Workload;
 use crate::ledger::Ledger;
 use crate::stats::{Op, Outcome, Recorder};
@@ -33,9 +34,9 @@ const HELD: u64 = u64::MAX;
 /// Safety cap on concurrently running cycles (beyond it arrivals are dropped and counted).
 const MAX_ACTIVE_CYCLES: u64 = 500_000;
 /// After a hold with fenced writes the service defers reissuing the resource while the
-/// proxy's admission grant may live (`grant_ms`, 2 s in the clusters the harness starts):
-/// the harness leaves such a resource alone for this long so acquires stay uncontended.
-const REISSUE_HOLD_MS: u64 = 2_500;
+/// proxy's admission grant may live: the harness leaves such a resource alone a little longer
+/// than the grant of the clusters it starts, so acquires stay uncontended.
+const REISSUE_HOLD_MS: u64 = ProxySpec::LOAD.grant_ms + 500;
 /// A lease is reported lost only if the server dropped it with more than this left on the
 /// client's conservative clock (absorbs ms rounding of TTLs).
 const LOST_MARGIN: Duration = Duration::from_millis(10);

@@ -9,8 +9,8 @@
 //! ```
 //!
 //! One run: start three `fencegate node` processes with proxies and a demo store
-//! ([`cluster`]); run honest workers and zombies ([`workers`]) through the raw HTTP clients
-//! that record every invocation and completion ([`client`], [`history`]); let the
+//! ([`crate::cluster`]); run honest workers and zombies ([`workers`]) through the raw HTTP
+//! clients that record every invocation and completion ([`client`], [`history`]); let the
 //! [`nemesis`] break things one at a time; heal, let the clients stop, read the final state
 //! and the store's log; then check the history, one function per invariant ([`checker`]).
 //! Exit status 0 only if no check found a violation and nothing else went wrong (a node
@@ -18,7 +18,6 @@
 
 mod checker;
 mod client;
-mod cluster;
 mod history;
 mod nemesis;
 mod workers;
@@ -35,10 +34,28 @@ use serde_json::{json, Value};
 use tokio::sync::Mutex;
 
 use client::{Client, DropSwitch, Endpoint, Outcome};
-use cluster::ChaosCluster;
 use history::History;
 use nemesis::{Fault, Nemesis};
 use workers::Workload;
+
+use crate::cluster::process::find_fencegate_bin;
+use crate::cluster::{ClusterSpec, LocalCluster, ProxySpec};
+
+/// The chaos cluster: fault injection on, a proxy per node. A short grant keeps hand-offs on
+/// contended keys quick (a release defers the next lease by at most one grant,
+/// docs/fencing.md).
+fn cluster_spec(unsafe_no_fencing: bool) -> ClusterSpec {
+    ClusterSpec {
+        tmp_prefix: "fencegate-chaos-",
+        log_env: "FENCEGATE_CHAOS_NODE_LOG",
+        proxies: Some(ProxySpec {
+            grant_ms: 1_500,
+            upstream_timeout_ms: 1_000,
+            unsafe_no_fencing,
+        }),
+        fault_injection: true,
+    }
+}
 
 /// Which faults the nemesis may inject.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -135,7 +152,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     if let Some(out) = &args.out {
         std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
     }
-    let bin = crate::cluster::find_fencegate_bin(args.fencegate_bin.as_deref())?;
+    let bin = find_fencegate_bin(args.fencegate_bin.as_deref())?;
     // A fresh cluster every run: old raft state would carry another run's membership.
     let data_dir = match (&args.data_dir, &args.out) {
         (Some(d), _) => {
@@ -174,7 +191,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
                 .join(",")
         }
     );
-    let cluster = ChaosCluster::start(bin.clone(), data_dir, args.unsafe_no_fencing)?;
+    let cluster = LocalCluster::start(bin.clone(), data_dir, cluster_spec(args.unsafe_no_fencing))?;
     eprintln!("chaos: cluster starting in {}", cluster.dir.display());
     let leader = cluster.wait_ready(Duration::from_secs(60)).await?;
     eprintln!("chaos: cluster ready, leader {leader}");
@@ -203,13 +220,18 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let endpoints: Vec<Endpoint> = cluster
         .nodes
         .iter()
-        .map(|n| Endpoint {
-            id: n.id,
-            api: n.api.clone(),
-            proxy: n.proxy.clone(),
+        .map(|n| {
+            Ok(Endpoint {
+                id: n.id,
+                api: n.api.clone(),
+                proxy: n.proxy.clone().context("a chaos node runs a proxy")?,
+            })
         })
-        .collect();
-    let store = cluster.store.clone();
+        .collect::<anyhow::Result<_>>()?;
+    let store = cluster
+        .store
+        .clone()
+        .context("the chaos cluster runs a demo store")?;
     let drops = Arc::new(DropSwitch::default());
     let client = Client::new(endpoints, store.clone(), hist.clone(), drops.clone())?;
     let cluster = Arc::new(Mutex::new(cluster));
@@ -330,7 +352,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
 
 /// After the run: a linearizable read of every resource the clients touched, each node's
 /// cluster view (once they have caught up with each other), and the store's log.
-async fn read_final_state(client: &Client, cluster: &Arc<Mutex<ChaosCluster>>) {
+async fn read_final_state(client: &Client, cluster: &Arc<Mutex<LocalCluster>>) {
     let events = client.history().events();
     let mut resources: Vec<String> = events
         .iter()
@@ -356,7 +378,7 @@ async fn read_final_state(client: &Client, cluster: &Arc<Mutex<ChaosCluster>>) {
     }
     // Wait until the replicas have applied the same prefix, then record their views.
     for _ in 0..50 {
-        let views = cluster.lock().await.views().await;
+        let views = cluster.lock().await.statuses().await;
         let applied: Vec<u64> = views.iter().map(|v| v.last_applied).collect();
         if views.len() == ids.len() && applied.windows(2).all(|w| w[0] == w[1]) {
             break;
