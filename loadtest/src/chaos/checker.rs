@@ -20,8 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::history::{Event, EventType};
-use super::workers::token_in_value;
+use super::history::{token_in_value, Event, EventType};
 
 /// Slack for comparing whole-ms service stamps with µs wall-clock readings.
 const EPS_MS: f64 = 5.0;

@@ -30,11 +30,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
+use lock_core::wire::AcquireRequest;
 use serde_json::{json, Value};
 use tokio::sync::Mutex;
 
 use client::{Client, DropSwitch, Endpoint, Outcome};
-use history::History;
+use history::{value_as, EventType, History, LockCall};
 use nemesis::{Fault, Nemesis};
 use workers::Workload;
 
@@ -356,13 +357,9 @@ async fn read_final_state(client: &Client, cluster: &Arc<Mutex<LocalCluster>>) {
     let events = client.history().events();
     let mut resources: Vec<String> = events
         .iter()
-        .filter(|e| e.f == "acquire")
-        .filter_map(|e| {
-            e.value
-                .get("resource")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
+        .filter(|e| e.f == "acquire" && e.kind == EventType::Invoke)
+        .filter_map(|e| value_as::<LockCall<AcquireRequest>>(&e.value))
+        .map(|call| call.resource)
         .collect();
     resources.sort();
     resources.dedup();
@@ -385,19 +382,10 @@ async fn read_final_state(client: &Client, cluster: &Arc<Mutex<LocalCluster>>) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    for n in client.nodes.iter() {
-        client
-            .get(
-                "final",
-                "final_cluster",
-                Some(n.id),
-                format!("{}/v1/cluster", n.api),
-            )
-            .await;
+    for id in ids {
+        client.final_cluster("final", id).await;
     }
-    client
-        .get("final", "store_log", None, format!("{}/log", client.store))
-        .await;
+    client.store_log("final").await;
 }
 
 #[allow(clippy::too_many_arguments)]
