@@ -79,6 +79,16 @@ pub enum WriteRole {
     Foreign,
 }
 
+impl WriteRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WriteRole::Normal => "normal",
+            WriteRole::Zombie => "zombie",
+            WriteRole::Foreign => "foreign",
+        }
+    }
+}
+
 /// The invocation of a protected write through a fencing proxy.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WriteCall {
@@ -141,6 +151,14 @@ impl Trouble {
             body: None,
         }
     }
+}
+
+/// What the checker reads of a nemesis note: the kind of fault a `start` note begins, and the
+/// clock offset a note sets.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct FaultNote {
+    pub kind: Option<String>,
+    pub offset_ms: Option<i64>,
 }
 
 /// The value a client writes: unique, and naming the token it was written with, so that a
