@@ -29,7 +29,7 @@ use std::path::Path;
 use clap::{Parser, Subcommand};
 use serde_json::json;
 
-use config::{RunArgs, Scenario, System};
+use config::{RunArgs, System};
 use report::Artifacts;
 use scenario::RunResult;
 
@@ -90,9 +90,6 @@ async fn run_one(args: &RunArgs, system: System, out: Option<&Path>) -> anyhow::
         args.scenario, args.profile
     );
     let mut result = scenario::run(args, system).await?;
-    if args.scenario == Scenario::Ramp {
-        scenario::ramp_commits(&mut result, scenario::step_seconds(args));
-    }
     report::print_table(&result.summary);
     if let Some(dir) = out {
         report::write_out(
