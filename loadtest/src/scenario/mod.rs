@@ -18,6 +18,7 @@ mod steady;
 mod summary;
 mod system;
 
+use std::path::Path;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +27,7 @@ use clap::ValueEnum;
 
 use crate::config::{RunArgs, Scenario, System, Workload};
 use crate::poller::Sample;
-use crate::report::{Machine, Summary};
+use crate::report::{self, Artifacts, Machine, Summary};
 use crate::stats::Second;
 use drive::Drive;
 use system::SystemUnderTest;
@@ -39,8 +40,34 @@ pub struct RunResult {
     pub cdf: Vec<crate::plot::Series>,
 }
 
+impl RunResult {
+    /// summary.json, timeline.json and the plots, in `dir`.
+    pub fn write_out(&self, dir: &Path) -> anyhow::Result<()> {
+        report::write_out(
+            dir,
+            &Artifacts {
+                summary: &self.summary,
+                cdf: &self.cdf,
+                timeline: &self.timeline,
+                samples: &self.samples,
+            },
+        )
+    }
+}
+
+/// Runs one scenario against one system and prints its table.
+pub async fn run_and_print(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
+    eprintln!(
+        "{system}: {:?} scenario, {:?} profile",
+        args.scenario, args.profile
+    );
+    let result = run(args, system).await?;
+    report::print_table(&result.summary);
+    Ok(result)
+}
+
 /// Runs one scenario against one system.
-pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
+async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     let scenario = args.scenario;
     let mut w = Workload::resolve(args)?;
     if scenario == Scenario::Compaction {
