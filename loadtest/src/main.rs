@@ -1,4 +1,6 @@
-//! `fencegate-loadtest`: the load and chaos harness of SPEC §2 / §7.
+//! `fencegate-loadtest`: the load and chaos harness: the seed workload against a cluster it
+//! starts (or a running one), side by side with etcd, and a fault-injection test with an
+//! invariant checker.
 //!
 //! ```text
 //! fencegate-loadtest run --profile smoke --out /tmp/smoke            # CI: < 30 s, own cluster

@@ -6,12 +6,12 @@
 //! previous response before the next arrival, and every operation's latency is measured from
 //! the moment the schedule said it should start (see `stats`).
 //!
-//! Model (SPEC §2): with arrival rate λ and mean hold h, Little's law gives λ·h active locks,
+//! Model: with arrival rate λ and mean hold h, Little's law gives λ·h active locks,
 //! so the hold defaults to `active_locks / rate` (10 s at the seed: 20,000 / 2,000/s), drawn
 //! uniformly from [h/2, 3h/2]. A holder renews every `renew_interval` (±jitter), its first
 //! renewal at a uniformly random phase of the interval — clients' renewal timers are not
 //! aligned with their acquisitions — so renewals run at `active / interval` (2,000/s at the
-//! seed), as §2 states.
+//! seed, the renewal load the service is sized for).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -1,5 +1,6 @@
-//! `fencegate-loadtest chaos`: a Jepsen-style test of SPEC §3 under faults, shipped as a
-//! command (issue 6; the design and results are in docs/verification.md).
+//! `fencegate-loadtest chaos`: a Jepsen-style test of the lock service's and the fencing
+//! proxy's safety under faults, shipped as a command (the design and results are in
+//! docs/verification.md).
 //!
 //! ```text
 //! fencegate-loadtest chaos --duration-s 60 --out /tmp/chaos            # mixed faults, must pass
@@ -287,7 +288,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let nemesis = nemesis.await.context("nemesis task")?;
     stop_clients.store(true, Ordering::SeqCst);
     // Every call is bounded (at most a long poll plus 8 s): a client still busy after 60 s
-    // means a request hung, which the API promises never happens (SPEC §4).
+    // means a request hung, which the API promises never happens.
     let mut problems = Vec::new();
     for c in clients {
         let abort = c.abort_handle();
