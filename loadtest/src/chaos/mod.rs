@@ -21,9 +21,9 @@ mod checker;
 mod client;
 mod history;
 mod nemesis;
+mod verdict;
 mod workers;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -32,12 +32,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use lock_core::wire::AcquireRequest;
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::sync::Mutex;
 
 use client::{Client, DropSwitch, Endpoint, Outcome};
 use history::{value_as, EventType, History, LockCall};
 use nemesis::{Fault, Nemesis};
+use verdict::{RunSetup, Verdict};
 use workers::Workload;
 
 use crate::cluster::process::find_fencegate_bin;
@@ -326,8 +327,8 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let mut crashes = nemesis.crashes.clone();
     crashes.extend(cluster.lock().await.crashed());
     problems.extend(crashes.iter().cloned());
-    let verdict = verdict(&args, seed, &faults, &m, &results, &problems, &drops);
-    print_summary(&verdict, &results);
+    let verdict = run_verdict(&args, seed, &faults, &m, &results, problems, &drops);
+    verdict.print(&results);
     if let Some(out) = &args.out {
         std::fs::write(
             out.join("verdict.json"),
@@ -338,14 +339,14 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
             out.display()
         );
     }
-    if verdict["valid"] != json!(true) {
+    if !verdict.valid {
         bail!(
             "chaos: {} violation(s){}",
-            verdict["violations_total"],
-            if problems.is_empty() {
+            verdict.violations_total,
+            if verdict.problems.is_empty() {
                 String::new()
             } else {
-                format!(", {} other problem(s)", problems.len())
+                format!(", {} other problem(s)", verdict.problems.len())
             }
         );
     }
@@ -389,102 +390,41 @@ async fn read_final_state(client: &Client, cluster: &Arc<Mutex<LocalCluster>>) {
     client.store_log("final").await;
 }
 
+/// The verdict of a run: what the checks found, how the run was set up, what the nemesis
+/// did (every enabled fault kind is listed, also one that never came up).
 #[allow(clippy::too_many_arguments)]
-fn verdict(
+fn run_verdict(
     args: &ChaosArgs,
     seed: u64,
     faults: &[Fault],
     m: &checker::Model,
     results: &[checker::CheckResult],
-    problems: &[String],
+    problems: Vec<String>,
     drops: &DropSwitch,
-) -> Value {
-    let total: u64 = results.iter().map(|r| r.violations).sum();
-    let mut by_kind: BTreeMap<&str, u64> = faults.iter().map(|f| (f.name(), 0)).collect();
-    for (k, v) in &m.faults {
-        by_kind.insert(k, *v);
+) -> Verdict {
+    let mode = if args.unsafe_no_fencing {
+        "unsafe-no-fencing"
+    } else {
+        "fenced"
+    };
+    let mut verdict = Verdict::new(mode, m, results, problems);
+    verdict.run = Some(RunSetup {
+        seed,
+        duration_s: args.duration_s,
+        workers: args.workers,
+        zombies: args.zombies,
+        keys: args.keys,
+    });
+    for f in faults {
+        verdict
+            .faults
+            .by_kind
+            .entry(f.name().to_string())
+            .or_insert(0);
     }
-    let violations: BTreeMap<String, Value> = results
-        .iter()
-        .map(|r| {
-            (
-                format!("{}_{}", r.invariant, r.name),
-                json!({
-                    "invariant": r.invariant,
-                    "description": r.description,
-                    "checked": r.checked,
-                    "checked_by_kind": r.parts,
-                    "count": r.violations,
-                    "first": r.first,
-                    "examples": r.examples,
-                }),
-            )
-        })
-        .collect();
-    json!({
-        "valid": total == 0 && problems.is_empty(),
-        "mode": if args.unsafe_no_fencing { "unsafe-no-fencing" } else { "fenced" },
-        "seed": seed,
-        "duration_s": args.duration_s,
-        "workers": args.workers,
-        "zombies": args.zombies,
-        "keys": args.keys,
-        "operations": checker::stats(m),
-        "faults": {
-            "total": m.faults.values().sum::<u64>(),
-            "by_kind": by_kind,
-            "responses_dropped_after_answer": drops.dropped.load(Ordering::Relaxed),
-            "requests_abandoned_in_flight": drops.abandoned.load(Ordering::Relaxed),
-        },
-        "violations_total": total,
-        "violations": violations,
-        // Node processes that exited on their own, hung requests, no recovery after the heal.
-        "problems": problems,
-    })
-}
-
-fn print_summary(v: &Value, results: &[checker::CheckResult]) {
-    println!();
-    println!(
-        "chaos verdict: {}  ({} mode, {} client operations, {} faults)",
-        if v["valid"] == json!(true) {
-            "VALID"
-        } else {
-            "INVALID"
-        },
-        v["mode"].as_str().unwrap_or(""),
-        v["operations"]["client_operations"],
-        v["faults"]["total"],
-    );
-    if let Some(kinds) = v["faults"]["by_kind"].as_object() {
-        let s: Vec<String> = kinds.iter().map(|(k, n)| format!("{k}={n}")).collect();
-        println!("  faults: {}", s.join(" "));
-    }
-    if let Some(w) = v["operations"]["writes_by_role"].as_object() {
-        for (role, counts) in w {
-            println!("  {role} writes: {counts}");
-        }
-    }
-    for r in results {
-        println!(
-            "  [{}] {} {:<24} checked {:>7}  violations {}",
-            if r.violations == 0 { "ok" } else { "!!" },
-            r.invariant,
-            r.name,
-            r.checked,
-            r.violations
-        );
-        if let Some(first) = &r.first {
-            let s = serde_json::to_string(first).unwrap_or_default();
-            let s: String = s.chars().take(1_500).collect();
-            println!("      first: {s}");
-        }
-    }
-    if let Some(c) = v["problems"].as_array() {
-        for msg in c {
-            println!("  problem: {msg}");
-        }
-    }
+    verdict.faults.responses_dropped_after_answer = Some(drops.dropped.load(Ordering::Relaxed));
+    verdict.faults.requests_abandoned_in_flight = Some(drops.abandoned.load(Ordering::Relaxed));
+    verdict
 }
 
 /// `--recheck DIR`: the checker alone, on a recorded history.
@@ -492,17 +432,10 @@ fn recheck(dir: &Path) -> anyhow::Result<()> {
     let events = history::load(&dir.join("history.jsonl"))?;
     let m = checker::model(&events);
     let results = checker::check_all(&m);
-    let total: u64 = results.iter().map(|r| r.violations).sum();
-    let summary = json!({
-        "valid": total == 0,
-        "mode": "recheck",
-        "operations": checker::stats(&m),
-        "faults": { "total": m.faults.values().sum::<u64>(), "by_kind": m.faults },
-        "problems": [],
-    });
-    print_summary(&summary, &results);
-    if total > 0 {
-        bail!("chaos: {total} violation(s)");
+    let verdict = Verdict::new("recheck", &m, &results, Vec::new());
+    verdict.print(&results);
+    if verdict.violations_total > 0 {
+        bail!("chaos: {} violation(s)", verdict.violations_total);
     }
     Ok(())
 }

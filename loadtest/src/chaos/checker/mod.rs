@@ -37,7 +37,7 @@ mod tokens;
 
 pub use model::{model, Model};
 pub use result::CheckResult;
-pub use stats::stats;
+pub use stats::{stats, Operations};
 
 /// Slack for comparing whole-ms service stamps with µs wall-clock readings.
 const EPS_MS: f64 = 5.0;

@@ -5,16 +5,19 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value;
 
-/// One invariant's result.
+/// One invariant's result (in verdict.json under `{invariant}_{name}`).
 #[derive(Clone, Debug, Serialize)]
 pub struct CheckResult {
     pub invariant: u8,
+    #[serde(skip)]
     pub name: &'static str,
     pub description: &'static str,
     /// How many facts were checked (pairs, log entries, answers — see each check).
     pub checked: u64,
     /// `checked`, by kind of fact.
+    #[serde(rename = "checked_by_kind")]
     pub parts: BTreeMap<&'static str, u64>,
+    #[serde(rename = "count")]
     pub violations: u64,
     /// The first counter-example found, with the history indices of the events involved.
     pub first: Option<Value>,
