@@ -34,6 +34,7 @@ use clap::{Args, ValueEnum};
 use lock_core::wire::AcquireRequest;
 use serde_json::json;
 use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
 
 use client::{Client, DropSwitch, Endpoint, Outcome};
 use history::{value_as, EventType, History, LockCall};
@@ -156,44 +157,8 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
         std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
     }
     let bin = find_fencegate_bin(args.fencegate_bin.as_deref())?;
-    // A fresh cluster every run: old raft state would carry another run's membership.
-    let data_dir = match (&args.data_dir, &args.out) {
-        (Some(d), _) => {
-            if d.read_dir().is_ok_and(|mut e| e.next().is_some()) {
-                bail!("--data-dir {} is not empty", d.display());
-            }
-            Some(d.clone())
-        }
-        (None, Some(out)) => {
-            let d = out.join("cluster");
-            if d.exists() {
-                std::fs::remove_dir_all(&d).with_context(|| format!("clear {}", d.display()))?;
-            }
-            Some(d)
-        }
-        (None, None) => None,
-    };
-    let mode = if args.unsafe_no_fencing {
-        "UNSAFE (fencing off)"
-    } else {
-        "fenced"
-    };
-    eprintln!(
-        "chaos: {}s, {} workers + {} zombies on {} keys, {mode}, faults: {}, seed {seed}",
-        args.duration_s,
-        args.workers,
-        args.zombies,
-        args.keys,
-        if faults.is_empty() {
-            "none".to_string()
-        } else {
-            faults
-                .iter()
-                .map(|f| f.name())
-                .collect::<Vec<_>>()
-                .join(",")
-        }
-    );
+    let data_dir = fresh_data_dir(&args)?;
+    announce(&args, &faults, seed);
     let cluster = LocalCluster::start(bin.clone(), data_dir, cluster_spec(args.unsafe_no_fencing))?;
     eprintln!("chaos: cluster starting in {}", cluster.dir.display());
     let leader = cluster.wait_ready(Duration::from_secs(60)).await?;
@@ -220,46 +185,12 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
             "fencegate_bin": bin.display().to_string(),
         }),
     );
-    let endpoints: Vec<Endpoint> = cluster
-        .nodes
-        .iter()
-        .map(|n| {
-            Ok(Endpoint {
-                id: n.id,
-                api: n.api.clone(),
-                proxy: n.proxy.clone().context("a chaos node runs a proxy")?,
-            })
-        })
-        .collect::<anyhow::Result<_>>()?;
-    let store = cluster
-        .store
-        .clone()
-        .context("the chaos cluster runs a demo store")?;
     let drops = Arc::new(DropSwitch::default());
-    let client = Client::new(endpoints, store.clone(), hist.clone(), drops.clone())?;
+    let client = client_of(&cluster, &hist, &drops)?;
     let cluster = Arc::new(Mutex::new(cluster));
 
     let stop_clients = Arc::new(AtomicBool::new(false));
-    let workload = Arc::new(Workload {
-        client: client.clone(),
-        keys: (0..args.keys.max(1)).map(|i| format!("k{i}")).collect(),
-        stop: stop_clients.clone(),
-    });
-    let mut clients = Vec::new();
-    for i in 0..args.workers {
-        clients.push(tokio::spawn(workers::worker(
-            workload.clone(),
-            i,
-            seed.wrapping_add(1 + i as u64),
-        )));
-    }
-    for i in 0..args.zombies {
-        clients.push(tokio::spawn(workers::zombie(
-            workload.clone(),
-            i,
-            seed.wrapping_add(1_000 + i as u64),
-        )));
-    }
+    let clients = spawn_clients(&args, &client, &stop_clients, seed);
     let stop_nemesis = Arc::new(AtomicBool::new(false));
     let nemesis = Nemesis::new(
         cluster.clone(),
@@ -270,37 +201,14 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
         seed.wrapping_add(7),
     );
     let nemesis = tokio::spawn(nemesis.run());
-
-    // The run.
-    let started = Instant::now();
-    let until = started + Duration::from_secs(args.duration_s);
-    let mut next_report = started + Duration::from_secs(15);
-    while Instant::now() < until {
-        tokio::time::sleep(Duration::from_secs(1).min(until - Instant::now())).await;
-        if Instant::now() >= next_report {
-            next_report += Duration::from_secs(15);
-            eprintln!("chaos: {}s …", started.elapsed().as_secs());
-        }
-    }
+    wait_out(Duration::from_secs(args.duration_s)).await;
 
     // Heal, then let the clients finish what they are doing.
     eprintln!("chaos: healing and stopping the clients");
     stop_nemesis.store(true, Ordering::SeqCst);
     let nemesis = nemesis.await.context("nemesis task")?;
     stop_clients.store(true, Ordering::SeqCst);
-    // Every call is bounded (at most a long poll plus 8 s): a client still busy after 60 s
-    // means a request hung, which the API promises never happens.
-    let mut problems = Vec::new();
-    for c in clients {
-        let abort = c.abort_handle();
-        if tokio::time::timeout(Duration::from_secs(60), c)
-            .await
-            .is_err()
-        {
-            abort.abort();
-            problems.push("a client did not finish its request within 60 s (a hang)".to_string());
-        }
-    }
+    let mut problems = join_clients(clients).await;
     hist.note("harness", "clients-stopped", None, json!({}));
 
     // The final state, read after the cluster recovered.
@@ -324,9 +232,8 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let events = hist.events();
     let m = checker::model(&events);
     let results = checker::check_all(&m);
-    let mut crashes = nemesis.crashes.clone();
-    crashes.extend(cluster.lock().await.crashed());
-    problems.extend(crashes.iter().cloned());
+    problems.extend(nemesis.crashes.iter().cloned());
+    problems.extend(cluster.lock().await.crashed());
     let verdict = run_verdict(&args, seed, &faults, &m, &results, problems, &drops);
     verdict.print(&results);
     if let Some(out) = &args.out {
@@ -351,6 +258,124 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Where the nodes keep their data: `--data-dir` (which must be empty), else OUT/cluster
+/// (cleared), else a temp dir. A fresh cluster every run: old raft state would carry another
+/// run's membership.
+fn fresh_data_dir(args: &ChaosArgs) -> anyhow::Result<Option<PathBuf>> {
+    Ok(match (&args.data_dir, &args.out) {
+        (Some(d), _) => {
+            if d.read_dir().is_ok_and(|mut e| e.next().is_some()) {
+                bail!("--data-dir {} is not empty", d.display());
+            }
+            Some(d.clone())
+        }
+        (None, Some(out)) => {
+            let d = out.join("cluster");
+            if d.exists() {
+                std::fs::remove_dir_all(&d).with_context(|| format!("clear {}", d.display()))?;
+            }
+            Some(d)
+        }
+        (None, None) => None,
+    })
+}
+
+fn announce(args: &ChaosArgs, faults: &[Fault], seed: u64) {
+    let mode = if args.unsafe_no_fencing {
+        "UNSAFE (fencing off)"
+    } else {
+        "fenced"
+    };
+    let faults = if faults.is_empty() {
+        "none".to_string()
+    } else {
+        let names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
+        names.join(",")
+    };
+    eprintln!(
+        "chaos: {}s, {} workers + {} zombies on {} keys, {mode}, faults: {faults}, seed {seed}",
+        args.duration_s, args.workers, args.zombies, args.keys,
+    );
+}
+
+/// The recording client of the cluster's nodes, proxies and store.
+fn client_of(
+    cluster: &LocalCluster,
+    hist: &Arc<History>,
+    drops: &Arc<DropSwitch>,
+) -> anyhow::Result<Client> {
+    let endpoints: Vec<Endpoint> = cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            Ok(Endpoint {
+                id: n.id,
+                api: n.api.clone(),
+                proxy: n.proxy.clone().context("a chaos node runs a proxy")?,
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let store = cluster
+        .store
+        .clone()
+        .context("the chaos cluster runs a demo store")?;
+    Client::new(endpoints, store, hist.clone(), drops.clone())
+}
+
+/// The honest workers and the zombies, each with its own seed, until `stop`.
+fn spawn_clients(
+    args: &ChaosArgs,
+    client: &Client,
+    stop: &Arc<AtomicBool>,
+    seed: u64,
+) -> Vec<JoinHandle<()>> {
+    let workload = Arc::new(Workload {
+        client: client.clone(),
+        keys: (0..args.keys.max(1)).map(|i| format!("k{i}")).collect(),
+        stop: stop.clone(),
+    });
+    let workers = (0..args.workers).map(|i| {
+        let seed = seed.wrapping_add(1 + i as u64);
+        tokio::spawn(workers::worker(workload.clone(), i, seed))
+    });
+    let zombies = (0..args.zombies).map(|i| {
+        let seed = seed.wrapping_add(1_000 + i as u64);
+        tokio::spawn(workers::zombie(workload.clone(), i, seed))
+    });
+    workers.chain(zombies).collect()
+}
+
+/// The run itself: the clients and the nemesis at work, a progress line every 15 s.
+async fn wait_out(duration: Duration) {
+    let started = Instant::now();
+    let until = started + duration;
+    let mut next_report = started + Duration::from_secs(15);
+    while Instant::now() < until {
+        tokio::time::sleep(Duration::from_secs(1).min(until - Instant::now())).await;
+        if Instant::now() >= next_report {
+            next_report += Duration::from_secs(15);
+            eprintln!("chaos: {}s …", started.elapsed().as_secs());
+        }
+    }
+}
+
+/// Waits for the stopped clients. Every call is bounded (at most a long poll plus 8 s): a
+/// client still busy after 60 s means a request hung, which the API promises never happens.
+async fn join_clients(clients: Vec<JoinHandle<()>>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for c in clients {
+        let abort = c.abort_handle();
+        if tokio::time::timeout(Duration::from_secs(60), c)
+            .await
+            .is_err()
+        {
+            abort.abort();
+            problems.push("a client did not finish its request within 60 s (a hang)".to_string());
+        }
+    }
+    problems
 }
 
 /// After the run: a linearizable read of every resource the clients touched, each node's

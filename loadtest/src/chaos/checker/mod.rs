@@ -2,7 +2,7 @@
 //! accepted-write log and final state recorded at its end), each reporting how much it
 //! checked, how many violations it found and the first counter-example.
 //!
-//! [`model`] pairs invocations with completions and gathers every lease the answers name;
+//! [`model`](mod@model) pairs invocations with completions and gathers every lease the answers name;
 //! then one file per invariant:
 //!
 //! 1. [`single_holder`]: no two leases of a resource overlap.
