@@ -54,8 +54,10 @@ impl std::fmt::Display for System {
 /// Flags shared by `run` and `compare`.
 #[derive(Args, Clone, Debug)]
 pub struct RunArgs {
-    /// Defaults for the workload flags not given explicitly.
-    #[arg(long, value_enum, default_value = "seed")]
+    /// Defaults for the workload flags not given explicitly. The default is the short smoke
+    /// run; `--profile seed` is the full seed workload (100k resources, 2,000 acquires/s),
+    /// which overloads a small machine.
+    #[arg(long, value_enum, default_value = "smoke")]
     pub profile: Profile,
     #[arg(long, value_enum, default_value = "steady")]
     pub scenario: Scenario,

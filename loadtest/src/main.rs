@@ -3,10 +3,10 @@
 //! invariant checker.
 //!
 //! ```text
-//! fencegate-loadtest run --profile smoke --out /tmp/smoke            # CI: < 30 s, own cluster
-//! fencegate-loadtest run --scenario leader-kill --out out/kill       # seed workload, kill leader
-//! fencegate-loadtest run --system etcd --scenario ramp               # etcd via scripts/etcd.sh
-//! fencegate-loadtest compare --out out/compare                       # both, one table
+//! fencegate-loadtest run --out /tmp/smoke                           # short smoke run, own cluster
+//! fencegate-loadtest run --profile seed --scenario leader-kill      # seed workload, kill leader
+//! fencegate-loadtest run --profile seed --system etcd --scenario ramp  # etcd via scripts/etcd.sh
+//! fencegate-loadtest compare --profile seed --out out/compare       # both, one table
 //! fencegate-loadtest chaos --duration-s 60 --out out/chaos           # faults + invariant checker
 //! ```
 //!

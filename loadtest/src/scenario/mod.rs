@@ -58,9 +58,13 @@ impl RunResult {
 /// Runs one scenario against one system and prints its table.
 pub async fn run_and_print(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     eprintln!(
-        "{system}: {:?} scenario, {:?} profile",
-        args.scenario, args.profile
+        "{system}: {} scenario, {} profile",
+        value_name(args.scenario),
+        value_name(args.profile)
     );
+    if args.profile == crate::config::Profile::Smoke {
+        eprintln!("(a short, scaled-down run; the full seed workload is --profile seed)");
+    }
     let result = run(args, system).await?;
     report::print_table(&result.summary);
     Ok(result)
