@@ -19,6 +19,7 @@ mod chaos;
 mod cluster;
 mod compare;
 mod config;
+mod handoff;
 mod ledger;
 mod plot;
 mod poller;
@@ -56,6 +57,9 @@ enum Cmd {
         #[command(flatten)]
         args: RunArgs,
     },
+    /// How fast one hot lock passes between holders that write through the fencing proxy
+    /// (against a running cluster, `fencegate dev` by default).
+    Handoff(handoff::HandoffArgs),
     /// Jepsen-style test: clients, zombies and a nemesis against a 3-process cluster, then
     /// one check per invariant (docs/verification.md). Exit 0 only without violations.
     Chaos(chaos::ChaosArgs),
@@ -82,6 +86,7 @@ fn main() -> anyhow::Result<()> {
             }
             Cmd::Compare { args } => compare::run(&args).await,
             Cmd::Chaos(args) => chaos::run(args).await,
+            Cmd::Handoff(args) => handoff::run(args).await,
         }
     })
 }
