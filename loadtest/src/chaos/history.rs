@@ -77,6 +77,9 @@ pub enum WriteRole {
     Zombie,
     /// With a token that was issued for another resource.
     Foreign,
+    /// By a holder right after its release was acknowledged: must never land.
+    #[serde(rename = "after_release")]
+    AfterRelease,
 }
 
 impl WriteRole {
@@ -85,6 +88,7 @@ impl WriteRole {
             WriteRole::Normal => "normal",
             WriteRole::Zombie => "zombie",
             WriteRole::Foreign => "foreign",
+            WriteRole::AfterRelease => "after_release",
         }
     }
 }

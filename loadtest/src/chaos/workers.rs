@@ -130,7 +130,8 @@ impl Workload {
         false
     }
 
-    async fn release(&self, process: &str, rng: &mut StdRng, held: &Held) {
+    /// Releases; true if the cluster acknowledged that this call ended the lease.
+    async fn release(&self, process: &str, rng: &mut StdRng, held: &Held) -> bool {
         for _ in 0..4 {
             let node = self.node(rng);
             match self
@@ -138,11 +139,13 @@ impl Workload {
                 .release(process, node, &held.resource, held.lease_id)
                 .await
             {
-                Outcome::Ok(_) | Outcome::Fail => return,
+                Outcome::Ok(r) => return r.released,
+                Outcome::Fail => return false,
                 Outcome::Unreachable | Outcome::Info => {}
             }
             self.pause(rng, 20, 150).await;
         }
+        false
     }
 
     /// A fenced write of a unique value, if the lease is still valid by the client's clock.
@@ -221,8 +224,25 @@ pub async fn worker(w: Arc<Workload>, id: usize, seed: u64) {
             // Leave it: the final state must account for it.
             return;
         }
-        if rng.random_bool(0.85) {
-            w.release(&process, &mut rng, &held).await;
+        if rng.random_bool(0.85)
+            && w.release(&process, &mut rng, &held).await
+            && rng.random_bool(0.3)
+        {
+            // A holder that writes again right after its release was acknowledged (through
+            // any proxy, including the one that still had a grant): never forwarded.
+            seq += 1;
+            let value = written_value(&process, held.token, seq);
+            let node = w.node(&mut rng);
+            w.client
+                .write(
+                    &process,
+                    node,
+                    key_of(&held.resource),
+                    held.token,
+                    &value,
+                    WriteRole::AfterRelease,
+                )
+                .await;
         }
     }
 }

@@ -25,6 +25,7 @@
 //! nemesis injected`.
 
 mod acknowledged;
+mod after_release;
 mod model;
 mod request_ids;
 mod result;
@@ -50,6 +51,7 @@ pub fn check_all(m: &Model) -> Vec<CheckResult> {
         store_log::check(m),
         acknowledged::check(m),
         request_ids::check(m),
+        after_release::check(m),
     ]
 }
 
@@ -85,6 +87,6 @@ mod tests {
             .iter()
             .map(|r| r.violations)
             .collect();
-        assert_eq!(violations, vec![0, 0, 0, 1, 0], "no final read recorded");
+        assert_eq!(violations, vec![0, 0, 0, 1, 0, 0], "no final read recorded");
     }
 }

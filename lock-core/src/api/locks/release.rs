@@ -10,7 +10,8 @@ use crate::node::Node;
 use crate::wire::{LeaseRequest, ReleaseResponse};
 
 /// The longest a release waits for the fencing proxies to confirm; past it, the answer goes
-/// out and the proxies' grants end on their own (they are at most this long anyway).
+/// out. A proxy's grant is never longer (its config is checked against this bound), so by
+/// then a proxy that could not confirm has stopped forwarding the token on its own.
 const MAX_REVOKE_WAIT: Duration = Duration::from_secs(5);
 
 /// Waits until no fencing proxy forwards the released token any more: every proxy that held a
@@ -19,8 +20,10 @@ const MAX_REVOKE_WAIT: Duration = Duration::from_secs(5);
 async fn wait_revoked(node: &Node, resource: &str) {
     let mut completions = node.revocations.completions();
     let started = Instant::now();
-    // A follower may not have applied the release yet; its state must include it.
+    // A follower may not have applied the release yet; its state must include it. If it
+    // cannot catch up (no quorum), waiting out the longest grant keeps the promise.
     if node.current_leader() != Some(node.id) && node.read_barrier().await.is_err() {
+        tokio::time::sleep(MAX_REVOKE_WAIT.saturating_sub(started.elapsed())).await;
         return;
     }
     loop {
