@@ -12,6 +12,12 @@ use tokio::sync::watch;
 use crate::signal::{shutdown_signal, stopped};
 
 #[derive(clap::Args)]
+#[command(after_help = "\
+Data survives restarts: run it again with the same --data-dir to continue where it stopped.
+
+Examples:
+  fencegate dev
+  fencegate dev --data-dir /tmp/fg --api-ports 17001,17002,17003 --proxy-ports 18001,18002,18003")]
 pub struct DevArgs {
     /// Root of the nodes' data directories (node1/, node2/, node3/ inside).
     #[arg(long, default_value = "./fencegate-data")]

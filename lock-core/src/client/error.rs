@@ -16,7 +16,7 @@ pub enum Error {
     #[error("invalid request: {0}")]
     Invalid(String),
     /// Another lease holds the lock (and the caller did not wait, or the wait ran out).
-    #[error("lock '{resource}' is held by another lease; retry after {retry_after:?} or acquire with a wait_timeout")]
+    #[error("{}", lock_held_message(resource, *retry_after))]
     LockHeld {
         resource: String,
         /// The server's hint for when the current lease ends (zero after a wait ran out).
@@ -51,6 +51,20 @@ pub enum Error {
     /// An HTTP error outside the lock protocol (e.g. building or sending a fenced write).
     #[error("http: {0}")]
     Http(#[from] reqwest::Error),
+}
+
+/// A zero hint means a wait ran out (the server has no better estimate): suggesting "retry
+/// after 0ns or acquire with a wait_timeout" then would be wrong on both counts.
+fn lock_held_message(resource: &str, retry_after: Duration) -> String {
+    if retry_after.is_zero() {
+        format!("lock '{resource}' is held by another lease")
+    } else {
+        format!(
+            "lock '{resource}' is held by another lease; retry after {} ms or acquire with a \
+             wait_timeout",
+            retry_after.as_millis()
+        )
+    }
 }
 
 /// Why a [`LeaseGuard`](super::LeaseGuard) turned invalid. Invalidity is final: a guard never
