@@ -69,7 +69,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         listeners.push(listener);
     }
     let mut running = Vec::new();
-    for ((id, _), listener) in members.iter().zip(listeners) {
+    // Highest id first: node 1 initialises the cluster and asks the others for votes at once,
+    // so it starts last, when they already serve. Otherwise its first requests wait on a
+    // node still opening its store, time out, and openraft logs them as errors.
+    for ((id, _), listener) in members.iter().zip(listeners).rev() {
         let mut config = NodeConfig::new(
             *id,
             args.data_dir.join(format!("node{id}")),

@@ -367,6 +367,18 @@ async fn exit_codes_tell_held_bad_input_and_unavailable_apart() {
         &["lock", "status", "kv:x", "-e", &dead][..],
         &["cluster", "status", "-e", &dead],
         &["member", "list", "--node", &dead],
+        &["lock", "acquire", "kv:x", "-e", &dead, "--timeout", "300ms"],
+        &[
+            "lock",
+            "run",
+            "kv:x",
+            "-e",
+            &dead,
+            "--timeout",
+            "300ms",
+            "--",
+            "true",
+        ],
     ] {
         let out = cluster.run(args).await;
         assert_eq!(

@@ -91,3 +91,21 @@ impl fmt::Display for LostReason {
         })
     }
 }
+
+/// An error with its causes, `a: b: c`. reqwest's own message ("error sending request for
+/// url …") leaves out the part a user can act on ("Connection refused"), which is in the
+/// source chain.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        // Some layers repeat their cause's message; print each once.
+        if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
+}

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use lock_core::client::error_chain;
 use lock_core::wire::{classify, Failure};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -87,7 +88,7 @@ impl Api {
             let resp = match req.send().await {
                 Ok(r) => r,
                 Err(e) => {
-                    problems.push(format!("{base}: {}", describe(&e)));
+                    problems.push(format!("{base}: {}", error_chain(&e)));
                     if retry_any || e.is_connect() {
                         continue;
                     }
@@ -98,7 +99,7 @@ impl Api {
             let bytes = match resp.bytes().await {
                 Ok(b) => b,
                 Err(e) => {
-                    problems.push(format!("{base}: reading the answer: {}", describe(&e)));
+                    problems.push(format!("{base}: reading the answer: {}", error_chain(&e)));
                     if retry_any {
                         continue;
                     }
@@ -123,17 +124,4 @@ impl Api {
             problems.join("; ")
         )))
     }
-}
-
-/// reqwest's own message ("error sending request for url …") hides the cause; the source
-/// chain has it ("Connection refused").
-fn describe(e: &reqwest::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }

@@ -18,7 +18,7 @@ pub use error::{exit, CliError, EXIT_CODES_HELP};
 pub use lock::{lock, LockArgs};
 pub use output::{json_pretty, resolve as output_format, Format};
 
-use lock_core::client::Client;
+use lock_core::client::{Client, ClientOptions};
 
 /// The three nodes `fencegate dev` starts.
 pub const DEFAULT_ENDPOINTS: &str = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003";
@@ -53,6 +53,10 @@ pub struct ClientArgs {
         global = true
     )]
     pub admin_token: Option<String>,
+    /// How long a lock call keeps retrying when no node answers definitely (node down, no
+    /// quorum) before it gives up with exit code 5. A --wait comes on top.
+    #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION", global = true)]
+    pub timeout: Duration,
 }
 
 impl ClientArgs {
@@ -62,7 +66,12 @@ impl ClientArgs {
 
     /// The lock client (retries, node failover, lease renewal) over these endpoints.
     pub fn client(&self) -> Result<Client, CliError> {
-        Ok(Client::new(self.endpoints.clone())?)
+        if self.timeout.is_zero() {
+            return Err(CliError::usage("--timeout must be positive"));
+        }
+        let mut options = ClientOptions::default();
+        options.call_timeout = self.timeout;
+        Ok(Client::with_options(self.endpoints.clone(), options)?)
     }
 }
 

@@ -141,10 +141,12 @@ pub async fn run(client_args: &ClientArgs, args: RunArgs) -> Result<ExitCode, Cl
             // The command may have finished while the lease was already gone (e.g. this
             // process was paused): its last steps ran without the lock, and the caller must
             // know.
-            let reason = guard.lost_reason();
+            // `is_valid` reads the clock: right even if the renewal task has not run since.
+            let reason =
+                (!guard.is_valid()).then(|| guard.lost_reason().unwrap_or(LostReason::Unconfirmed));
             release(guard).await;
             match reason {
-                Some(reason) if reason != LostReason::Released => Err(CliError::new(
+                Some(reason) => Err(CliError::new(
                     exit::LOST,
                     "lease_lost",
                     format!(
@@ -154,7 +156,7 @@ pub async fn run(client_args: &ClientArgs, args: RunArgs) -> Result<ExitCode, Cl
                         args.resource
                     ),
                 )),
-                _ => Ok(exit_code(&status)),
+                None => Ok(exit_code(&status)),
             }
         }
     }
