@@ -51,9 +51,15 @@ error_codes! {
     PayloadTooLarge = ("payload_too_large", 413),
     /// Try-once acquire of a held resource, or a wait that ended without the lock.
     LockHeld = ("lock_held", 409),
+    /// A waiting acquire was withdrawn by a cancel (its own, or an earlier attempt's).
+    WaitCancelled = ("wait_cancelled", 409),
     /// Renew of a lease that is no longer held.
     LeaseLost = ("lease_lost", 409),
     MembershipChangeFailed = ("membership_change_failed", 409),
+    /// A node being added did not catch up with the leader's log in time; it stays out.
+    MemberNotCaughtUp = ("member_not_caught_up", 409),
+    /// A removal would leave fewer reachable voters than a quorum (pass `force` to insist).
+    QuorumAtRisk = ("quorum_at_risk", 409),
     TooManyWaiters = ("too_many_waiters", 429),
     FaultInjectionDisabled = ("fault_injection_disabled", 403),
     /// No quorum answered in time; nothing was granted. Safe to retry.
@@ -75,6 +81,8 @@ error_codes! {
     InvalidResource = ("invalid_resource", 400),
     /// Fencing proxy: `Fence-Resource` names another resource than the path's.
     FenceResourceMismatch = ("fence_resource_mismatch", 400),
+    /// Fencing proxy: more than one `Fence-Token` or `Fence-Resource` header.
+    DuplicateFenceHeader = ("duplicate_fence_header", 400),
     /// Fencing proxy: no route matches the path.
     NoRoute = ("no_route", 404),
     /// Fencing proxy: the client's request could not be read.

@@ -25,6 +25,6 @@ pub use headers::{FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
 pub use lease_id::LeaseId;
 pub use locks::{
     validate_id, validate_resource, AcquireRequest, AcquireResponse, CancelRequest, CancelResponse,
-    LeaseRequest, LockList, LockView, ReleaseResponse, RenewResponse, MAX_ID_LEN, MAX_LIST_LIMIT,
-    MAX_RESOURCE_LEN,
+    LeaseRequest, LockList, LockView, ReleaseResponse, RenewResponse, LOCK_ACTIONS, MAX_ID_LEN,
+    MAX_LIST_LIMIT, MAX_RESOURCE_LEN,
 };
