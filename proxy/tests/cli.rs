@@ -2,67 +2,39 @@
 //! sockets, real fjall in a temp dir, real HTTP), run as a user runs it: the built binary,
 //! its stdout, stderr and exit code.
 
-use std::collections::BTreeMap;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use lock_core::client::{AcquireOptions, Client};
-use lock_core::node::NodeConfig;
-use lock_core::server::NodeHandle;
+use lock_core::testkit::{phase, TestCluster};
 use lock_core::wire::{
-    AcquireResponse, CancelResponse, ClusterStatus, LockList, LockView, Member, ReleaseResponse,
+    AcquireResponse, CancelResponse, ClusterStatus, LockList, LockView, Member, MembershipResponse,
+    ReleaseResponse,
 };
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::net::TcpListener;
 use tokio::process::Command;
 
 const FENCEGATE: &str = env!("CARGO_BIN_EXE_fencegate");
 
 struct Cluster {
+    kit: TestCluster,
     /// `FENCEGATE_ENDPOINTS` for the commands: bare `host:port` and URL forms mixed on purpose.
     endpoints: String,
     client: Client,
-    nodes: Vec<NodeHandle>,
-    _dir: tempfile::TempDir,
 }
 
 impl Cluster {
     async fn start() -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
-        let mut listeners = Vec::new();
-        for _ in 0..3 {
-            listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
-        }
-        let members: BTreeMap<u64, String> = listeners
-            .iter()
-            .enumerate()
-            .map(|(i, l)| (i as u64 + 1, l.local_addr().unwrap().to_string()))
-            .collect();
-        let mut nodes = Vec::new();
-        for ((id, _), listener) in members.iter().zip(listeners) {
-            let config = NodeConfig::new(*id, dir.path().join(format!("n{id}")), members.clone());
-            let handle = lock_core::server::start(config, listener, std::future::pending())
-                .await
-                .unwrap();
-            nodes.push(handle);
-        }
-        let addrs: Vec<&String> = members.values().collect();
+        let kit = TestCluster::start(3).await;
+        let addrs: Vec<&String> = kit.addrs.values().collect();
         let endpoints = format!("{},http://{}/,{}", addrs[0], addrs[1], addrs[2]);
-        let client = Client::new(members.values().map(|a| format!("http://{a}"))).unwrap();
-        // The client retries until a leader is elected: once this acquire is granted, every
-        // command below meets a working cluster.
-        let warmup = client
-            .acquire("test:warmup", AcquireOptions::default())
-            .await
-            .expect("cluster never elected a leader");
-        warmup.release().await.unwrap();
+        let client = Client::new(kit.addrs.values().map(|a| format!("http://{a}"))).unwrap();
         Cluster {
+            kit,
             endpoints,
             client,
-            nodes,
-            _dir: dir,
         }
     }
 
@@ -97,9 +69,7 @@ impl Cluster {
     }
 
     async fn stop(self) {
-        for n in self.nodes {
-            n.shutdown().await;
-        }
+        self.kit.shutdown().await;
     }
 }
 
@@ -121,6 +91,7 @@ fn assert_error_line(out: &Output, code: &str) {
 async fn lock_run_hands_the_token_to_the_command_and_releases_when_it_exits() {
     let cluster = Cluster::start().await;
 
+    phase("lock run: the command sees its token");
     // Phase 1: the command sees the fencing token and the resource in its environment.
     let out = cluster
         .run(&[
@@ -141,6 +112,7 @@ async fn lock_run_hands_the_token_to_the_command_and_releases_when_it_exits() {
     assert_eq!(resource, "job:report");
     let token: u64 = token.parse().unwrap();
 
+    phase("the lock is released when the command exits");
     // Phase 2: the lock was released when the command exited (not left to expire), and the
     // token the command saw is the one the lock service issued.
     let view = cluster.view("job:report").await;
@@ -150,6 +122,7 @@ async fn lock_run_hands_the_token_to_the_command_and_releases_when_it_exits() {
     );
     assert_eq!(view.fencing_token, Some(token));
 
+    phase("the command's exit code is passed through");
     // Phase 3: the command's exit code is passed through, and the lock is released too.
     let out = cluster
         .run(&["lock", "run", "job:report", "--", "sh", "-c", "exit 7"])
@@ -157,6 +130,7 @@ async fn lock_run_hands_the_token_to_the_command_and_releases_when_it_exits() {
     assert_eq!(out.status.code(), Some(7));
     assert!(!cluster.view("job:report").await.held);
 
+    phase("a held lock: exit 3, command not started");
     // Phase 4: a held lock is exit code 3 and the command never starts.
     let holder = cluster
         .client
@@ -171,6 +145,7 @@ async fn lock_run_hands_the_token_to_the_command_and_releases_when_it_exits() {
     assert!(out.stdout.is_empty(), "the command ran without the lock");
     holder.release().await.unwrap();
 
+    phase("a missing command: exit 127, lock released");
     // Phase 5: a command that does not exist is 127, and its lock is released at once.
     let out = cluster
         .run(&[
@@ -193,6 +168,7 @@ async fn lock_run_hands_the_token_to_the_command_and_releases_when_it_exits() {
 async fn lock_run_stops_its_command_when_the_lease_is_lost() {
     let cluster = Cluster::start().await;
 
+    phase("a long command under a 2 s lease");
     // Phase 1: start a long command under a short lease; it reports its pid and token.
     let mut runner = cluster
         .command(&[
@@ -223,6 +199,7 @@ async fn lock_run_stops_its_command_when_the_lease_is_lost() {
     let old_token: u64 = old_token.parse().unwrap();
     let runner_pid = Pid::from_raw(runner.id().unwrap() as i32);
 
+    phase("fencegate frozen; a successor takes the lock");
     // Phase 2: freeze fencegate (not its command): no renewals. Another client queues for the
     // lock and gets it once the server expired the frozen lease.
     kill(runner_pid, Signal::SIGSTOP).unwrap();
@@ -236,6 +213,7 @@ async fn lock_run_stops_its_command_when_the_lease_is_lost() {
         .unwrap();
     assert!(successor.token() > old_token);
 
+    phase("fencegate resumed: command stopped, exit 4");
     // Phase 3: wake it. Its guard is past its deadline: the command is stopped and the exit
     // code says the lease was lost.
     kill(runner_pid, Signal::SIGCONT).unwrap();
@@ -247,6 +225,7 @@ async fn lock_run_stops_its_command_when_the_lease_is_lost() {
         "the command (pid {command_pid}) still runs after its lease was lost"
     );
 
+    phase("the successor's lease is intact");
     // Phase 4: the successor's lease is intact: fencegate's release used its own lease id.
     let view = cluster.view("job:zombie").await;
     assert!(view.held);
@@ -421,8 +400,10 @@ async fn lock_watch_prints_each_change_until_stopped() {
         serde_json::from_str(&line).unwrap()
     };
 
+    phase("watch prints the current state");
     // Phase 1: the current state first.
     assert!(!next().await.held);
+    phase("a grant is printed");
     // Phase 2: a grant shows up as a change, with the granted token.
     let guard = cluster
         .client
@@ -432,6 +413,7 @@ async fn lock_watch_prints_each_change_until_stopped() {
     let held = next().await;
     assert!(held.held);
     assert_eq!(held.fencing_token, Some(guard.token()));
+    phase("a release is printed");
     // Phase 3: and so does the release.
     guard.release().await.unwrap();
     assert!(!next().await.held);
@@ -439,5 +421,26 @@ async fn lock_watch_prints_each_change_until_stopped() {
     // SIGTERM (like Ctrl-C) ends the watch cleanly.
     kill(Pid::from_raw(watcher.id().unwrap() as i32), Signal::SIGTERM).unwrap();
     assert!(watcher.wait().await.unwrap().success());
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_remove_answers_with_the_new_voter_set() {
+    let cluster = Cluster::start().await;
+    let leader = cluster.kit.wait_leader(Duration::from_secs(10)).await;
+    let follower = cluster.kit.followers(leader)[0];
+
+    phase("remove a follower through the CLI");
+    let id = follower.to_string();
+    let voters: MembershipResponse = cluster.json(&["cluster", "remove", "--id", &id]).await;
+    assert_eq!(voters.voters.len(), 2);
+    assert!(!voters.voters.contains(&follower));
+
+    phase("member list no longer shows it as a voter");
+    let members: Vec<Member> = cluster.json(&["member", "list"]).await;
+    assert!(
+        members.iter().all(|m| m.id != follower || !m.voter),
+        "{members:?}"
+    );
     cluster.stop().await;
 }

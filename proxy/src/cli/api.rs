@@ -22,7 +22,7 @@ pub struct Api {
 impl Api {
     pub fn new(args: &ClientArgs) -> Result<Self, CliError> {
         let http = reqwest::Client::builder()
-            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(REQUEST_TIMEOUT)
             .build()
             .map_err(|e| CliError::new(super::exit::FAILURE, "internal", e.to_string()))?;
         Ok(Api {
@@ -38,25 +38,40 @@ impl Api {
         path: &str,
         query: &[(&str, String)],
     ) -> Result<T, CliError> {
-        self.send(reqwest::Method::GET, path, query, None::<&()>, false)
-            .await
+        self.send(
+            reqwest::Method::GET,
+            path,
+            query,
+            None::<&()>,
+            false,
+            REQUEST_TIMEOUT,
+        )
+        .await
     }
 
     /// An admin read (cluster status): carries the admin credential.
     pub async fn admin_get<T: DeserializeOwned>(&self, path: &str) -> Result<T, CliError> {
-        self.send(reqwest::Method::GET, path, &[], None::<&()>, true)
-            .await
+        self.send(
+            reqwest::Method::GET,
+            path,
+            &[],
+            None::<&()>,
+            true,
+            REQUEST_TIMEOUT,
+        )
+        .await
     }
 
     /// An admin change. Only a refused connection moves on to the next endpoint: after a
     /// timeout or a `503` the change may still happen, and sending it again elsewhere could
-    /// apply it twice.
+    /// apply it twice. `timeout` bounds the wait for the answer.
     pub async fn admin_post<B: Serialize, T: DeserializeOwned>(
         &self,
         path: &str,
         body: &B,
+        timeout: Duration,
     ) -> Result<T, CliError> {
-        self.send(reqwest::Method::POST, path, &[], Some(body), true)
+        self.send(reqwest::Method::POST, path, &[], Some(body), true, timeout)
             .await
     }
 
@@ -67,6 +82,7 @@ impl Api {
         query: &[(&str, String)],
         body: Option<&B>,
         admin: bool,
+        timeout: Duration,
     ) -> Result<T, CliError> {
         let retry_any = method == reqwest::Method::GET;
         let mut problems = Vec::new();
@@ -78,7 +94,7 @@ impl Api {
                 reqwest::Url::parse_with_params(&url, query)
             }
             .map_err(|e| CliError::usage(format!("endpoint {base}: {e}")))?;
-            let mut req = self.http.request(method.clone(), url);
+            let mut req = self.http.request(method.clone(), url).timeout(timeout);
             if let Some(b) = body {
                 req = req.json(b);
             }

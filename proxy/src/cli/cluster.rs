@@ -4,9 +4,14 @@ use lock_core::wire::{
     AddMemberRequest, ClusterStatus, Member, MembershipResponse, RemoveMemberRequest, Role,
 };
 
+use std::time::Duration;
+
 use super::api::Api;
 use super::output::{json_pretty, opt, Table};
-use super::{CliError, ClientArgs, Format};
+use super::{parse_duration, CliError, ClientArgs, Format};
+
+/// Time a membership change needs beyond catching up: joint consensus takes two commits.
+const MEMBERSHIP_SLACK: Duration = Duration::from_secs(10);
 
 #[derive(clap::Args)]
 #[command(after_help = "\
@@ -38,6 +43,10 @@ enum ClusterCmd {
         /// `host:port` where the new node's API listens, as the other nodes reach it.
         #[arg(long)]
         addr: String,
+        /// How long the new node may take to catch up with the leader's log before the add
+        /// is refused and the learner removed again (at most 10m).
+        #[arg(long, value_parser = parse_duration, default_value = "20s")]
+        catch_up_timeout: Duration,
     },
     /// Remove a voter from the cluster. Its process keeps running until you stop it.
     #[command(after_help = "Example:\n  fencegate cluster remove --id 3")]
@@ -45,6 +54,10 @@ enum ClusterCmd {
         /// Id of the node to remove.
         #[arg(long)]
         id: u64,
+        /// Remove it even if fewer than a quorum of the remaining voters answer (the removal
+        /// is otherwise refused, because it could leave the cluster without a quorum).
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -76,15 +89,31 @@ pub async fn cluster(args: ClusterArgs) -> Result<(), CliError> {
                 Format::Table => print_status(&status),
             }
         }
-        ClusterCmd::Add { id, addr } => {
+        ClusterCmd::Add {
+            id,
+            addr,
+            catch_up_timeout,
+        } => {
             super::parse_endpoint(&addr).map_err(CliError::usage)?;
-            let body = AddMemberRequest { node_id: id, addr };
-            let r: MembershipResponse = api.admin_post("/v1/cluster/members/add", &body).await?;
+            let body = AddMemberRequest {
+                node_id: id,
+                addr,
+                catch_up_timeout_ms: Some(
+                    catch_up_timeout.as_millis().try_into().unwrap_or(u64::MAX),
+                ),
+            };
+            // The answer comes once the learner caught up (or the timeout refused it).
+            let wait = catch_up_timeout + MEMBERSHIP_SLACK;
+            let r: MembershipResponse = api
+                .admin_post("/v1/cluster/members/add", &body, wait)
+                .await?;
             print_voters(&r, format);
         }
-        ClusterCmd::Remove { id } => {
-            let body = RemoveMemberRequest { node_id: id };
-            let r: MembershipResponse = api.admin_post("/v1/cluster/members/remove", &body).await?;
+        ClusterCmd::Remove { id, force } => {
+            let body = RemoveMemberRequest { node_id: id, force };
+            let r: MembershipResponse = api
+                .admin_post("/v1/cluster/members/remove", &body, MEMBERSHIP_SLACK)
+                .await?;
             print_voters(&r, format);
         }
     }
