@@ -7,7 +7,7 @@ use tracing_subscriber::EnvFilter;
 #[derive(clap::Args, Debug)]
 #[command(next_help_heading = "Logging")]
 pub struct LogArgs {
-    /// Log level of fencegate's own messages: error, warn, info, debug or trace [default: info
+    /// Log level of fencegate's own messages [default: info
     /// for `dev`, `node` and `demo-store`; warn for the client commands]. Overrides RUST_LOG.
     #[arg(long, global = true, value_name = "LEVEL", value_parser = ["error", "warn", "info", "debug", "trace"])]
     pub log_level: Option<String>,

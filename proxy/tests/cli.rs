@@ -13,8 +13,8 @@ use lock_core::wire::{
 };
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
 
 const FENCEGATE: &str = env!("CARGO_BIN_EXE_fencegate");
 
@@ -48,6 +48,18 @@ impl Cluster {
             .stdin(Stdio::null())
             .kill_on_drop(true);
         cmd
+    }
+
+    /// Starts a long-running command; its stdout is read line by line, its stderr collected.
+    fn spawn(&self, args: &[&str]) -> (Child, Lines<BufReader<ChildStdout>>) {
+        let mut child = self
+            .command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        (child, lines)
     }
 
     async fn run(&self, args: &[&str]) -> Output {
@@ -170,25 +182,19 @@ async fn lock_run_stops_its_command_when_the_lease_is_lost() {
 
     phase("a long command under a 2 s lease");
     // Phase 1: start a long command under a short lease; it reports its pid and token.
-    let mut runner = cluster
-        .command(&[
-            "lock",
-            "run",
-            "job:zombie",
-            "--ttl",
-            "2s",
-            "--kill-grace",
-            "5s",
-            "--",
-            "sh",
-            "-c",
-            "echo $$ $FENCE_TOKEN; exec sleep 600",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(runner.stdout.take().unwrap()).lines();
+    let (runner, mut lines) = cluster.spawn(&[
+        "lock",
+        "run",
+        "job:zombie",
+        "--ttl",
+        "2s",
+        "--kill-grace",
+        "5s",
+        "--",
+        "sh",
+        "-c",
+        "echo $$ $FENCE_TOKEN; exec sleep 600",
+    ]);
     let first = lines
         .next_line()
         .await
@@ -381,20 +387,15 @@ async fn exit_codes_tell_held_bad_input_and_unavailable_apart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_watch_prints_each_change_until_stopped() {
     let cluster = Cluster::start().await;
-    let mut watcher = cluster
-        .command(&[
-            "lock",
-            "watch",
-            "kv:watched",
-            "--interval",
-            "50ms",
-            "-o",
-            "json",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(watcher.stdout.take().unwrap()).lines();
+    let (mut watcher, mut lines) = cluster.spawn(&[
+        "lock",
+        "watch",
+        "kv:watched",
+        "--interval",
+        "50ms",
+        "-o",
+        "json",
+    ]);
     let mut next = async || -> LockView {
         let line = lines.next_line().await.unwrap().expect("watch ended");
         serde_json::from_str(&line).unwrap()
@@ -442,5 +443,34 @@ async fn cluster_remove_answers_with_the_new_voter_set() {
         members.iter().all(|m| m.id != follower || !m.voter),
         "{members:?}"
     );
+    cluster.stop().await;
+}
+
+/// SIGTERM to `lock run` (a service manager stopping it, or Ctrl-C) is passed to the command,
+/// and the lock is released once the command has exited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_run_passes_sigterm_on_and_releases() {
+    let cluster = Cluster::start().await;
+    let (mut runner, mut lines) = cluster.spawn(&[
+        "lock",
+        "run",
+        "job:stopped",
+        "--",
+        "sh",
+        "-c",
+        "echo ready; exec sleep 600",
+    ]);
+    assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("ready"));
+    assert!(cluster.view("job:stopped").await.held);
+
+    phase("SIGTERM to fencegate ends the command and the lock");
+    kill(Pid::from_raw(runner.id().unwrap() as i32), Signal::SIGTERM).unwrap();
+    let status = runner.wait().await.unwrap();
+    assert_eq!(
+        status.code(),
+        Some(128 + 15),
+        "the command's own end (SIGTERM)"
+    );
+    assert!(!cluster.view("job:stopped").await.held);
     cluster.stop().await;
 }

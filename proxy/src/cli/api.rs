@@ -24,7 +24,7 @@ impl Api {
         let http = reqwest::Client::builder()
             .connect_timeout(REQUEST_TIMEOUT)
             .build()
-            .map_err(|e| CliError::new(super::exit::FAILURE, "internal", e.to_string()))?;
+            .map_err(|e| CliError::internal(e.to_string()))?;
         Ok(Api {
             endpoints: args.endpoints.clone(),
             http,

@@ -62,6 +62,11 @@ impl CliError {
         Self::new(exit::USAGE, ErrorCode::InvalidRequest.as_str(), message)
     }
 
+    /// A failure inside fencegate itself (not the user's input, not the cluster).
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(exit::FAILURE, "internal", message)
+    }
+
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(exit::UNAVAILABLE, "unavailable", message)
     }

@@ -206,7 +206,8 @@ async fn watch(
         return Err(CliError::usage("--interval must be positive"));
     }
     let mut last: Option<LockView> = None;
-    let stop = crate::signal::shutdown_signal();
+    let stop = crate::signal::shutdown_signal_now()
+        .map_err(|e| CliError::internal(format!("cannot install signal handlers: {e}")))?;
     tokio::pin!(stop);
     loop {
         match read_one(api, resource).await {

@@ -24,15 +24,17 @@ pub fn resolve(choice: Option<Format>) -> Format {
 }
 
 pub fn json_pretty(value: &impl Serialize) {
-    // Serializing the wire types cannot fail: they hold no maps with non-string keys.
-    match serde_json::to_string_pretty(value) {
-        Ok(s) => println!("{s}"),
-        Err(e) => eprintln!("error: internal: cannot print the answer as JSON: {e}"),
-    }
+    print_json(serde_json::to_string_pretty(value));
 }
 
+/// One compact object per line, for streams (`lock watch`).
 pub fn json_line(value: &impl Serialize) {
-    match serde_json::to_string(value) {
+    print_json(serde_json::to_string(value));
+}
+
+fn print_json(text: serde_json::Result<String>) {
+    // The wire types always serialize (no maps with non-string keys); say so if that changes.
+    match text {
         Ok(s) => println!("{s}"),
         Err(e) => eprintln!("error: internal: cannot print the answer as JSON: {e}"),
     }

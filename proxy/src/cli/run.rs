@@ -87,6 +87,8 @@ pub async fn run(client_args: &ClientArgs, args: RunArgs) -> Result<ExitCode, Cl
     let guard = client.acquire(&args.resource, opts).await?;
     tracing::debug!(resource = %args.resource, token = guard.token(), "lock acquired; starting the command");
 
+    let stop_requested = crate::signal::shutdown_signal_now()
+        .map_err(|e| CliError::internal(format!("cannot install signal handlers: {e}")))?;
     let mut command = Command::new(program);
     command
         .args(rest)
@@ -114,7 +116,7 @@ pub async fn run(client_args: &ClientArgs, args: RunArgs) -> Result<ExitCode, Cl
     let outcome = tokio::select! {
         status = child.wait() => Outcome::Exited(status),
         reason = guard.lost() => Outcome::Lost(reason),
-        _ = crate::signal::shutdown_signal() => Outcome::Interrupted,
+        _ = stop_requested => Outcome::Interrupted,
     };
     match outcome {
         Outcome::Lost(reason) => {
