@@ -6,7 +6,7 @@ use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use lock_core::client::{AcquireOptions, Client};
-use lock_core::testkit::{phase, TestCluster};
+use lock_core::testkit::{eventually, phase, TestCluster};
 use lock_core::wire::{
     AcquireResponse, CancelResponse, ClusterStatus, LockList, LockView, Member, MembershipResponse,
     ReleaseResponse,
@@ -472,5 +472,46 @@ async fn lock_run_passes_sigterm_on_and_releases() {
         "the command's own end (SIGTERM)"
     );
     assert!(!cluster.view("job:stopped").await.held);
+    cluster.stop().await;
+}
+
+/// Ctrl-C while `lock run` waits in the queue withdraws the wait: no grant is left behind for a
+/// command that will never run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_run_interrupted_while_waiting_leaves_no_waiter() {
+    let cluster = Cluster::start().await;
+    let holder = cluster
+        .client
+        .acquire("job:queue", AcquireOptions::new(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let (runner, mut lines) = cluster.spawn(&[
+        "lock",
+        "run",
+        "job:queue",
+        "--wait",
+        "60s",
+        "--",
+        "sh",
+        "-c",
+        "echo ran",
+    ]);
+
+    phase("lock run waits in the queue");
+    eventually(Duration::from_secs(10), "lock run queued", async || {
+        cluster.view("job:queue").await.waiters == 1
+    })
+    .await;
+
+    phase("SIGINT: the wait is cancelled and the command never runs");
+    kill(Pid::from_raw(runner.id().unwrap() as i32), Signal::SIGINT).unwrap();
+    let out = runner.wait_with_output().await.unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_error_line(&out, "interrupted");
+    assert_eq!(lines.next_line().await.unwrap(), None, "the command ran");
+    let view = cluster.view("job:queue").await;
+    assert_eq!(view.waiters, 0, "{view:?}");
+    assert_eq!(view.fencing_token, Some(holder.token()));
+    holder.release().await.unwrap();
     cluster.stop().await;
 }

@@ -31,7 +31,7 @@ pub mod exit {
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0    success
-  1    other failure (e.g. a refused membership change)
+  1    other failure (a refused membership change; lock run interrupted while acquiring)
   2    bad input: usage, resource name, endpoint, option
   3    lock held by another lease (also when --wait ran out), or its queue is full
   4    lease lost (lock run: the command was stopped because the lease was lost)

@@ -11,7 +11,7 @@ use std::ffi::OsString;
 use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
 
-use lock_core::client::{AcquireOptions, LostReason};
+use lock_core::client::{new_request_id, AcquireOptions, LostReason};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
@@ -28,7 +28,8 @@ The lease id is not passed on: only this process renews and releases it.
 When the lease is lost (renewals failed until the local deadline, the process was paused, or
 the server reports it gone), the command gets SIGTERM, then SIGKILL after --kill-grace, and
 fencegate exits with code 4. Ctrl-C or SIGTERM to fencegate is passed on as SIGTERM and the
-lock is released once the command has exited. Only the command's own process is signalled:
+lock is released once the command has exited. Interrupted while still waiting for the lock,
+fencegate cancels the wait and exits 1 without running the command. Only the command's own process is signalled:
 in a shell wrapper, `exec` the real program.
 
 Exit code: the command's own (128+N if signal N ended it); 3 if the lock is held (after
@@ -84,11 +85,28 @@ pub async fn run(client_args: &ClientArgs, args: RunArgs) -> Result<ExitCode, Cl
         .wait_timeout(args.wait)
         .holder(holder);
     opts.ttl = args.ttl;
-    let guard = client.acquire(&args.resource, opts).await?;
-    tracing::debug!(resource = %args.resource, token = guard.token(), "lock acquired; starting the command");
-
+    // Our own request id, so an acquire interrupted by Ctrl-C can be cancelled by id below.
+    let request_id = new_request_id();
+    opts.request_id = Some(request_id.clone());
     let stop_requested = crate::signal::shutdown_signal_now()
         .map_err(|e| CliError::internal(format!("cannot install signal handlers: {e}")))?;
+    tokio::pin!(stop_requested);
+    let guard = tokio::select! {
+        acquired = client.acquire(&args.resource, opts) => acquired?,
+        _ = &mut stop_requested => {
+            // Withdraws a queued wait, or releases a grant that arrived meanwhile; waiting
+            // for the answer matters, as the process ends right after.
+            let cancel = client.cancel(&args.resource, &request_id);
+            let _ = tokio::time::timeout(Duration::from_secs(2), cancel).await;
+            return Err(CliError::new(
+                exit::FAILURE,
+                "interrupted",
+                format!("interrupted while acquiring '{}'; the command did not run", args.resource),
+            ));
+        }
+    };
+    tracing::debug!(resource = %args.resource, token = guard.token(), "lock acquired; starting the command");
+
     let mut command = Command::new(program);
     command
         .args(rest)
@@ -116,7 +134,7 @@ pub async fn run(client_args: &ClientArgs, args: RunArgs) -> Result<ExitCode, Cl
     let outcome = tokio::select! {
         status = child.wait() => Outcome::Exited(status),
         reason = guard.lost() => Outcome::Lost(reason),
-        _ = stop_requested => Outcome::Interrupted,
+        _ = &mut stop_requested => Outcome::Interrupted,
     };
     match outcome {
         Outcome::Lost(reason) => {
