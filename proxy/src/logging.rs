@@ -9,7 +9,12 @@ use tracing_subscriber::EnvFilter;
 pub struct LogArgs {
     /// Log level of fencegate's own messages [default: info
     /// for `dev`, `node` and `demo-store`; warn for the client commands]. Overrides RUST_LOG.
-    #[arg(long, global = true, value_name = "LEVEL", value_parser = ["error", "warn", "info", "debug", "trace"])]
+    #[arg(
+        long,
+        global = true,
+        value_name = "LEVEL",
+        value_parser = ["error", "warn", "info", "debug", "trace"]
+    )]
     pub log_level: Option<String>,
     /// Log line format on stderr: `text` for people, `json` (one object per line) for log
     /// collectors.

@@ -55,7 +55,13 @@ pub struct ClientArgs {
     pub admin_token: Option<String>,
     /// How long a lock call keeps retrying when no node answers definitely (node down, no
     /// quorum) before it gives up with exit code 5. A --wait comes on top.
-    #[arg(long, value_parser = parse_duration, default_value = "10s", value_name = "DURATION", global = true)]
+    #[arg(
+        long,
+        value_parser = parse_duration,
+        default_value = "10s",
+        value_name = "DURATION",
+        global = true
+    )]
     pub timeout: Duration,
 }
 

@@ -29,8 +29,8 @@ When the lease is lost (renewals failed until the local deadline, the process wa
 the server reports it gone), the command gets SIGTERM, then SIGKILL after --kill-grace, and
 fencegate exits with code 4. Ctrl-C or SIGTERM to fencegate is passed on as SIGTERM and the
 lock is released once the command has exited. Interrupted while still waiting for the lock,
-fencegate cancels the wait and exits 1 without running the command. Only the command's own process is signalled:
-in a shell wrapper, `exec` the real program.
+fencegate cancels the wait and exits 1 without running the command. Only the command's own
+process is signalled: in a shell wrapper, `exec` the real program.
 
 Exit code: the command's own (128+N if signal N ended it); 3 if the lock is held (after
 --wait); 4 if the lease was lost while the command ran; 5 if the cluster is unavailable;
@@ -101,11 +101,18 @@ pub async fn run(client_args: &ClientArgs, args: RunArgs) -> Result<ExitCode, Cl
             return Err(CliError::new(
                 exit::FAILURE,
                 "interrupted",
-                format!("interrupted while acquiring '{}'; the command did not run", args.resource),
+                format!(
+                    "interrupted while acquiring '{}'; the command did not run",
+                    args.resource
+                ),
             ));
         }
     };
-    tracing::debug!(resource = %args.resource, token = guard.token(), "lock acquired; starting the command");
+    tracing::debug!(
+        resource = %args.resource,
+        token = guard.token(),
+        "lock acquired; starting the command"
+    );
 
     let mut command = Command::new(program);
     command
@@ -160,8 +167,7 @@ pub async fn run(client_args: &ClientArgs, args: RunArgs) -> Result<ExitCode, Cl
         Outcome::Exited(status) => {
             // The command may have finished while the lease was already gone (e.g. this
             // process was paused): its last steps ran without the lock, and the caller must
-            // know.
-            // `is_valid` reads the clock: right even if the renewal task has not run since.
+            // know. `is_valid` reads the clock: right even if the renewal task has not run since.
             let reason =
                 (!guard.is_valid()).then(|| guard.lost_reason().unwrap_or(LostReason::Unconfirmed));
             release(guard).await;
