@@ -5,9 +5,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use lock_core::testkit::{eventually, phase, TestCluster};
 use lock_core::wire::{ClusterStatus, ErrorBody, ErrorCode, MembershipResponse};
 use serde_json::json;
-use lock_core::testkit::{eventually, phase, TestCluster};
 
 fn voter_set(s: &ClusterStatus) -> BTreeSet<u64> {
     s.members.iter().filter(|m| m.voter).map(|m| m.id).collect()

@@ -12,7 +12,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 use serde_json::{json, Value};
 
-use crate::gate::{Admission, FenceGate};
+use crate::gate::{Admission, FenceGate, InFlightGuard};
 use crate::metrics::ProxyMetrics;
 use crate::route::Routes;
 use crate::verdict::{check_resource_header, parse_token, Rejection};
@@ -34,6 +34,9 @@ pub struct Ctx {
     /// For an admitted protected write: when the request must have reached the upstream in
     /// full (see `gate::Admitted::send_by`).
     send_by: Option<Instant>,
+    /// Counts this write in flight for its resource until the request is over (a revocation
+    /// of its token waits for it).
+    in_flight: Option<InFlightGuard>,
 }
 
 impl FenceProxy {
@@ -80,6 +83,7 @@ impl ProxyHttp for FenceProxy {
             started: Instant::now(),
             outcome: "forwarded",
             send_by: None,
+            in_flight: None,
         }
     }
 
@@ -142,6 +146,7 @@ impl ProxyHttp for FenceProxy {
         match checked {
             Ok(admitted) => {
                 ctx.send_by = Some(admitted.send_by);
+                ctx.in_flight = Some(admitted.in_flight);
                 let reason = match admitted.how {
                     Admission::FastPath => "fast_path",
                     Admission::Consensus => "consensus",

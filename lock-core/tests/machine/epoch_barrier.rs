@@ -12,9 +12,9 @@ use crate::support::{
 
 // ---- the epoch barrier: release defers, expiry does not ------------------------------------
 
-/// Releasing while a grant lives defers the next token until the grant ends. A try-once
-/// acquire gets `Held` with the grant's end as `retry_after_ms`; a waiter is handed the lock
-/// only by a Tick at or after the grant's end.
+/// Releasing while a grant lives defers the next token until the grant ends when no proxy
+/// confirms the revocation. A try-once acquire gets `Revoking` with the grant's end as
+/// `retry_after_ms`; a waiter is handed the lock only by a Tick at or after the grant's end.
 #[test]
 fn release_with_a_live_grant_defers_the_next_token_until_the_grant_ends() {
     let mut m = LockMachine::new();
@@ -37,7 +37,7 @@ fn release_with_a_live_grant_defers_the_next_token_until_the_grant_ends() {
 
     assert_eq!(
         run(&mut m, T0 + 300, try_once("a", "C", 3)),
-        Response::Held {
+        Response::Revoking {
             retry_after_ms: grant_end - (T0 + 300)
         }
     );
@@ -197,7 +197,7 @@ fn a_term_change_shifts_live_grants_and_deferrals_like_leases() {
     assert_eq!(reissue_at(&m, "a"), Some(T0 + GRANT + shift));
     assert!(matches!(
         run2(&mut m, T0 + GRANT + 1, try_once("a", "B", 4)),
-        Response::Held { .. }
+        Response::Revoking { .. }
     ));
     assert_eq!(
         granted(run2(&mut m, T0 + GRANT + shift, try_once("a", "B2", 5))).fencing_token,

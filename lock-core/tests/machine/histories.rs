@@ -36,7 +36,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (res.clone(), pick()).prop_map(|(res, pick)| Op::Release { res, pick }),
         2 => (res.clone(), 0..REQUEST_IDS).prop_map(|(res, rid)| Op::Cancel { res, rid }),
         3 => (
-            res,
+            res.clone(),
             prop_oneof![3 => Just(TokenPick::Current), 1 => any::<u64>().prop_map(TokenPick::Any)],
             0u64..3,
             1u64..20_000,
@@ -47,6 +47,12 @@ fn op() -> impl Strategy<Value = Op> {
                 proxy,
                 grant_ms
             }),
+        2 => (
+            res.clone(),
+            prop_oneof![3 => Just(TokenPick::Current), 1 => any::<u64>().prop_map(TokenPick::Any)],
+            0u64..3,
+        )
+            .prop_map(|(res, token, proxy)| Op::RevokeAck { res, token, proxy }),
         2 => prop_oneof![Just(1u32), Just(3), Just(10_000)]
             .prop_map(|max_items| Op::Tick { max_items }),
         6 => prop_oneof![

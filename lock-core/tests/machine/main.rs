@@ -20,6 +20,7 @@ mod histories;
 mod release;
 mod renew;
 mod retry;
+mod revocation;
 mod tick;
 mod tokens;
 mod waiting;

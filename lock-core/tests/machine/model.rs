@@ -149,6 +149,11 @@ impl Model {
                 proxy,
                 grant_ms,
             } => Response::Admit(self.admit(resource, *fencing_token, *proxy, *grant_ms, &mut fx)),
+            Command::RevokeAck {
+                resource,
+                fencing_token,
+                proxy,
+            } => self.revoke_ack(resource, *fencing_token, *proxy, &mut fx),
             Command::Tick { max_items } => self.tick(*max_items as usize, &mut fx),
         };
         (resp, fx)
@@ -201,8 +206,12 @@ impl Model {
             return Response::Granted(g);
         };
         if a.wait_timeout_ms == 0 {
-            return Response::Held {
-                retry_after_ms: busy_until - self.now,
+            let retry_after_ms = busy_until - self.now;
+            let revoking = self.res[&a.resource].lease.is_none();
+            return if revoking {
+                Response::Revoking { retry_after_ms }
+            } else {
+                Response::Held { retry_after_ms }
             };
         }
         let total = self.total_waiters();
@@ -239,18 +248,55 @@ impl Model {
         }
     }
 
-    /// Ends the lease; the next holder gets the lock now, or when the proxy grants for the
-    /// ended token have run out (the epoch barrier).
+    /// Ends the lease; the next holder gets the lock now, or once every proxy holding a grant
+    /// for the ended token confirmed (revocation), at the latest when the grants run out.
     fn free(&mut self, resource: &str, fx: &mut Vec<Effect>) {
         let now = self.now;
         let r = self.res.get_mut(resource).expect("resource");
-        r.lease = None;
+        let ended = r.lease.take().map(|l| l.token);
         r.grants.retain(|g| g.2 > now);
         if let Some(until) = r.grants.iter().map(|g| g.2).max() {
             r.reissue_at = Some(until);
+            let mut proxies: Vec<u64> = r.grants.iter().map(|g| g.0).collect();
+            proxies.sort_unstable();
+            proxies.dedup();
+            if let Some(token) = ended {
+                fx.push(Effect::Revoke {
+                    resource: resource.to_string(),
+                    fencing_token: token,
+                    proxies,
+                });
+            }
             return;
         }
         self.hand_off(resource, fx);
+    }
+
+    /// A proxy confirmed it stopped forwarding `token`: its grant goes; the last one frees the
+    /// lock for the next holder.
+    fn revoke_ack(
+        &mut self,
+        resource: &str,
+        token: u64,
+        proxy: u64,
+        fx: &mut Vec<Effect>,
+    ) -> Response {
+        self.settle(resource, fx);
+        let now = self.now;
+        let Some(r) = self.res.get_mut(resource) else {
+            return Response::RevokeAcked(false);
+        };
+        let before = r.grants.len();
+        r.grants
+            .retain(|g| g.2 > now && !(g.0 == proxy && g.1 == token));
+        let removed = r.grants.len() < before;
+        if r.lease.is_none() && r.grants.is_empty() && r.reissue_at.take().is_some() {
+            fx.push(Effect::Revoked {
+                resource: resource.to_string(),
+            });
+            self.hand_off(resource, fx);
+        }
+        Response::RevokeAcked(removed)
     }
 
     fn hand_off(&mut self, resource: &str, fx: &mut Vec<Effect>) {

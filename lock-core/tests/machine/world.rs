@@ -57,6 +57,12 @@ pub enum Op {
         proxy: u64,
         grant_ms: u64,
     },
+    /// A proxy confirms it stopped forwarding a token after a release revoked it.
+    RevokeAck {
+        res: usize,
+        token: TokenPick,
+        proxy: u64,
+    },
     Tick {
         max_items: u32,
     },
@@ -226,6 +232,18 @@ impl World {
                     fencing_token,
                     proxy: *proxy,
                     grant_ms: *grant_ms,
+                }
+            }
+            Op::RevokeAck { res, token, proxy } => {
+                let name = RESOURCE_NAMES[*res];
+                let fencing_token = match token {
+                    TokenPick::Current => self.model.res.get(name).map_or(1, |r| r.last_token),
+                    TokenPick::Any(x) => x % (self.model.last_token + 3),
+                };
+                Command::RevokeAck {
+                    resource: name.to_string(),
+                    fencing_token,
+                    proxy: *proxy,
                 }
             }
             Op::Tick { max_items } => Command::Tick {
