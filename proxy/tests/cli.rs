@@ -515,3 +515,31 @@ async fn lock_run_interrupted_while_waiting_leaves_no_waiter() {
     holder.release().await.unwrap();
     cluster.stop().await;
 }
+
+/// `--log-format json` writes one JSON object per log line, and no colour codes reach a file
+/// or pipe; the error line stays last and plain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_json_lines_without_colour_codes() {
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let out = Command::new(FENCEGATE)
+        .args(["lock", "status", "kv:x", "-e", &dead])
+        .args(["--log-level", "debug", "--log-format", "json"])
+        .env_remove("RUST_LOG")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(5));
+    let err = text(&out.stderr);
+    assert!(!err.contains('\u{1b}'), "colour codes in a pipe: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    let (last, logs) = lines.split_last().unwrap();
+    assert!(last.starts_with("error: unavailable: "), "{last}");
+    assert!(!logs.is_empty(), "debug logging printed nothing");
+    for line in logs {
+        serde_json::from_str::<serde::de::IgnoredAny>(line)
+            .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+    }
+}
