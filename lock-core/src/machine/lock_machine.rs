@@ -404,6 +404,10 @@ impl LockMachine {
     ) -> Response {
         self.settle(resource, fx);
         let now = self.now_ms;
+        // Tokens start at 1: 0 was never issued for anything.
+        if token == 0 {
+            return Response::Admit(AdmitOutcome::Unknown);
+        }
         let Some(res) = self.resources.get_mut(resource) else {
             return Response::Admit(if token <= self.gc_floor {
                 AdmitOutcome::Stale {

@@ -95,6 +95,8 @@ error_codes! {
     /// Fencing proxy: the upstream failed; the write may have landed.
     UpstreamError = ("upstream_error", 502),
     ProxyError = ("proxy_error", 500),
+    /// Fencing proxy: too many first writes of one resource queued for admission here.
+    ProxyBusy = ("proxy_busy", 503),
 }
 
 impl fmt::Display for ErrorCode {

@@ -336,6 +336,10 @@ impl Model {
     ) -> AdmitOutcome {
         self.settle(resource, fx);
         let now = self.now;
+        // Tokens start at 1: 0 was never issued for anything.
+        if token == 0 {
+            return AdmitOutcome::Unknown;
+        }
         let Some(r) = self.res.get_mut(resource) else {
             return if token <= self.gc_floor {
                 AdmitOutcome::Stale {
