@@ -10,12 +10,14 @@ use super::support::{assert_error, assert_grant, cluster_status, metrics, sample
 
 /// Polls `GET /v1/cluster` on `node` (a status page, not linearizable) until it names the
 /// leader and has applied something: a follower that has not yet heard from the leader shows
-/// no membership, and one that has not applied an entry yet shows `last_applied: null`.
+/// no membership, and one that has not applied an entry yet (the first is the membership)
+/// shows `last_applied: 0` and no members.
 async fn wait_cluster_status(c: &TestCluster, node: u64, leader: u64) -> Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let v = cluster_status(c, node).await;
-        if v["leader_id"].as_u64() == Some(leader) && v["last_applied"].is_u64() {
+        let applied = v["last_applied"].as_u64().is_some_and(|i| i > 0);
+        if v["leader_id"].as_u64() == Some(leader) && applied {
             return v;
         }
         assert!(
