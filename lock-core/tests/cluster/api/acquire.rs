@@ -171,10 +171,15 @@ async fn resources_with_slashes_work_raw_and_percent_encoded() {
     let (s, r) = release(&c, leader, "app%2Fdb%2Fprimary", &lease).await;
     assert_eq!((s, r), (200, json!({ "released": true })));
 
-    phase("a resource whose last segment is an action name is still addressable");
+    phase("a name ending in an action word is refused: GET .../acquire would be ambiguous");
     let got = c.acquire(f[0], "jobs/acquire", "slash-3", 5_000).await;
-    assert_grant(&got, "jobs/acquire", 5_000);
-    let (s, v) = c.get(leader, "/v1/locks/jobs/acquire").await;
-    assert_eq!((s, &v["held"]), (200, &json!(true)), "{v}");
+    assert_error(&got, 400, "invalid_request", &[]);
+    let got = c.get(leader, "/v1/locks/jobs/acquire").await;
+    assert_error(&got, 405, "method_not_allowed", &[]);
+    let got = c.get(leader, "/v1/locks/kv:demo/release").await;
+    assert_error(&got, 405, "method_not_allowed", &[]);
+    phase("an action word elsewhere in the name is fine");
+    let got = c.acquire(f[0], "acquire/jobs", "slash-4", 5_000).await;
+    assert_grant(&got, "acquire/jobs", 5_000);
     c.shutdown().await;
 }

@@ -33,8 +33,8 @@ async fn cancel_removes_a_waiting_acquire() {
         .await;
     assert_eq!((s, r), (200, json!({ "cancelled": true })));
 
-    phase("the waiting request ends with 409 and the queue is empty");
-    assert_error(&answer(waiter).await, 409, "lock_held", &["retry_after_ms"]);
+    phase("the waiting request ends with 409 wait_cancelled and the queue is empty");
+    assert_error(&answer(waiter).await, 409, "wait_cancelled", &[]);
     let v = wait_waiters(&c, leader, "can:a", 0).await;
     assert_eq!(
         v["fencing_token"].as_u64(),

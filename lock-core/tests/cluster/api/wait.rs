@@ -72,7 +72,7 @@ async fn waiting_queue_is_bounded_with_too_many_waiters() {
         assert_eq!((s, r), (200, json!({ "cancelled": true })), "{rid}");
     }
     for h in [w2, w5, w6] {
-        assert_error(&answer(h).await, 409, "lock_held", &["retry_after_ms"]);
+        assert_error(&answer(h).await, 409, "wait_cancelled", &[]);
     }
     let (s, _) = release(&c, leader, "busy:q", &lease_w1).await;
     assert_eq!(s, 200);
