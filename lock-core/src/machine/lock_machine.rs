@@ -74,6 +74,9 @@ impl LockMachine {
                 grant_ms,
             } => self.admit(resource, *fencing_token, *proxy, *grant_ms, &mut fx),
             Command::Tick { max_items } => self.tick(*max_items, &mut fx),
+            // Idempotency records live on disk, not in this machine: the storage layer applies
+            // the command; the stamp above still advances log time.
+            Command::Idem(_) => Response::Noop,
         };
         (resp, fx)
     }

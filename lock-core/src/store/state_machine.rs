@@ -18,8 +18,9 @@ use openraft::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::idempotency::{IdemEntry, IdemStore};
 use super::{blocking, decode, encode, Db, EffectSink, StoreError};
-use crate::machine::{Effect, LockMachine, MachineImage, Response};
+use crate::machine::{Command, Effect, LockMachine, MachineImage, Response};
 use crate::raft::{NodeInfo, TypeConfig};
 
 type Membership = StoredMembership<u64, NodeInfo>;
@@ -42,6 +43,7 @@ struct Applied {
 #[derive(Clone)]
 pub struct SharedMachine {
     inner: Arc<RwLock<Applied>>,
+    idem: IdemStore,
 }
 
 impl SharedMachine {
@@ -51,6 +53,15 @@ impl SharedMachine {
         // state are still better than a second panic in an HTTP handler.
         let guard = self.inner.read().unwrap_or_else(PoisonError::into_inner);
         f(&guard.machine)
+    }
+
+    /// The earliest time an idempotency record's tombstone window ends (the sweeper ticks
+    /// then, so the record is forgotten), or `None` without records.
+    pub fn next_idem_purge_ms(&self) -> Option<u64> {
+        self.idem.next_purge_ms().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read the idempotency purge index");
+            None
+        })
     }
 
     /// Index of the last applied log entry (0 before anything was applied).
@@ -77,6 +88,12 @@ struct SnapshotPayload {
     last_applied: Option<LogId<u64>>,
     last_membership: Membership,
     image: MachineImage,
+    /// The proxy's idempotency records as of `last_applied`, in key order. They live in their
+    /// own keyspace, not in the image; a snapshot carries them so a follower that installs it
+    /// has them too. (Kept in memory while the snapshot is built and sent: see
+    /// docs/idempotency.md for the size this allows.)
+    #[serde(default)]
+    idempotency: Vec<IdemEntry>,
 }
 
 /// The persisted description of the current snapshot.
@@ -204,11 +221,18 @@ pub struct StateMachineStore {
 
 impl StateMachineStore {
     pub(crate) fn open(db: Arc<Db>, effects: EffectSink) -> Result<Self, StoreError> {
+        let idem = IdemStore::new(db.clone());
         let snapshots = SnapshotStore::open(db)?;
         let applied = match snapshots.read_current()? {
             Some((meta, data)) => {
                 let payload: SnapshotPayload = decode("snapshot", &data)?;
                 check_payload(&meta, &payload)?;
+                // The records keyspace is normally at or past the snapshot (it is synced with
+                // it); only if it is behind (e.g. a crash inside an install) is it reloaded.
+                let index = payload.last_applied.map_or(0, |id| id.index);
+                if idem.applied_marker()? < index {
+                    idem.replace_all(&payload.idempotency, index)?;
+                }
                 Applied {
                     machine: LockMachine::from_image(payload.image),
                     last_applied: payload.last_applied,
@@ -224,6 +248,7 @@ impl StateMachineStore {
         Ok(StateMachineStore {
             shared: SharedMachine {
                 inner: Arc::new(RwLock::new(applied)),
+                idem,
             },
             snapshots: Arc::new(snapshots),
             effects,
@@ -258,12 +283,26 @@ impl StateMachineStore {
                         Response::Noop
                     }
                     EntryPayload::Normal(proposal) => {
+                        let index = entry.log_id.index;
                         let (response, fx) =
                             st.machine.apply(&proposal, entry.log_id.leader_id.term);
                         if !fx.is_empty() {
-                            effects.push((entry.log_id.index, fx));
+                            effects.push((index, fx));
                         }
-                        response
+                        // Idempotency records are applied at the same log time the machine
+                        // just reached, under the same lock, so a snapshot sees both at one
+                        // index.
+                        let now = st.machine.now_ms();
+                        match &proposal.cmd {
+                            Command::Idem(cmd) => {
+                                Response::Idem(self.shared.idem.apply(index, cmd, now)?)
+                            }
+                            Command::Tick { max_items } => {
+                                self.shared.idem.purge(index, now, *max_items)?;
+                                response
+                            }
+                            _ => response,
+                        }
                     }
                 };
                 responses.push(response);
@@ -346,9 +385,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let payload: SnapshotPayload = decode("received snapshot", &data)?;
             check_payload(&meta, &payload)?;
             let machine = LockMachine::from_image(payload.image);
+            let index = payload.last_applied.map_or(0, |id| id.index);
             // On disk first: once the machine is replaced, raft may purge the log it replaces.
-            snapshots.persist(&meta, &data, snapshots.next_seq(), true)?;
+            // Records before the snapshot: `open` reloads them if a crash falls in between.
             let mut st = shared.write()?;
+            shared.idem.replace_all(&payload.idempotency, index)?;
+            snapshots.persist(&meta, &data, snapshots.next_seq(), true)?;
             *st = Applied {
                 machine,
                 last_applied: payload.last_applied,
@@ -385,18 +427,22 @@ impl SnapshotBuilder {
     fn build(&self) -> Result<(Meta, Vec<u8>), StoreError> {
         // Clone under the read lock (O(1): the machine's collections are persistent), build
         // the image and serialise outside it, so apply is never blocked by a snapshot.
-        let (last_applied, last_membership, machine) = {
+        // The fjall view of the records is taken under the same lock, so it is at the same
+        // index as the machine.
+        let (last_applied, last_membership, machine, view) = {
             let st = self.shared.inner.read().map_err(|_| StoreError::Poisoned)?;
             (
                 st.last_applied,
                 st.last_membership.clone(),
                 st.machine.clone(),
+                self.shared.idem.snapshot(),
             )
         };
         let payload = SnapshotPayload {
             last_applied,
             last_membership,
             image: machine.image(),
+            idempotency: self.shared.idem.entries(&view)?,
         };
         let data = encode("snapshot", &payload)?;
         let seq = self.snapshots.next_seq();
