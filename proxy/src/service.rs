@@ -13,6 +13,7 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 use serde_json::{json, Value};
 
 use crate::gate::{Admission, FenceGate};
+use crate::idempotency::{Handled, IdempotencyLayer};
 use crate::metrics::ProxyMetrics;
 use crate::route::Routes;
 use crate::verdict::{check_resource_header, parse_token, Rejection};
@@ -23,6 +24,8 @@ pub struct FenceProxy {
     metrics: ProxyMetrics,
     /// `ProxyConfig::unsafe_no_fencing`: forward protected writes unchecked (demos only).
     unsafe_no_fencing: bool,
+    /// `Idempotency-Key` handling for routes that ask for it.
+    idempotency: Option<Arc<IdempotencyLayer>>,
 }
 
 /// Per-request state.
@@ -42,6 +45,31 @@ impl FenceProxy {
             gate,
             metrics,
             unsafe_no_fencing: false,
+            idempotency: None,
+        }
+    }
+
+    /// Handles `Idempotency-Key` on the routes configured for it.
+    pub fn with_idempotency(mut self, layer: Arc<IdempotencyLayer>) -> Self {
+        self.idempotency = Some(layer);
+        self
+    }
+
+    /// The hook every request passes once it may go upstream (after the fence check, when the
+    /// route has one): a write on an idempotent route is run by the idempotency layer, which
+    /// answers the client itself (a replay needs no fresh admission: it reaches no upstream);
+    /// anything else is forwarded by pingora. Returns `request_filter`'s "responded".
+    async fn forward(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let route = ctx.route.and_then(|i| self.routes.get(i));
+        let (Some(layer), Some(route)) = (&self.idempotency, route) else {
+            return Ok(false);
+        };
+        match layer.handle(session, route, ctx.send_by).await? {
+            Handled::Responded => {
+                ctx.outcome = "idempotent";
+                Ok(true)
+            }
+            Handled::NotApplicable => Ok(false),
         }
     }
 
@@ -101,14 +129,14 @@ impl ProxyHttp for FenceProxy {
         if !route.is_protected(req.method.as_str()) {
             ctx.outcome = "passthrough";
             self.decide("passthrough", "unprotected_method");
-            return Ok(false);
+            return self.forward(session, ctx).await;
         }
         if self.unsafe_no_fencing {
             // Lease-only mode for demonstrations: nothing is checked, so a zombie's late write
             // lands after the new holder's (what fencing exists to prevent).
             ctx.outcome = "unfenced";
             self.decide("forwarded", "unsafe_no_fencing");
-            return Ok(false);
+            return self.forward(session, ctx).await;
         }
         let upstream_timeout = Duration::from_millis(route.config.upstream_timeout_ms);
         let checked = async {
@@ -129,7 +157,7 @@ impl ProxyHttp for FenceProxy {
                     Admission::Consensus => "consensus",
                 };
                 self.decide("forwarded", reason);
-                Ok(false)
+                self.forward(session, ctx).await
             }
             Err(rejection) => {
                 ctx.outcome = "rejected";
