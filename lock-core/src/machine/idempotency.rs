@@ -231,9 +231,8 @@ impl IdempotencyMachine {
                 // A late completion of the lost attempt still counts: a real answer is better
                 // knowledge than `Unknown`. Any other attempt's completion is ignored.
                 let owns = match rec.state {
-                    IdemState::Processing { attempt: a, .. } | IdemState::Unknown { attempt: a } => {
-                        a == *attempt
-                    }
+                    IdemState::Processing { attempt: a, .. }
+                    | IdemState::Unknown { attempt: a } => a == *attempt,
                     IdemState::Succeeded(_) | IdemState::Failed(_) => false,
                 };
                 if !owns {
@@ -461,7 +460,10 @@ mod tests {
             step(&mut rec, &claim("fp", 2), 1_000),
             IdemOutcome::Unknown { attempt: 1 }
         );
-        assert_eq!(rec.as_ref().unwrap().state, IdemState::Unknown { attempt: 1 });
+        assert_eq!(
+            rec.as_ref().unwrap().state,
+            IdemState::Unknown { attempt: 1 }
+        );
         assert_eq!(
             step(&mut rec, &claim("fp", 3), 5_000),
             IdemOutcome::Unknown { attempt: 1 }
@@ -480,7 +482,11 @@ mod tests {
         step(&mut rec, &claim("fp", 1), 0);
         step(&mut rec, &claim("fp", 2), 2_000);
         assert_eq!(
-            step(&mut rec, &complete(1, Completion::Final(answer(201))), 2_100),
+            step(
+                &mut rec,
+                &complete(1, Completion::Final(answer(201))),
+                2_100
+            ),
             IdemOutcome::Completed
         );
         assert_eq!(
@@ -578,9 +584,8 @@ mod tests {
             prop_oneof![
                 (any::<bool>(), 1..6u64).prop_map(|(fp, attempt)| Op::Claim { fp, attempt }),
                 (1..6u64, 0..3u8).prop_map(|(attempt, kind)| Op::Complete { attempt, kind }),
-                (1..6u64, any::<bool>(), 1..6u64).prop_map(|(lost, ran, attempt)| {
-                    Op::Reconcile { lost, ran, attempt }
-                }),
+                (1..6u64, any::<bool>(), 1..6u64)
+                    .prop_map(|(lost, ran, attempt)| { Op::Reconcile { lost, ran, attempt } }),
                 (0..3_000u64).prop_map(Op::Wait),
             ]
         }

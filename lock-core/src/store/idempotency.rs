@@ -26,7 +26,9 @@
 use fjall::{Keyspace, OwnedWriteBatch as WriteBatch, Readable, Snapshot};
 
 use super::{decode, encode, Db, StoreError};
-use crate::machine::{IdemCommand, IdemOutcome, IdemRecord, IdemScope, IdempotencyMachine, RecordWrite};
+use crate::machine::{
+    IdemCommand, IdemOutcome, IdemRecord, IdemScope, IdempotencyMachine, RecordWrite,
+};
 
 const RECORD: u8 = b'r';
 const PURGE: u8 = b'x';
@@ -78,10 +80,12 @@ impl IdemStore {
     /// Index of the last log entry whose record writes are on this keyspace.
     pub(crate) fn applied_marker(&self) -> Result<u64, StoreError> {
         Ok(match self.ks().get(MARKER)? {
-            Some(v) => u64::from_be_bytes(v.as_ref().try_into().map_err(|_| StoreError::Corrupt {
-                what: "idempotency marker",
-                detail: format!("{} bytes", v.len()),
-            })?),
+            Some(v) => {
+                u64::from_be_bytes(v.as_ref().try_into().map_err(|_| StoreError::Corrupt {
+                    what: "idempotency marker",
+                    detail: format!("{} bytes", v.len()),
+                })?)
+            }
             None => 0,
         })
     }

@@ -272,8 +272,20 @@ mod tests {
             fp("POST", "/orders", json, r#"{"a":2}"#, None)
         );
         assert_ne!(
-            fp("POST", "/orders", Some("text/plain"), r#"{"a":1,"b":2}"#, None),
-            fp("POST", "/orders", Some("text/plain"), r#"{"b":2,"a":1}"#, None)
+            fp(
+                "POST",
+                "/orders",
+                Some("text/plain"),
+                r#"{"a":1,"b":2}"#,
+                None
+            ),
+            fp(
+                "POST",
+                "/orders",
+                Some("text/plain"),
+                r#"{"b":2,"a":1}"#,
+                None
+            )
         );
     }
 

@@ -115,8 +115,13 @@ impl IdempotencyLayer {
                 Ok(k) => k,
                 Err(e) => {
                     self.count("invalid_key");
-                    respond_error(session, ErrorCode::InvalidIdempotencyKey, &e.to_string(), None)
-                        .await?;
+                    respond_error(
+                        session,
+                        ErrorCode::InvalidIdempotencyKey,
+                        &e.to_string(),
+                        None,
+                    )
+                    .await?;
                     return Ok(Handled::Responded);
                 }
             },
@@ -148,10 +153,12 @@ impl IdempotencyLayer {
             .headers
             .get("content-type")
             .and_then(|v| v.to_str().ok());
-        let listed = opts
-            .fingerprint_headers
-            .iter()
-            .map(|n| (n.as_str(), req.headers.get(n.as_str()).map(|v| v.as_bytes())));
+        let listed = opts.fingerprint_headers.iter().map(|n| {
+            (
+                n.as_str(),
+                req.headers.get(n.as_str()).map(|v| v.as_bytes()),
+            )
+        });
         let request = Request {
             fingerprint: fingerprint(
                 req.method.as_str(),
@@ -485,7 +492,12 @@ async fn respond_answer(session: &mut Session, answer: &Answer) -> Result<()> {
     let headers: Vec<(String, String)> = answer
         .headers
         .iter()
-        .filter(|(n, _)| !matches!(n.as_str(), "content-length" | "transfer-encoding" | "connection"))
+        .filter(|(n, _)| {
+            !matches!(
+                n.as_str(),
+                "content-length" | "transfer-encoding" | "connection"
+            )
+        })
         .cloned()
         .collect();
     write(session, answer.status, &headers, answer.body.clone()).await
@@ -504,7 +516,13 @@ async fn respond_replay(session: &mut Session, answer: &StoredAnswer) -> Result<
             format!("len={len}; blake2b={blake2b}"),
         ));
     }
-    write(session, answer.status, &headers, contract::replay_body(answer)).await
+    write(
+        session,
+        answer.status,
+        &headers,
+        contract::replay_body(answer),
+    )
+    .await
 }
 
 async fn respond_unknown(session: &mut Session, why: &str) -> Result<()> {
