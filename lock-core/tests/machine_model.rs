@@ -1084,6 +1084,8 @@ impl Model {
                 grant_ms,
             } => Response::Admit(self.admit(resource, *fencing_token, *proxy, *grant_ms, &mut fx)),
             Command::Tick { max_items } => self.tick(*max_items as usize, &mut fx),
+            // Idempotency records are applied by the storage layer, not the lock machine.
+            Command::Idem(_) => Response::Noop,
         };
         (resp, fx)
     }

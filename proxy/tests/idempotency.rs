@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::{eventually, phase, FenceHarness, StoreWrite, EVENT};
 use fencegate_proxy::idempotency::contract::fingerprint;
-use lock_core::machine::{Command, IdemCommand, IdemOutcome, IdemScope, Response};
+use lock_core::machine::{Command, IdemCommand, IdemOutcome, IdemScope, IdemState, Response};
 use serde_json::Value;
 
 /// An answer from a proxy with the headers the idempotency contract is about.
@@ -448,5 +448,81 @@ async fn t50_restart_of_every_node_keeps_every_record() {
     let a = post_until_settled(&h, 2, "after-snapshot", "{}").await;
     assert_eq!((a.status, a.replayed), (201, true), "{a:?}");
     assert_eq!(a.body, late.body);
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t60_follower_behind_a_compacted_log_gets_the_records_in_the_snapshot() {
+    let mut h = FenceHarness::start().await;
+    let leader = h.leader().await;
+    let f = h.cluster.followers(leader)[0];
+
+    phase("a follower is down while 10 orders are created");
+    h.crash(f).await;
+    let keys: Vec<String> = (0..10).map(|i| format!("snap-{i}")).collect();
+    for k in &keys {
+        let a = post_order(&h, leader, Some(k), "{}", &[]).await;
+        assert_eq!(a.status, 201, "{a:?}");
+    }
+
+    phase("the leader snapshots and purges its log past the follower's last entry");
+    let raft = h.cluster.node(leader).node.raft.clone();
+    let applied = h.cluster.node(leader).node.machine.last_applied_index();
+    raft.trigger().snapshot().await.expect("trigger snapshot");
+    let snapshot_index = raft
+        .wait(Some(EVENT))
+        .metrics(
+            |m| m.snapshot.is_some_and(|s| s.index >= applied),
+            "snapshot built",
+        )
+        .await
+        .expect("snapshot")
+        .snapshot
+        .map_or(0, |s| s.index);
+    raft.trigger()
+        .purge_log(snapshot_index)
+        .await
+        .expect("purge");
+    raft.wait(Some(EVENT))
+        .metrics(
+            |m| m.purged.is_some_and(|p| p.index >= snapshot_index),
+            "log purged",
+        )
+        .await
+        .expect("purge done");
+
+    phase("the follower restarts, installs the snapshot, and holds every record itself");
+    h.restart(f).await;
+    eventually(EVENT, "the follower installs the snapshot", async || {
+        h.cluster.cluster_status(f).await["snapshot_index"]
+            .as_u64()
+            .is_some_and(|i| i >= snapshot_index)
+    })
+    .await;
+    h.cluster.wait_caught_up(f, EVENT).await;
+    for k in &keys {
+        let scope = IdemScope {
+            tenant: "demo".into(),
+            route: "/orders".into(),
+            key: k.clone(),
+        };
+        let rec = h
+            .cluster
+            .node(f)
+            .node
+            .machine
+            .idem_record(&scope)
+            .expect("read record")
+            .unwrap_or_else(|| panic!("{k} missing on the follower"));
+        assert!(matches!(rec.state, IdemState::Succeeded(_)), "{k}: {rec:?}");
+    }
+
+    phase("with the old leader gone, retries through the follower replay");
+    h.crash(leader).await;
+    for k in &keys {
+        let a = post_until_settled(&h, f, k, "{}").await;
+        assert_eq!((a.status, a.replayed), (201, true), "{k}: {a:?}");
+        assert_eq!(orders_with_key(&h, k).await.len(), 1);
+    }
     h.shutdown().await;
 }

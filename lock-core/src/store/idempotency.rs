@@ -90,7 +90,7 @@ impl IdemStore {
         })
     }
 
-    fn get(&self, scope: &IdemScope) -> Result<Option<IdemRecord>, StoreError> {
+    pub(crate) fn get(&self, scope: &IdemScope) -> Result<Option<IdemRecord>, StoreError> {
         match self.ks().get(record_key(scope))? {
             Some(v) => Ok(Some(decode("idempotency record", &v)?)),
             None => Ok(None),
@@ -245,4 +245,142 @@ fn parse_scope(mut bytes: &[u8]) -> Result<IdemScope, StoreError> {
     let route = parts.pop().unwrap_or_default();
     let tenant = parts.pop().unwrap_or_default();
     Ok(IdemScope { tenant, route, key })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use fjall::{Database, KeyspaceCreateOptions};
+
+    use super::*;
+    use crate::machine::{Completion, IdemState, StoredAnswer, StoredBody};
+
+    fn open(dir: &std::path::Path) -> IdemStore {
+        let db = Database::builder(dir).open().unwrap();
+        let ks = |name: &str| db.keyspace(name, KeyspaceCreateOptions::default).unwrap();
+        let (log, meta, snapshot, idem) = (ks("log"), ks("meta"), ks("snapshot"), ks("idem"));
+        IdemStore::new(Arc::new(Db {
+            db,
+            log,
+            meta,
+            snapshot,
+            idem,
+        }))
+    }
+
+    fn scope(key: &str) -> IdemScope {
+        IdemScope {
+            tenant: "demo".into(),
+            route: "/orders".into(),
+            key: key.into(),
+        }
+    }
+
+    fn claim(key: &str, attempt: u64) -> IdemCommand {
+        IdemCommand::Claim {
+            scope: scope(key),
+            fingerprint: "fp".into(),
+            owner: 1,
+            attempt,
+            lease_ms: 1_000,
+            retain_ms: 10_000,
+            tombstone_ms: 10_000,
+        }
+    }
+
+    fn complete(key: &str, attempt: u64, outcome: Completion) -> IdemCommand {
+        IdemCommand::Complete {
+            scope: scope(key),
+            attempt,
+            outcome,
+        }
+    }
+
+    fn created() -> Completion {
+        Completion::Final(StoredAnswer {
+            status: 201,
+            headers: Vec::new(),
+            body: StoredBody::Inline(String::new()),
+            reconciled: false,
+        })
+    }
+
+    #[test]
+    fn entries_at_or_below_the_marker_are_not_applied_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        assert_eq!(
+            store.apply(3, &claim("a", 1), 0).unwrap(),
+            IdemOutcome::Claimed { attempt: 1 }
+        );
+        store.apply(4, &claim("b", 2), 0).unwrap();
+        store
+            .apply(5, &complete("b", 2, Completion::NotRun), 10)
+            .unwrap();
+        assert_eq!(store.get(&scope("b")).unwrap(), None);
+        drop(store);
+
+        // A restart re-applies the log after the last snapshot: nothing may change.
+        let store = open(dir.path());
+        assert_eq!(store.applied_marker().unwrap(), 5);
+        assert_eq!(
+            store.apply(4, &claim("b", 2), 0).unwrap(),
+            IdemOutcome::NotOwner
+        );
+        assert_eq!(store.get(&scope("b")).unwrap(), None, "b stays released");
+        store.apply(3, &claim("a", 9), 0).unwrap();
+        let a = store.get(&scope("a")).unwrap().unwrap();
+        assert!(matches!(a.state, IdemState::Processing { attempt: 1, .. }));
+        // The next entry applies as usual.
+        store.apply(6, &complete("a", 1, created()), 20).unwrap();
+        assert!(matches!(
+            store.apply(7, &claim("a", 3), 30).unwrap(),
+            IdemOutcome::Replay(_)
+        ));
+    }
+
+    #[test]
+    fn ticks_forget_records_whose_tombstone_window_ended() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        store.apply(1, &claim("a", 1), 0).unwrap();
+        store.apply(2, &claim("b", 2), 5).unwrap();
+        assert_eq!(store.next_purge_ms().unwrap(), Some(20_000));
+        assert_eq!(store.purge(3, 19_999, 100).unwrap(), 0);
+        assert_eq!(store.purge(4, 20_000, 100).unwrap(), 1);
+        assert_eq!(store.get(&scope("a")).unwrap(), None);
+        assert!(store.get(&scope("b")).unwrap().is_some());
+        assert_eq!(store.next_purge_ms().unwrap(), Some(20_005));
+        // Bounded per tick, and a re-applied tick does nothing.
+        assert_eq!(store.purge(4, 99_999, 100).unwrap(), 0);
+        assert_eq!(store.purge(5, 99_999, 0).unwrap(), 0);
+        assert_eq!(store.purge(6, 99_999, 1).unwrap(), 1);
+        assert_eq!(store.next_purge_ms().unwrap(), None);
+    }
+
+    #[test]
+    fn a_snapshot_view_moves_every_record_to_another_node() {
+        let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (leader, follower) = (open(d1.path()), open(d2.path()));
+        for (i, key) in ["x", "y/z", "ключ"].iter().enumerate() {
+            leader
+                .apply(i as u64 + 1, &claim(key, i as u64), 0)
+                .unwrap();
+        }
+        let view = leader.snapshot();
+        // Writes after the view are not in it.
+        leader.apply(10, &claim("late", 7), 0).unwrap();
+        let entries = leader.entries(&view).unwrap();
+        assert_eq!(entries.len(), 3);
+
+        follower.apply(1, &claim("stale", 1), 0).unwrap();
+        follower.replace_all(&entries, 3).unwrap();
+        assert_eq!(follower.get(&scope("stale")).unwrap(), None);
+        assert_eq!(follower.applied_marker().unwrap(), 3);
+        for (scope, rec) in &entries {
+            assert_eq!(follower.get(scope).unwrap().as_ref(), Some(rec));
+        }
+        assert_eq!(follower.next_purge_ms().unwrap(), Some(20_000));
+    }
 }

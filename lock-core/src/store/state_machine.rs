@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::idempotency::{IdemEntry, IdemStore};
 use super::{blocking, decode, encode, Db, EffectSink, StoreError};
-use crate::machine::{Command, Effect, LockMachine, MachineImage, Response};
+use crate::machine::{Command, Effect, IdemRecord, IdemScope, LockMachine, MachineImage, Response};
 use crate::raft::{NodeInfo, TypeConfig};
 
 type Membership = StoredMembership<u64, NodeInfo>;
@@ -62,6 +62,11 @@ impl SharedMachine {
             tracing::warn!(error = %e, "cannot read the idempotency purge index");
             None
         })
+    }
+
+    /// This node's copy of an idempotency record (as applied here: not a linearizable read).
+    pub fn idem_record(&self, scope: &IdemScope) -> Result<Option<IdemRecord>, StoreError> {
+        self.idem.get(scope)
     }
 
     /// Index of the last applied log entry (0 before anything was applied).
