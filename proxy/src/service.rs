@@ -12,8 +12,8 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 use serde_json::{json, Value};
 
-use crate::gate::{Admission, FenceGate};
-use crate::idempotency::{Handled, IdempotencyLayer};
+use crate::gate::{Admission, Admitted, FenceGate};
+use crate::idempotency::{Handled, IdempotencyLayer, Refusal};
 use crate::metrics::ProxyMetrics;
 use crate::route::Routes;
 use crate::verdict::{check_resource_header, parse_token, Rejection};
@@ -55,16 +55,51 @@ impl FenceProxy {
         self
     }
 
-    /// The hook every request passes once it may go upstream (after the fence check, when the
-    /// route has one): a write on an idempotent route is run by the idempotency layer, which
-    /// answers the client itself (a replay needs no fresh admission: it reaches no upstream);
-    /// anything else is forwarded by pingora. Returns `request_filter`'s "responded".
+    /// Counts (and audits, when refused) a fence admission.
+    fn note_admission(&self, resource: &str, admitted: &std::result::Result<Admitted, Rejection>) {
+        match admitted {
+            Ok(a) => {
+                let reason = match a.how {
+                    Admission::FastPath => "fast_path",
+                    Admission::Consensus => "consensus",
+                };
+                self.decide("forwarded", reason);
+            }
+            Err(rejection) => {
+                self.decide("rejected", rejection.code());
+                tracing::info!(
+                    target: "fencegate::audit",
+                    op = "proxy_write",
+                    resource = %resource,
+                    outcome = rejection.code(),
+                );
+            }
+        }
+    }
+
+    /// Refuses a write that failed its fence check.
+    async fn reject(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        resource: &str,
+        rejection: &Rejection,
+    ) -> Result<bool> {
+        ctx.outcome = "rejected";
+        self.note_admission(resource, &Err(rejection.clone()));
+        respond_json(session, rejection.status(), &rejection.body()).await?;
+        Ok(true)
+    }
+
+    /// The hook an unfenced request passes once it may go upstream: a write on an idempotent
+    /// route is run by the idempotency layer, which answers the client itself; anything else
+    /// is forwarded by pingora. Returns `request_filter`'s "responded".
     async fn forward(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         let route = ctx.route.and_then(|i| self.routes.get(i));
         let (Some(layer), Some(route)) = (&self.idempotency, route) else {
             return Ok(false);
         };
-        match layer.handle(session, route, ctx.send_by).await? {
+        match layer.handle(session, route, None).await? {
             Handled::Responded => {
                 ctx.outcome = "idempotent";
                 Ok(true)
@@ -139,35 +174,48 @@ impl ProxyHttp for FenceProxy {
             return self.forward(session, ctx).await;
         }
         let upstream_timeout = Duration::from_millis(route.config.upstream_timeout_ms);
-        let checked = async {
+        let local = (|| {
             lock_core::wire::validate_resource(&m.resource).map_err(Rejection::BadResource)?;
             check_resource_header(
                 req.headers.get("fence-resource").map(|v| v.as_bytes()),
                 &m.resource,
             )?;
-            let token = parse_token(req.headers.get("fence-token").map(|v| v.as_bytes()))?;
-            self.gate.admit(&m.resource, token, upstream_timeout).await
+            parse_token(req.headers.get("fence-token").map(|v| v.as_bytes()))
+        })();
+        let token = match local {
+            Ok(token) => token,
+            Err(rejection) => return self.reject(session, ctx, &m.resource, &rejection).await,
+        };
+        let idempotent = self
+            .idempotency
+            .as_ref()
+            .filter(|l| l.applies(route, req.method.as_str()));
+        if let Some(layer) = idempotent {
+            // An idempotent write is admitted only once its key is claimed for it: a replay of
+            // a stored answer reaches no upstream and needs no fresh admission.
+            let resource = m.resource.clone();
+            let admit = Box::pin(async move {
+                let admitted = self.gate.admit(&resource, token, upstream_timeout).await;
+                self.note_admission(&resource, &admitted);
+                admitted.map(|a| a.send_by).map_err(|r| Refusal {
+                    status: r.status(),
+                    body: r.body().to_string().into_bytes(),
+                })
+            });
+            if let Handled::Responded = layer.handle(session, route, Some(admit)).await? {
+                ctx.outcome = "idempotent";
+                return Ok(true);
+            }
         }
-        .await;
-        match checked {
+        let admitted = self.gate.admit(&m.resource, token, upstream_timeout).await;
+        self.note_admission(&m.resource, &admitted);
+        match admitted {
             Ok(admitted) => {
                 ctx.send_by = Some(admitted.send_by);
-                let reason = match admitted.how {
-                    Admission::FastPath => "fast_path",
-                    Admission::Consensus => "consensus",
-                };
-                self.decide("forwarded", reason);
-                self.forward(session, ctx).await
+                Ok(false)
             }
             Err(rejection) => {
                 ctx.outcome = "rejected";
-                self.decide("rejected", rejection.code());
-                tracing::info!(
-                    target: "fencegate::audit",
-                    op = "proxy_write",
-                    resource = %m.resource,
-                    outcome = rejection.code(),
-                );
                 respond_json(session, rejection.status(), &rejection.body()).await?;
                 Ok(true)
             }

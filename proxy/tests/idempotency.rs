@@ -526,3 +526,89 @@ async fn t60_follower_behind_a_compacted_log_gets_the_records_in_the_snapshot() 
     }
     h.shutdown().await;
 }
+
+/// `PUT /kv/{key}` through proxy `id` with a fencing token and an idempotency key.
+async fn put_kv(
+    h: &FenceHarness,
+    id: u64,
+    key: &str,
+    token: Option<u64>,
+    idem: &str,
+    value: &str,
+) -> Answer {
+    let addr = h.client.proxy_addr(id).expect("proxy runs");
+    let mut req = reqwest::Client::new()
+        .put(format!("http://{addr}/kv/{key}"))
+        .header("idempotency-key", idem)
+        .timeout(Duration::from_secs(20))
+        .body(value.to_string());
+    if let Some(t) = token {
+        req = req.header("fence-token", t);
+    }
+    let resp = req.send().await.expect("PUT /kv");
+    let replayed = resp.headers().get("idempotent-replayed").is_some();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.expect("body");
+    Answer {
+        status,
+        replayed,
+        reconciled: false,
+        retry_after: None,
+        body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t70_fenced_idempotent_route_fence_first_replay_without_admission() {
+    let h = FenceHarness::start_with(|c| {
+        c.routes[0].idempotency = fencegate_proxy::idempotency::IdempotencyMode::Required;
+    })
+    .await;
+
+    phase("the fence's own checks come first: no token is 428 before any record is touched");
+    let a = put_kv(&h, 1, "x", None, "w1", "v1").await;
+    assert_eq!(
+        (a.status, a.code()),
+        (428, "fencing_token_required"),
+        "{a:?}"
+    );
+
+    phase("A writes with its token and key w1; a retry replays");
+    let lease_a = h.acquire("kv:x", "A", 30_000, 0).await;
+    let a = put_kv(&h, 1, "x", Some(lease_a.token), "w1", "v1").await;
+    assert_eq!((a.status, a.replayed), (200, false), "{a:?}");
+    let again = put_kv(&h, 2, "x", Some(lease_a.token), "w1", "v1").await;
+    assert_eq!((again.status, again.replayed), (200, true), "{again:?}");
+
+    phase("B takes the lock: A's retry of w1 still replays (no upstream effect, no admission)");
+    h.release(&lease_a).await;
+    // The release defers the next lease while the proxies' grants for A live: B waits.
+    let lease_b = h.acquire("kv:x", "B", 30_000, 10_000).await;
+    assert!(lease_b.token > lease_a.token);
+    let late = put_kv(&h, 3, "x", Some(lease_a.token), "w1", "v1").await;
+    assert_eq!((late.status, late.replayed), (200, true), "{late:?}");
+    assert_eq!(late.body, a.body);
+
+    phase("a new write with A's stale token is refused 412, and its key is left free");
+    let stale = put_kv(&h, 1, "x", Some(lease_a.token), "w2", "v2").await;
+    assert_eq!(
+        (stale.status, stale.code()),
+        (412, "stale_fencing_token"),
+        "{stale:?}"
+    );
+    let b = put_kv(&h, 2, "x", Some(lease_b.token), "w2", "v2").await;
+    assert_eq!((b.status, b.replayed), (200, false), "{b:?}");
+
+    phase("the store saw exactly A's v1 then B's v2");
+    let log = h.client.store_log().await;
+    let writes: Vec<(&str, Option<u64>)> = log
+        .iter()
+        .map(|w| (w.value.as_str(), w.fence_token))
+        .collect();
+    assert_eq!(
+        writes,
+        [("v1", Some(lease_a.token)), ("v2", Some(lease_b.token))],
+        "{log:#?}"
+    );
+    h.shutdown().await;
+}

@@ -6,6 +6,8 @@
 //! committed *before* the client sees it. pingora's response-body hooks are synchronous, so they
 //! could not wait for that commit.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,6 +40,17 @@ pub struct IdempotencyLayer {
     /// reconciled_new_attempt, expired, key_required, invalid_key, no_quorum.
     outcomes: IntCounterVec,
 }
+
+/// A fence refusal as the client gets it.
+pub struct Refusal {
+    pub status: u16,
+    /// The JSON error body.
+    pub body: Vec<u8>,
+}
+
+/// The fence admission of a fenced write, run only if the key is claimed for it; yields the
+/// instant by which the request must have reached the upstream.
+pub type AdmitFuture<'a> = Pin<Box<dyn Future<Output = Result<Instant, Refusal>> + Send + 'a>>;
 
 /// What `handle` did with the request.
 pub enum Handled {
@@ -85,19 +98,23 @@ impl IdempotencyLayer {
         self.outcomes.with_label_values(&[outcome]).inc();
     }
 
-    /// Runs the idempotency flow for a request that passed the fence check (if any). `deadline`
-    /// caps the upstream exchange (a fenced write's grant).
+    /// Whether `method` requests on `route` are deduplicated.
+    pub fn applies(&self, route: &Route, method: &str) -> bool {
+        route.config.idempotency != IdempotencyMode::Off && contract::applies_to(method)
+    }
+
+    /// Runs the idempotency flow. On a fenced route the request has passed the fence's local
+    /// checks and `admit` is its admission, awaited only when the key is claimed for this
+    /// request (a replay needs none).
     pub async fn handle(
         &self,
         session: &mut Session,
         route: &Route,
-        deadline: Option<Instant>,
+        admit: Option<AdmitFuture<'_>>,
     ) -> Result<Handled> {
         let opts = &route.config.idempotency_options;
         let req = session.req_header();
-        if route.config.idempotency == IdempotencyMode::Off
-            || !contract::applies_to(req.method.as_str())
-        {
+        if !self.applies(route, req.method.as_str()) {
             return Ok(Handled::NotApplicable);
         }
         let key = match req.headers.get("idempotency-key") {
@@ -183,7 +200,7 @@ impl IdempotencyLayer {
                 .collect(),
             body,
         };
-        self.run(session, route, &request, deadline).await?;
+        self.run(session, route, &request, admit).await?;
         Ok(Handled::Responded)
     }
 
@@ -192,7 +209,7 @@ impl IdempotencyLayer {
         session: &mut Session,
         route: &Route,
         req: &Request,
-        deadline: Option<Instant>,
+        admit: Option<AdmitFuture<'_>>,
     ) -> Result<()> {
         let opts = &route.config.idempotency_options;
         let lease_ms = route.config.upstream_timeout_ms + CLAIM_MARGIN_MS;
@@ -218,6 +235,15 @@ impl IdempotencyLayer {
                     } else {
                         "claimed"
                     });
+                    let deadline = match admit {
+                        None => None,
+                        Some(admit) => match admit.await {
+                            Ok(send_by) => Some(send_by),
+                            Err(refusal) => {
+                                return self.refused(session, req, attempt, refusal).await
+                            }
+                        },
+                    };
                     return self.forward(session, route, req, attempt, deadline).await;
                 }
                 IdemOutcome::Replay(answer) => {
@@ -356,6 +382,28 @@ impl IdempotencyLayer {
             (Err(_), Some((code, msg))) => respond_error(session, code, &msg, None).await,
             (Err(_), None) => Ok(()),
         }
+    }
+
+    /// The fence refused the write the key was claimed for: nothing was sent, so the key is
+    /// released, and the client gets the fence's answer.
+    async fn refused(
+        &self,
+        session: &mut Session,
+        req: &Request,
+        attempt: u64,
+        refusal: Refusal,
+    ) -> Result<()> {
+        let release = IdemCommand::Complete {
+            scope: req.scope.clone(),
+            attempt,
+            outcome: Completion::NotRun,
+        };
+        if let Err(e) = self.propose(release).await {
+            // The claim then ends as `unknown` after its lease: safe, if unhelpful.
+            tracing::warn!(key = %req.scope.key, error = %e, "claim of a refused write not released");
+        }
+        let headers = [("content-type".to_string(), "application/json".to_string())];
+        write(session, refusal.status, &headers, refusal.body).await
     }
 
     /// Asks the route's reconciliation lookup about `key`.

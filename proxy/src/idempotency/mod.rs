@@ -10,4 +10,4 @@ pub mod contract;
 pub mod layer;
 
 pub use contract::{IdempotencyMode, IdempotencyOptions};
-pub use layer::{Handled, IdempotencyLayer};
+pub use layer::{AdmitFuture, Handled, IdempotencyLayer, Refusal};
