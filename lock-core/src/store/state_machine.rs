@@ -93,12 +93,16 @@ struct SnapshotPayload {
     last_applied: Option<LogId<u64>>,
     last_membership: Membership,
     image: MachineImage,
-    /// The proxy's idempotency records as of `last_applied`, in key order. They live in their
-    /// own keyspace, not in the image; a snapshot carries them so a follower that installs it
-    /// has them too. (Kept in memory while the snapshot is built and sent: see
-    /// docs/idempotency.md for the size this allows.)
+    /// The proxy's idempotency records, in key order, as of log index `idempotency_index`.
+    /// They live in their own keyspace, which is durable on its own, so a snapshot *built* for
+    /// compaction leaves them out (empty, `None`); a snapshot *sent* to a follower carries a
+    /// consistent copy taken when it is sent, at an index at or past the snapshot's own. The
+    /// follower installs them with that index as its applied marker and skips the log entries
+    /// up to it. (The copy is held in memory while it is sent: see docs/idempotency.md.)
     #[serde(default)]
     idempotency: Vec<IdemEntry>,
+    #[serde(default)]
+    idempotency_index: Option<u64>,
 }
 
 /// The persisted description of the current snapshot.
@@ -232,11 +236,14 @@ impl StateMachineStore {
             Some((meta, data)) => {
                 let payload: SnapshotPayload = decode("snapshot", &data)?;
                 check_payload(&meta, &payload)?;
-                // The records keyspace is normally at or past the snapshot (it is synced with
-                // it); only if it is behind (e.g. a crash inside an install) is it reloaded.
+                // The records keyspace is normally at or past the snapshot (its writes are
+                // synced with the snapshot's); only if it is behind a snapshot that carries
+                // records (a crash inside an install) is it set from the snapshot.
                 let index = payload.last_applied.map_or(0, |id| id.index);
-                if idem.applied_marker()? < index {
-                    idem.replace_all(&payload.idempotency, index)?;
+                if let Some(at) = payload.idempotency_index {
+                    if idem.applied_marker()? < index {
+                        idem.replace_all(&payload.idempotency, at.max(index))?;
+                    }
                 }
                 Applied {
                     machine: LockMachine::from_image(payload.image),
@@ -321,6 +328,36 @@ impl StateMachineStore {
     }
 }
 
+/// Adds a consistent copy of the idempotency records to a snapshot about to be sent. The copy
+/// is taken under the applied-state lock, so it is exactly the records after the last applied
+/// entry (never behind the snapshot, which was built from an earlier or equal state).
+fn with_records(
+    current: Option<(Meta, Vec<u8>)>,
+    shared: &SharedMachine,
+) -> Result<Option<(Meta, Vec<u8>)>, StoreError> {
+    let Some((meta, data)) = current else {
+        return Ok(None);
+    };
+    let (index, view, marker) = {
+        let st = shared.inner.read().map_err(|_| StoreError::Poisoned)?;
+        let marker = shared.idem.applied_marker()?;
+        (
+            st.last_applied.map_or(0, |id| id.index),
+            shared.idem.snapshot(),
+            marker,
+        )
+    };
+    if marker == 0 {
+        // No idempotency command was ever applied here: there are no records at any index,
+        // and the snapshot goes out exactly as it was built.
+        return Ok(Some((meta, data)));
+    }
+    let mut payload: SnapshotPayload = decode("snapshot", &data)?;
+    payload.idempotency = shared.idem.entries(&view)?;
+    payload.idempotency_index = Some(index);
+    Ok(Some((meta, encode("snapshot", &payload)?)))
+}
+
 /// The snapshot's own record of what it contains must agree with its meta.
 fn check_payload(meta: &Meta, payload: &SnapshotPayload) -> Result<(), StoreError> {
     if payload.last_applied != meta.last_log_id || payload.last_membership != meta.last_membership {
@@ -392,9 +429,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let machine = LockMachine::from_image(payload.image);
             let index = payload.last_applied.map_or(0, |id| id.index);
             // On disk first: once the machine is replaced, raft may purge the log it replaces.
-            // Records before the snapshot: `open` reloads them if a crash falls in between.
+            // The records go first; if a crash falls in between, `open` finds the old snapshot
+            // and openraft sends this one again.
             let mut st = shared.write()?;
-            shared.idem.replace_all(&payload.idempotency, index)?;
+            let at = payload.idempotency_index.unwrap_or(index).max(index);
+            shared.idem.replace_all(&payload.idempotency, at)?;
             snapshots.persist(&meta, &data, snapshots.next_seq(), true)?;
             *st = Applied {
                 machine,
@@ -412,7 +451,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
         let snapshots = self.snapshots.clone();
-        let current = blocking(move || snapshots.read_current())
+        let shared = self.shared.clone();
+        let current = blocking(move || with_records(snapshots.read_current()?, &shared))
             .await
             .map_err(|e| e.into_raft(|err| StorageIOError::read_snapshot(None, err)))?;
         Ok(current.map(|(meta, data)| Snapshot {
@@ -432,22 +472,20 @@ impl SnapshotBuilder {
     fn build(&self) -> Result<(Meta, Vec<u8>), StoreError> {
         // Clone under the read lock (O(1): the machine's collections are persistent), build
         // the image and serialise outside it, so apply is never blocked by a snapshot.
-        // The fjall view of the records is taken under the same lock, so it is at the same
-        // index as the machine.
-        let (last_applied, last_membership, machine, view) = {
+        let (last_applied, last_membership, machine) = {
             let st = self.shared.inner.read().map_err(|_| StoreError::Poisoned)?;
             (
                 st.last_applied,
                 st.last_membership.clone(),
                 st.machine.clone(),
-                self.shared.idem.snapshot(),
             )
         };
         let payload = SnapshotPayload {
             last_applied,
             last_membership,
             image: machine.image(),
-            idempotency: self.shared.idem.entries(&view)?,
+            idempotency: Vec::new(),
+            idempotency_index: None,
         };
         let data = encode("snapshot", &payload)?;
         let seq = self.snapshots.next_seq();
