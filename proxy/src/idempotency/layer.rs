@@ -336,7 +336,21 @@ impl IdempotencyLayer {
         let opts = &route.config.idempotency_options;
         let mut timeout = Duration::from_millis(route.config.upstream_timeout_ms);
         if let Some(d) = deadline {
+            // A fenced write's whole exchange ends by its send-by instant, so it never outlives
+            // the grant (a stricter form of the fence's send-by rule).
             timeout = timeout.min(d.saturating_duration_since(Instant::now()));
+            if timeout.is_zero() {
+                let refusal = Refusal {
+                    status: ErrorCode::UpstreamTimeout.status(),
+                    body: error_body(
+                        ErrorCode::UpstreamTimeout,
+                        "The fencing grant ran out before the request could be sent; nothing was \
+                         sent, so retrying with the same key is safe.",
+                        None,
+                    ),
+                };
+                return self.refused(session, req, attempt, refusal).await;
+            }
         }
         let url = format!("http://{}{}", route.config.upstream, req.path_and_query);
         let mut builder = self
@@ -384,8 +398,8 @@ impl IdempotencyLayer {
         }
     }
 
-    /// The fence refused the write the key was claimed for: nothing was sent, so the key is
-    /// released, and the client gets the fence's answer.
+    /// The write the key was claimed for is not sent (the fence refused it, or its grant ran
+    /// out first): the key is released, and the client gets `refusal`.
     async fn refused(
         &self,
         session: &mut Session,
@@ -582,6 +596,12 @@ async fn respond_unknown(session: &mut Session, why: &str) -> Result<()> {
     respond_error(session, ErrorCode::IdempotencyOutcomeUnknown, &msg, None).await
 }
 
+fn error_body(code: ErrorCode, message: &str, retry_after_ms: Option<u64>) -> Vec<u8> {
+    let mut body = ErrorBody::new(code, message);
+    body.retry_after_ms = retry_after_ms;
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
 async fn respond_error(
     session: &mut Session,
     code: ErrorCode,
@@ -589,9 +609,7 @@ async fn respond_error(
     retry_after_ms: Option<u64>,
 ) -> Result<()> {
     let status = code.status();
-    let mut body = ErrorBody::new(code, message);
-    body.retry_after_ms = retry_after_ms;
-    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    let bytes = error_body(code, message, retry_after_ms);
     let mut headers = vec![("content-type".to_string(), "application/json".to_string())];
     if let Some(ms) = retry_after_ms {
         headers.push(("retry-after".into(), ms.div_ceil(1000).max(1).to_string()));
