@@ -612,3 +612,28 @@ async fn t70_fenced_idempotent_route_fence_first_replay_without_admission() {
     );
     h.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t80_unreachable_upstream_releases_the_key() {
+    // A port nothing listens on: bound, then closed.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .to_string();
+    let h = FenceHarness::start_with(move |c| c.routes[1].upstream = closed).await;
+
+    phase("no connection could be made: 502, and the key is not left in flight or unknown");
+    for _ in 0..2 {
+        let a = post_order(&h, 1, Some("nowhere"), "{}", &[]).await;
+        assert_eq!((a.status, a.code()), (502, "upstream_error"), "{a:?}");
+        assert!(
+            a.body["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("nothing was sent"),
+            "{a:?}"
+        );
+    }
+    h.shutdown().await;
+}
