@@ -12,11 +12,12 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 use serde_json::{json, Value};
 
-use crate::gate::{Admission, Admitted, FenceGate};
-use crate::idempotency::{Handled, IdempotencyLayer, Refusal};
+use crate::gate::{Admission, FenceGate, InFlightGuard};
+use crate::idempotency::{Handled, IdempotencyLayer, Permit, Refusal};
 use crate::metrics::ProxyMetrics;
 use crate::route::Routes;
 use crate::verdict::{check_resource_header, parse_token, Rejection};
+use lock_core::wire::{FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
 
 pub struct FenceProxy {
     routes: Routes,
@@ -36,6 +37,9 @@ pub struct Ctx {
     /// For an admitted protected write: when the request must have reached the upstream in
     /// full (see `gate::Admitted::send_by`).
     send_by: Option<Instant>,
+    /// Counts this write in flight for its resource until the request is over (a revocation
+    /// of its token waits for it).
+    in_flight: Option<InFlightGuard>,
 }
 
 impl FenceProxy {
@@ -55,40 +59,36 @@ impl FenceProxy {
         self
     }
 
-    /// Counts (and audits, when refused) a fence admission.
-    fn note_admission(&self, resource: &str, admitted: &std::result::Result<Admitted, Rejection>) {
-        match admitted {
-            Ok(a) => {
-                let reason = match a.how {
+    /// Counts and audits a fence decision, with the same fields as the lock calls' audit
+    /// lines (a proxied write has no lease id).
+    fn note_admission(
+        &self,
+        resource: &str,
+        token: Option<u64>,
+        admitted: std::result::Result<Admission, &Rejection>,
+    ) {
+        let outcome = match admitted {
+            Ok(how) => {
+                let reason = match how {
                     Admission::FastPath => "fast_path",
                     Admission::Consensus => "consensus",
                 };
                 self.decide("forwarded", reason);
+                "forwarded"
             }
             Err(rejection) => {
                 self.decide("rejected", rejection.code());
-                tracing::info!(
-                    target: "fencegate::audit",
-                    op = "proxy_write",
-                    resource = %resource,
-                    outcome = rejection.code(),
-                );
+                rejection.code()
             }
-        }
-    }
-
-    /// Refuses a write that failed its fence check.
-    async fn reject(
-        &self,
-        session: &mut Session,
-        ctx: &mut Ctx,
-        resource: &str,
-        rejection: &Rejection,
-    ) -> Result<bool> {
-        ctx.outcome = "rejected";
-        self.note_admission(resource, &Err(rejection.clone()));
-        respond_json(session, rejection.status(), &rejection.body()).await?;
-        Ok(true)
+        };
+        tracing::info!(
+            target: "fencegate::audit",
+            op = "proxy_write",
+            resource = %resource,
+            lease = None::<&str>,
+            token,
+            outcome,
+        );
     }
 
     /// The hook an unfenced request passes once it may go upstream: a write on an idempotent
@@ -142,6 +142,7 @@ impl ProxyHttp for FenceProxy {
             started: Instant::now(),
             outcome: "forwarded",
             send_by: None,
+            in_flight: None,
         }
     }
 
@@ -174,17 +175,28 @@ impl ProxyHttp for FenceProxy {
             return self.forward(session, ctx).await;
         }
         let upstream_timeout = Duration::from_millis(route.config.upstream_timeout_ms);
+        let presented = parse_token(req.headers.get(FENCE_TOKEN_HEADER).map(|v| v.as_bytes())).ok();
         let local = (|| {
             lock_core::wire::validate_resource(&m.resource).map_err(Rejection::BadResource)?;
+            for name in [FENCE_TOKEN_HEADER, FENCE_RESOURCE_HEADER] {
+                if req.headers.get_all(name).iter().count() > 1 {
+                    return Err(Rejection::DuplicateHeader(name));
+                }
+            }
             check_resource_header(
-                req.headers.get("fence-resource").map(|v| v.as_bytes()),
+                req.headers.get(FENCE_RESOURCE_HEADER).map(|v| v.as_bytes()),
                 &m.resource,
             )?;
-            parse_token(req.headers.get("fence-token").map(|v| v.as_bytes()))
+            parse_token(req.headers.get(FENCE_TOKEN_HEADER).map(|v| v.as_bytes()))
         })();
         let token = match local {
             Ok(token) => token,
-            Err(rejection) => return self.reject(session, ctx, &m.resource, &rejection).await,
+            Err(rejection) => {
+                self.note_admission(&m.resource, presented, Err(&rejection));
+                ctx.outcome = "rejected";
+                respond_json(session, rejection.status(), &rejection.body()).await?;
+                return Ok(true);
+            }
         };
         let idempotent = self
             .idempotency
@@ -196,11 +208,18 @@ impl ProxyHttp for FenceProxy {
             let resource = m.resource.clone();
             let admit = Box::pin(async move {
                 let admitted = self.gate.admit(&resource, token, upstream_timeout).await;
-                self.note_admission(&resource, &admitted);
-                admitted.map(|a| a.send_by).map_err(|r| Refusal {
-                    status: r.status(),
-                    body: r.body().to_string().into_bytes(),
-                })
+                let how = admitted.as_ref().map(|a| a.how);
+                self.note_admission(&resource, Some(token), how);
+                match admitted {
+                    Ok(a) => Ok(Permit {
+                        send_by: a.send_by,
+                        hold: Box::new(a.in_flight),
+                    }),
+                    Err(r) => Err(Refusal {
+                        status: r.status(),
+                        body: r.body().to_string().into_bytes(),
+                    }),
+                }
             });
             if let Handled::Responded = layer.handle(session, route, Some(admit)).await? {
                 ctx.outcome = "idempotent";
@@ -208,10 +227,11 @@ impl ProxyHttp for FenceProxy {
             }
         }
         let admitted = self.gate.admit(&m.resource, token, upstream_timeout).await;
-        self.note_admission(&m.resource, &admitted);
+        self.note_admission(&m.resource, Some(token), admitted.as_ref().map(|a| a.how));
         match admitted {
             Ok(admitted) => {
                 ctx.send_by = Some(admitted.send_by);
+                ctx.in_flight = Some(admitted.in_flight);
                 Ok(false)
             }
             Err(rejection) => {

@@ -494,8 +494,10 @@ async fn t60_follower_behind_a_compacted_log_gets_the_records_in_the_snapshot() 
     phase("the follower restarts, installs the snapshot, and holds every record itself");
     h.restart(f).await;
     eventually(EVENT, "the follower installs the snapshot", async || {
-        h.cluster.cluster_status(f).await["snapshot_index"]
-            .as_u64()
+        h.cluster
+            .cluster_status(f)
+            .await
+            .snapshot_index
             .is_some_and(|i| i >= snapshot_index)
     })
     .await;

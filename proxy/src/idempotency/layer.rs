@@ -48,9 +48,17 @@ pub struct Refusal {
     pub body: Vec<u8>,
 }
 
-/// The fence admission of a fenced write, run only if the key is claimed for it; yields the
-/// instant by which the request must have reached the upstream.
-pub type AdmitFuture<'a> = Pin<Box<dyn Future<Output = Result<Instant, Refusal>> + Send + 'a>>;
+/// A fenced write's admission.
+pub struct Permit {
+    /// The whole upstream exchange must end by then.
+    pub send_by: Instant,
+    /// Held until the write has finished (the fence's in-flight count, which a revocation of
+    /// the token waits for).
+    pub hold: Box<dyn Send>,
+}
+
+/// The fence admission of a fenced write, run only if the key is claimed for it.
+pub type AdmitFuture<'a> = Pin<Box<dyn Future<Output = Result<Permit, Refusal>> + Send + 'a>>;
 
 /// What `handle` did with the request.
 pub enum Handled {
@@ -235,16 +243,20 @@ impl IdempotencyLayer {
                     } else {
                         "claimed"
                     });
-                    let deadline = match admit {
+                    let permit = match admit {
                         None => None,
                         Some(admit) => match admit.await {
-                            Ok(send_by) => Some(send_by),
+                            Ok(permit) => Some(permit),
                             Err(refusal) => {
                                 return self.refused(session, req, attempt, refusal).await
                             }
                         },
                     };
-                    return self.forward(session, route, req, attempt, deadline).await;
+                    let deadline = permit.as_ref().map(|p| p.send_by);
+                    let forwarded = self.forward(session, route, req, attempt, deadline).await;
+                    // Only now is the write over for the fence.
+                    drop(permit);
+                    return forwarded;
                 }
                 IdemOutcome::Replay(answer) => {
                     self.count(if reconciled { "reconciled" } else { "replayed" });

@@ -10,4 +10,4 @@ pub mod contract;
 pub mod layer;
 
 pub use contract::{IdempotencyMode, IdempotencyOptions};
-pub use layer::{AdmitFuture, Handled, IdempotencyLayer, Refusal};
+pub use layer::{AdmitFuture, Handled, IdempotencyLayer, Permit, Refusal};
