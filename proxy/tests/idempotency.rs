@@ -134,6 +134,9 @@ async fn t10_fifty_concurrent_requests_with_one_key_make_one_order() {
                 assert_eq!(a.code(), "idempotency_key_in_use", "{a:?}");
                 assert!(a.retry_after.is_some(), "409 carries Retry-After: {a:?}");
             }
+            // A claim that did not commit within the write timeout on a busy machine: nothing
+            // was forwarded for it.
+            (503, false) => assert_eq!(a.code(), "no_quorum", "{a:?}"),
             _ => panic!("unexpected answer {a:?}"),
         }
     }
