@@ -79,6 +79,9 @@ impl LockMachine {
                 proxy,
             } => self.revoke_ack(resource, *fencing_token, *proxy, &mut fx),
             Command::Tick { max_items } => self.tick(*max_items, &mut fx),
+            // Idempotency records live on disk, not in this machine: the storage layer applies
+            // the command; the stamp above still advances log time.
+            Command::Idem(_) => Response::Noop,
         };
         (resp, fx)
     }

@@ -155,6 +155,8 @@ impl Model {
                 proxy,
             } => self.revoke_ack(resource, *fencing_token, *proxy, &mut fx),
             Command::Tick { max_items } => self.tick(*max_items as usize, &mut fx),
+            // Idempotency records are applied by the storage layer, not the lock machine.
+            Command::Idem(_) => Response::Noop,
         };
         (resp, fx)
     }
