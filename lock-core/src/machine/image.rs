@@ -23,6 +23,7 @@ impl LockMachine {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
             dedup,
+            quotas: self.quotas.clone(),
         }
     }
 
@@ -32,6 +33,7 @@ impl LockMachine {
             term: image.term,
             last_token: image.last_token,
             gc_floor: image.gc_floor,
+            quotas: image.quotas,
             ..Default::default()
         };
         for (name, res) in image.resources {

@@ -13,6 +13,7 @@ impl LockMachine {
         if by == 0 {
             return;
         }
+        self.quotas.shift(prev, by);
         for (res, exp) in shift_index(&mut self.lease_expiry, prev, by) {
             if let Some(lease) = self.resources.get_mut(&res).and_then(|r| r.lease.as_mut()) {
                 lease.expires_at_ms = exp;

@@ -20,6 +20,7 @@
 // snapshot copies it under the lock in constant time and serialises outside the lock.
 use imbl::{HashMap, OrdMap, OrdSet};
 
+use super::quota::QuotaLedger;
 use super::state::{DedupKey, DedupRecord, DedupState, FenceGrant, Lease, ResourceState, Waiter};
 use super::types::{
     Acquire, AdmitOutcome, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone,
@@ -38,6 +39,8 @@ pub struct LockMachine {
     /// Highest token of any resource record dropped as idle: a token at or below it for a
     /// resource without a record is stale, above it was never issued for that resource.
     pub(super) gc_floor: u64,
+    /// Global rate-limit quotas and the shares leased to proxies.
+    pub(super) quotas: QuotaLedger,
 
     // Indexes, derived from the above and rebuilt on restore. Kept in step by the helpers
     // below; `check_indexes` verifies them in tests.
@@ -82,6 +85,14 @@ impl LockMachine {
             // Idempotency records live on disk, not in this machine: the storage layer applies
             // the command; the stamp above still advances log time.
             Command::Idem(_) => Response::Noop,
+            Command::QuotaDefine(spec) => {
+                self.quotas.define(spec.clone());
+                Response::QuotaDefined
+            }
+            Command::QuotaLease(req) => Response::Quota(self.quotas.request(req, self.now_ms)),
+            Command::QuotaReturn { lease_ids } => {
+                Response::QuotaReturned(self.quotas.give_back(lease_ids))
+            }
         };
         (resp, fx)
     }
@@ -229,6 +240,8 @@ impl LockMachine {
         let mut budget = max_items as usize;
         let mut expired = 0u32;
         let mut handed_off = 0u32;
+        // The quota ledger is small (a few leases per proxy and pool): sweep it whole.
+        self.quotas.expire(now);
         // Leases first: they gate other clients.
         while budget > 0 {
             let Some((exp, res)) = self.lease_expiry.get_min().cloned() else {

@@ -4,6 +4,7 @@ mod idempotency;
 mod image;
 mod indexes;
 mod lock_machine;
+mod quota;
 mod reads;
 mod state;
 mod types;
@@ -13,6 +14,9 @@ pub use idempotency::{
     IdempotencyMachine, RecordWrite, StoredAnswer, StoredBody,
 };
 pub use lock_machine::LockMachine;
+pub use quota::{
+    QuotaGrant, QuotaLease, QuotaLedger, QuotaOutcome, QuotaPolicy, QuotaRequest, QuotaSpec, MILLI,
+};
 pub use state::{
     DedupRecord, DedupState, FenceGrant, Lease, MachineImage, ResourceState, Waiter,
     DEFAULT_IDLE_RETAIN_MS,

@@ -1,6 +1,7 @@
 //! Reads of the lock state: views for the API, deadlines for the sweeper, stats.
 
 use super::lock_machine::LockMachine;
+use super::quota::QuotaLedger;
 use super::state::{Lease, ResourceState};
 use crate::wire::{LockStats, LockView};
 
@@ -18,6 +19,11 @@ impl LockMachine {
     /// Log time: the latest stamp applied.
     pub fn now_ms(&self) -> u64 {
         self.now_ms
+    }
+
+    /// The quota ledger (definitions and leased shares).
+    pub fn quotas(&self) -> &QuotaLedger {
+        &self.quotas
     }
 
     pub fn last_token(&self) -> u64 {

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
+use super::quota::QuotaLedger;
 use super::types::Grant;
 use crate::wire::LeaseId;
 
@@ -87,6 +88,9 @@ pub struct MachineImage {
     pub gc_floor: u64,
     pub resources: Vec<(String, ResourceState)>,
     pub dedup: Vec<(String, String, DedupRecord)>,
+    /// Absent in snapshots taken before quotas existed.
+    #[serde(default)]
+    pub quotas: QuotaLedger,
 }
 
 /// How long an idle resource record is kept (it carries the resource's last token).

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::idempotency::{IdemCommand, IdemOutcome};
+use super::quota::{QuotaOutcome, QuotaRequest, QuotaSpec};
 pub use crate::wire::LeaseId;
 
 /// One entry of the replicated log's application payload: a command plus the facts the
@@ -68,6 +69,14 @@ pub enum Command {
     /// the on-disk record (see `machine::IdempotencyMachine`); the lock machine only advances
     /// log time with its stamp.
     Idem(IdemCommand),
+    /// Defines (or redefines) a global rate-limit quota. See `machine::QuotaLedger`.
+    QuotaDefine(QuotaSpec),
+    /// A fencing proxy leases or renews its shares of a (quota, tenant) pool.
+    QuotaLease(QuotaRequest),
+    /// A fencing proxy gives quota leases back (idempotent); their capacity is free at once.
+    QuotaReturn {
+        lease_ids: Vec<LeaseId>,
+    },
 }
 
 /// An acquire, already validated and clamped to policy by the proposing node.
@@ -131,6 +140,10 @@ pub enum Response {
     },
     Admit(AdmitOutcome),
     Idem(IdemOutcome),
+    QuotaDefined,
+    Quota(QuotaOutcome),
+    /// How many of the returned quota leases were still on the ledger.
+    QuotaReturned(u32),
     /// Blank and membership entries.
     Noop,
 }

@@ -17,6 +17,7 @@ mod admit;
 mod epoch_barrier;
 mod failover;
 mod histories;
+mod quota;
 mod release;
 mod renew;
 mod retry;

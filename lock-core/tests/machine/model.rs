@@ -157,6 +157,10 @@ impl Model {
             Command::Tick { max_items } => self.tick(*max_items as usize, &mut fx),
             // Idempotency records are applied by the storage layer, not the lock machine.
             Command::Idem(_) => Response::Noop,
+            // Lock histories never issue quota commands; `quota.rs` checks the ledger.
+            Command::QuotaDefine(_) | Command::QuotaLease(_) | Command::QuotaReturn { .. } => {
+                Response::Noop
+            }
         };
         (resp, fx)
     }

@@ -1,0 +1,404 @@
+//! The quota ledger: leased rate and burst shares of a tenant's global limit.
+//!
+//! The conservation invariant — at every log time, per tenant, the rate shares of the leases
+//! that count sum to at most R and the burst shares to at most B — is checked after every step
+//! of random histories of demand reports, renewals, returns, expiries, leader changes with
+//! skewed clocks and snapshot restores. A renewal never grows a share (a proxy's bucket is
+//! never refilled by a renewal), and a retried request gets the original answer.
+
+use std::collections::BTreeMap;
+
+use lock_core::machine::{
+    Command, LeaseId, LockMachine, MachineImage, Proposal, QuotaGrant, QuotaLease, QuotaOutcome,
+    QuotaPolicy, QuotaRequest, QuotaSpec, Response, MILLI,
+};
+use proptest::prelude::*;
+
+use crate::support::{at, restore, T0};
+
+const LEASE_MS: u64 = 2_000;
+const R: u64 = 100;
+const B: u64 = 200;
+
+fn spec() -> QuotaSpec {
+    QuotaSpec {
+        name: "api".into(),
+        rate_per_s: R,
+        burst: B,
+        lease_ms: LEASE_MS,
+        policy: QuotaPolicy::Strict,
+    }
+}
+
+fn request(proxy: u64, tenant: &str, id: u128, renew: Vec<LeaseId>, demand: u64) -> Command {
+    Command::QuotaLease(QuotaRequest {
+        quota: "api".into(),
+        tenant: tenant.into(),
+        proxy,
+        request_id: LeaseId(id),
+        renew,
+        demand_milli: demand * MILLI,
+    })
+}
+
+fn apply(m: &mut LockMachine, now: u64, term: u64, cmd: Command) -> Response {
+    m.apply(&at(now, cmd), term).0
+}
+
+#[track_caller]
+fn leased(resp: Response) -> QuotaGrant {
+    match resp {
+        Response::Quota(QuotaOutcome::Leased(g)) => g,
+        other => panic!("expected leases, got {other:?}"),
+    }
+}
+
+fn defined() -> LockMachine {
+    let mut m = LockMachine::new();
+    assert_eq!(
+        apply(&mut m, T0, 1, Command::QuotaDefine(spec())),
+        Response::QuotaDefined
+    );
+    m
+}
+
+/// The first proxy alone gets the whole pool; a second one gets nothing until the first one's
+/// successor is shrunk and its current lease expires — capacity never counts twice.
+#[test]
+fn capacity_moves_only_after_the_old_lease_ends() {
+    let mut m = defined();
+    let a = leased(apply(&mut m, T0, 1, request(1, "t", 10, vec![], 0)));
+    assert_eq!(a.leases.len(), 1);
+    assert_eq!(a.leases[0].rate_milli, R * MILLI);
+    assert_eq!(a.leases[0].burst_milli, B * MILLI);
+
+    // Proxy 2 is hot, but everything is leased to proxy 1 until T0 + LEASE_MS.
+    let b = leased(apply(&mut m, T0 + 100, 1, request(2, "t", 20, vec![], 80)));
+    assert!(b.leases.is_empty(), "{b:?}");
+    assert!(b.target_milli > 0);
+
+    // Proxy 1 renews while cold: its successor shrinks to its target.
+    let a2 = leased(apply(
+        &mut m,
+        T0 + 1_000,
+        1,
+        request(1, "t", 30, vec![a.leases[0].lease_id], 0),
+    ));
+    let succ = &a2.leases[0];
+    assert_eq!(succ.follows, Some(a.leases[0].lease_id));
+    assert_eq!(succ.activates_at_ms, T0 + LEASE_MS);
+    assert!(succ.rate_milli < R * MILLI);
+    assert_eq!(m.quotas().rebalances(), 1);
+
+    // Still nothing for proxy 2 before the old lease expires...
+    let b = leased(apply(
+        &mut m,
+        T0 + 1_999,
+        1,
+        request(2, "t", 40, vec![], 80),
+    ));
+    assert!(b.leases.is_empty());
+    // ...and the freed share right after.
+    let b = leased(apply(
+        &mut m,
+        T0 + 2_000,
+        1,
+        request(2, "t", 50, vec![], 80),
+    ));
+    assert_eq!(b.leases[0].rate_milli, R * MILLI - succ.rate_milli);
+    m.quotas().check_conservation(T0).expect("conserved");
+}
+
+/// Returning a lease frees its capacity at once; returning it again changes nothing.
+#[test]
+fn return_is_idempotent_and_frees_capacity() {
+    let mut m = defined();
+    let a = leased(apply(&mut m, T0, 1, request(1, "t", 10, vec![], 0)));
+    let ids = vec![a.leases[0].lease_id];
+    assert_eq!(
+        apply(
+            &mut m,
+            T0 + 1,
+            1,
+            Command::QuotaReturn {
+                lease_ids: ids.clone()
+            }
+        ),
+        Response::QuotaReturned(1)
+    );
+    assert_eq!(
+        apply(&mut m, T0 + 2, 1, Command::QuotaReturn { lease_ids: ids }),
+        Response::QuotaReturned(0)
+    );
+    let b = leased(apply(&mut m, T0 + 3, 1, request(2, "t", 20, vec![], 5)));
+    assert_eq!(b.leases[0].rate_milli, R * MILLI);
+}
+
+/// A retried request (the node forwards and retries proposals) answers what the first one
+/// created and creates nothing more.
+#[test]
+fn retried_request_gets_the_same_leases() {
+    let mut m = defined();
+    let first = leased(apply(&mut m, T0, 1, request(1, "t", 10, vec![], 0)));
+    let again = leased(apply(&mut m, T0 + 5, 1, request(1, "t", 10, vec![], 0)));
+    assert_eq!(first.leases, again.leases);
+    assert_eq!(m.quotas().leases().count(), 1);
+}
+
+/// An unknown quota is refused, not created.
+#[test]
+fn unknown_quota_is_refused() {
+    let mut m = LockMachine::new();
+    assert_eq!(
+        apply(&mut m, T0, 1, request(1, "t", 10, vec![], 1)),
+        Response::Quota(QuotaOutcome::UnknownQuota)
+    );
+}
+
+/// Tenants are separate pools: each gets the full R and B.
+#[test]
+fn tenants_have_separate_pools() {
+    let mut m = defined();
+    let a = leased(apply(&mut m, T0, 1, request(1, "t1", 10, vec![], 0)));
+    let b = leased(apply(&mut m, T0, 1, request(1, "t2", 20, vec![], 0)));
+    assert_eq!(a.leases[0].rate_milli, R * MILLI);
+    assert_eq!(b.leases[0].rate_milli, R * MILLI);
+}
+
+/// A leader change moves every live deadline later by the same amount (never shorter), so a
+/// chain stays contiguous and conservation holds.
+#[test]
+fn leader_change_keeps_every_lease_counted() {
+    let mut m = defined();
+    let a = leased(apply(&mut m, T0, 1, request(1, "t", 10, vec![], 0)));
+    let id = a.leases[0].lease_id;
+    leased(apply(
+        &mut m,
+        T0 + 1_000,
+        1,
+        request(1, "t", 11, vec![id], 50),
+    ));
+    // The new leader's clock is 10 s ahead.
+    leased(apply(
+        &mut m,
+        T0 + 11_000,
+        2,
+        request(2, "t", 20, vec![], 50),
+    ));
+    let by_id: BTreeMap<LeaseId, QuotaLease> = m
+        .quotas()
+        .leases()
+        .map(|l| (l.lease_id, l.clone()))
+        .collect();
+    let old = &by_id[&id];
+    assert!(old.expires_at_ms > T0 + 11_000, "old lease still counts");
+    let succ = by_id
+        .values()
+        .find(|l| l.follows == Some(id))
+        .expect("successor");
+    assert_eq!(succ.activates_at_ms, old.expires_at_ms);
+    m.quotas().check_conservation(T0).expect("conserved");
+}
+
+/// Snapshots taken before quotas existed still load (with an empty ledger).
+#[test]
+fn snapshot_without_quotas_loads() {
+    let mut value = serde_json::to_value(LockMachine::new().image()).expect("image");
+    value
+        .as_object_mut()
+        .expect("object")
+        .remove("quotas")
+        .expect("has quotas");
+    let image: MachineImage = serde_json::from_value(value).expect("old image loads");
+    assert_eq!(LockMachine::from_image(image).quotas().leases().count(), 0);
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Proxy asks: renew its live leases (or only some) and report demand.
+    Request {
+        proxy: u64,
+        tenant: u8,
+        demand: u64,
+        renew_all: bool,
+        retry: bool,
+    },
+    Return {
+        proxy: u64,
+        tenant: u8,
+    },
+    Advance(u64),
+    LeaderChange {
+        skew_ms: i64,
+    },
+    Tick,
+    Restore,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (1u64..4, 0u8..2, 0u64..300, any::<bool>(), any::<bool>()).prop_map(
+            |(proxy, tenant, demand, renew_all, retry)| Op::Request {
+                proxy, tenant, demand, renew_all, retry
+            }
+        ),
+        1 => (1u64..4, 0u8..2).prop_map(|(proxy, tenant)| Op::Return { proxy, tenant }),
+        4 => (0u64..1_500).prop_map(Op::Advance),
+        1 => (-3_000i64..10_000).prop_map(|skew_ms| Op::LeaderChange { skew_ms }),
+        1 => Just(Op::Tick),
+        1 => Just(Op::Restore),
+    ]
+}
+
+struct World {
+    m: LockMachine,
+    clock: u64,
+    term: u64,
+    next_id: u128,
+    last_request: Option<(Command, QuotaGrant)>,
+    /// Shares every lease was created with: successors are compared against them.
+    created: BTreeMap<LeaseId, (u64, u64)>,
+}
+
+impl World {
+    fn apply(&mut self, cmd: Command) -> Response {
+        let p = Proposal {
+            now_ms: self.clock,
+            failover_grace_ms: 1_000,
+            cmd,
+        };
+        self.m.apply(&p, self.term).0
+    }
+
+    fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        match op {
+            Op::Request {
+                proxy,
+                tenant,
+                demand,
+                renew_all,
+                retry,
+            } => {
+                if *retry {
+                    let still_held = |g: &QuotaGrant, m: &LockMachine| {
+                        g.leases.iter().all(|l| m.quotas().leases().any(|x| x == l))
+                    };
+                    // A retry arrives within the proposal timeout, while what the first
+                    // attempt created is still on the ledger. (A request that created nothing
+                    // may create something when retried: nobody holds anything from it.)
+                    if let Some((cmd, first)) = self.last_request.clone().filter(|(_, g)| {
+                        !g.leases.is_empty()
+                            && still_held(g, &self.m)
+                            && self.clock < g.now_ms + 1_000
+                    }) {
+                        let again = leased(self.apply(cmd));
+                        prop_assert_eq!(&again.leases, &first.leases, "retry answers the same");
+                        return Ok(());
+                    }
+                }
+                let tenant = format!("t{tenant}");
+                let now = self.m.now_ms();
+                let mut renew: Vec<LeaseId> = self
+                    .m
+                    .quotas()
+                    .leases()
+                    .filter(|l| l.proxy == *proxy && l.tenant == tenant && l.expires_at_ms > now)
+                    .map(|l| l.lease_id)
+                    .collect();
+                if !renew_all {
+                    renew.truncate(1);
+                }
+                self.next_id += 1 << 16;
+                let cmd = request(*proxy, &tenant, self.next_id, renew, *demand);
+                let grant = leased(self.apply(cmd.clone()));
+                for l in &grant.leases {
+                    if let Some(prev) = l.follows {
+                        // A renewal never grows a share: no refill, and a proxy switching to
+                        // the successor early never uses more than the ledger counts.
+                        let (r, b) = self.created[&prev];
+                        prop_assert!(l.rate_milli <= r && l.burst_milli <= b, "{l:?}");
+                    }
+                    self.created
+                        .insert(l.lease_id, (l.rate_milli, l.burst_milli));
+                }
+                self.last_request = Some((cmd, grant));
+            }
+            Op::Return { proxy, tenant } => {
+                let tenant = format!("t{tenant}");
+                let ids: Vec<LeaseId> = self
+                    .m
+                    .quotas()
+                    .leases()
+                    .filter(|l| l.proxy == *proxy && l.tenant == tenant)
+                    .map(|l| l.lease_id)
+                    .collect();
+                let n = ids.len() as u32;
+                prop_assert_eq!(
+                    self.apply(Command::QuotaReturn {
+                        lease_ids: ids.clone()
+                    }),
+                    Response::QuotaReturned(n)
+                );
+                prop_assert_eq!(
+                    self.apply(Command::QuotaReturn { lease_ids: ids }),
+                    Response::QuotaReturned(0)
+                );
+            }
+            Op::Advance(ms) => self.clock += ms,
+            Op::LeaderChange { skew_ms } => {
+                self.term += 1;
+                self.clock = self.clock.saturating_add_signed(*skew_ms);
+                let before: BTreeMap<LeaseId, u64> = self
+                    .m
+                    .quotas()
+                    .leases()
+                    .map(|l| (l.lease_id, l.expires_at_ms))
+                    .collect();
+                self.apply(Command::Tick { max_items: 0 });
+                // A failover never ends or shortens a lease that was alive.
+                let prev_now = self.m.now_ms();
+                for l in self.m.quotas().leases() {
+                    if let Some(exp) = before.get(&l.lease_id) {
+                        prop_assert!(l.expires_at_ms >= *exp, "shortened {l:?}");
+                    }
+                    prop_assert!(l.expires_at_ms > prev_now || before.contains_key(&l.lease_id));
+                }
+            }
+            Op::Tick => {
+                self.apply(Command::Tick { max_items: 16 });
+            }
+            Op::Restore => {
+                let image = self.m.image();
+                self.m = restore(&self.m);
+                prop_assert_eq!(self.m.image(), image, "restore keeps the ledger");
+            }
+        }
+        if let Err(e) = self.m.quotas().check_conservation(self.m.now_ms()) {
+            return Err(TestCaseError::fail(e));
+        }
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Conservation after every step of random demand reports, renewals, retries, returns,
+    /// expiries, leader changes with skewed clocks and snapshot restores; renewals never grow.
+    #[test]
+    fn random_histories_conserve_rate_and_burst(ops in prop::collection::vec(op(), 50..300)) {
+        let mut m = defined();
+        m.apply(&at(T0, Command::Tick { max_items: 0 }), 1);
+        let mut w = World {
+            m,
+            clock: T0,
+            term: 1,
+            next_id: 0,
+            last_request: None,
+            created: BTreeMap::new(),
+        };
+        for op in &ops {
+            w.step(op)?;
+        }
+    }
+}
