@@ -14,6 +14,7 @@ pub mod demo_store;
 pub mod gate;
 pub mod idempotency;
 pub mod metrics;
+pub mod quota;
 pub mod route;
 pub mod server;
 pub mod service;

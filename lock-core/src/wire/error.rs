@@ -112,6 +112,9 @@ error_codes! {
     IdempotencyOutcomeUnknown = ("idempotency_outcome_unknown", 409),
     /// Fencing proxy: the key's record has expired; use a new key for a new request.
     IdempotencyKeyExpired = ("idempotency_key_expired", 422),
+    /// Fencing proxy: the tenant's rate limit is used up here; retry after `Retry-After` when
+    /// the answer has one.
+    RateLimited = ("rate_limited", 429),
 }
 
 impl fmt::Display for ErrorCode {

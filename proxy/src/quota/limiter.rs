@@ -1,0 +1,365 @@
+//! Per-proxy enforcement of global rate limits: one token bucket per (quota, tenant) pool,
+//! kept supplied with leased shares by a background lessor task.
+//!
+//! A request never waits for the cluster: [`QuotaLimiter::admit`] only looks at the local
+//! bucket. The first request of a tenant creates its pool and starts its lessor (that request
+//! is refused: the pool holds nothing yet). The lessor reports the demand it saw (requests
+//! offered per second, admitted or not) with every lease request, renews the leases it holds
+//! before they run out, asks again sooner while it holds less than the ledger's target for it,
+//! and gives everything back once the tenant has been quiet for two lease durations.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lock_core::machine::{
+    Command, LeaseId, QuotaGrant, QuotaOutcome, QuotaPolicy, QuotaRequest, QuotaSpec, Response,
+};
+use lock_core::node::Node;
+use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use tokio::sync::Notify;
+
+use super::bucket::{Bucket, Share};
+
+/// Pools one proxy keeps at most (tenants are client-chosen header values).
+pub const MAX_POOLS: usize = 4_096;
+
+/// Why [`QuotaLimiter::admit`] refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limited {
+    /// When a retry may succeed, if that is known.
+    pub retry_after: Option<Duration>,
+}
+
+pub struct QuotaLimiter {
+    node: Arc<Node>,
+    specs: HashMap<String, QuotaSpec>,
+    pools: parking_lot::Mutex<HashMap<(String, String), Arc<Pool>>>,
+    /// Local time is milliseconds since this instant (monotonic).
+    base: Instant,
+    metrics: QuotaMetrics,
+}
+
+struct Pool {
+    state: parking_lot::Mutex<PoolState>,
+}
+
+struct PoolState {
+    bucket: Bucket,
+    /// Weighted requests offered since the lessor's last report.
+    offered: u64,
+    last_request_ms: u64,
+    /// Leases held, by id: local end and whether a successor is held.
+    held: HashMap<LeaseId, Held>,
+    /// Highest ledger epoch applied: older answers are ignored.
+    epoch: u64,
+}
+
+#[derive(Clone, Copy)]
+struct Held {
+    until_ms: u64,
+    rate_milli: u64,
+    renewed: bool,
+}
+
+impl QuotaLimiter {
+    pub fn new(node: Arc<Node>, specs: &[QuotaSpec], registry: &Registry) -> Self {
+        QuotaLimiter {
+            node,
+            specs: specs.iter().map(|s| (s.name.clone(), s.clone())).collect(),
+            pools: parking_lot::Mutex::new(HashMap::new()),
+            base: Instant::now(),
+            metrics: QuotaMetrics::new(registry),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.base.elapsed().as_millis() as u64
+    }
+
+    /// Admits a request of weight `cost` for `tenant` under `quota`, from the local bucket only.
+    pub fn admit(self: &Arc<Self>, quota: &str, tenant: &str, cost: u64) -> Result<(), Limited> {
+        let now = self.now_ms();
+        let Some(pool) = self.pool(quota, tenant, now) else {
+            self.count(quota, tenant, "rejected");
+            return Err(Limited { retry_after: None });
+        };
+        let taken = {
+            let mut st = pool.state.lock();
+            st.offered = st.offered.saturating_add(cost);
+            st.last_request_ms = now;
+            st.bucket.try_take(cost, now)
+        };
+        match taken {
+            Ok(()) => {
+                self.count(quota, tenant, "admitted");
+                Ok(())
+            }
+            Err(refusal) => {
+                self.count(quota, tenant, "rejected");
+                Err(Limited {
+                    retry_after: refusal
+                        .retry_at_ms
+                        .map(|at| Duration::from_millis(at.saturating_sub(now))),
+                })
+            }
+        }
+    }
+
+    fn count(&self, quota: &str, tenant: &str, outcome: &str) {
+        self.metrics
+            .decisions
+            .with_label_values(&[quota, tenant, outcome])
+            .inc();
+    }
+
+    /// The tenant's pool, created (with its lessor) on first use.
+    fn pool(self: &Arc<Self>, quota: &str, tenant: &str, now: u64) -> Option<Arc<Pool>> {
+        let spec = self.specs.get(quota)?;
+        let key = (quota.to_string(), tenant.to_string());
+        let mut pools = self.pools.lock();
+        if let Some(p) = pools.get(&key) {
+            return Some(p.clone());
+        }
+        if pools.len() >= MAX_POOLS {
+            return None;
+        }
+        let allowance = match spec.policy {
+            QuotaPolicy::Strict => 0,
+            QuotaPolicy::Emergency { allowance } => allowance,
+        };
+        let mut bucket = Bucket::new(now, allowance);
+        // The first lease is being asked for right now.
+        bucket.set_expected_lease(Some(now));
+        let pool = Arc::new(Pool {
+            state: parking_lot::Mutex::new(PoolState {
+                bucket,
+                offered: 0,
+                last_request_ms: now,
+                held: HashMap::new(),
+                epoch: 0,
+            }),
+        });
+        pools.insert(key.clone(), pool.clone());
+        tokio::spawn(self.clone().lessor(spec.clone(), key.1, pool.clone()));
+        Some(pool)
+    }
+
+    /// Keeps one pool supplied with leases until its tenant has been quiet for two lease
+    /// durations, then gives them back.
+    async fn lessor(self: Arc<Self>, spec: QuotaSpec, tenant: String, pool: Arc<Pool>) {
+        let lease_ms = spec.lease_ms;
+        let mut reported_at = self.now_ms();
+        let idle = Notify::new();
+        loop {
+            let now = self.now_ms();
+            let (renew, demand_milli, quiet) = {
+                let mut st = pool.state.lock();
+                st.held.retain(|_, h| h.until_ms > now);
+                let renew: Vec<LeaseId> = st
+                    .held
+                    .iter()
+                    .filter(|(_, h)| !h.renewed)
+                    .map(|(id, _)| *id)
+                    .collect();
+                let elapsed = now.saturating_sub(reported_at).max(1);
+                let demand = st.offered.saturating_mul(1_000_000) / elapsed;
+                st.offered = 0;
+                let quiet = now.saturating_sub(st.last_request_ms) > 2 * lease_ms;
+                (renew, demand, quiet)
+            };
+            reported_at = now;
+            if quiet {
+                self.retire(&spec.name, &tenant, &pool).await;
+                return;
+            }
+            let req = QuotaRequest {
+                quota: spec.name.clone(),
+                tenant: tenant.clone(),
+                proxy: self.node.id,
+                request_id: LeaseId(rand::random()),
+                renew,
+                demand_milli,
+            };
+            let sent = self.now_ms();
+            let answer = self.node.propose(Command::QuotaLease(req)).await;
+            let received = self.now_ms();
+            let next = match answer {
+                Ok(Response::Quota(QuotaOutcome::Leased(grant))) => {
+                    self.apply_grant(&spec, &tenant, &pool, &grant, sent, received)
+                }
+                Ok(Response::Quota(QuotaOutcome::UnknownQuota)) => {
+                    // The cluster has not heard of this quota yet: define it and ask again.
+                    if let Err(e) = self.node.propose(Command::QuotaDefine(spec.clone())).await {
+                        tracing::warn!(quota = %spec.name, error = %e, "quota define failed");
+                    }
+                    continue;
+                }
+                other => {
+                    if let Err(e) = &other {
+                        tracing::debug!(quota = %spec.name, %tenant, error = %e, "quota lease failed");
+                    }
+                    let mut st = pool.state.lock();
+                    st.bucket.set_connected(false);
+                    let retry = received + (lease_ms / 10).max(50);
+                    st.bucket.set_expected_lease(None);
+                    retry
+                }
+            };
+            let wait = next.saturating_sub(self.now_ms());
+            // `idle` is never notified: the timeout is the schedule.
+            let _ = tokio::time::timeout(Duration::from_millis(wait), idle.notified()).await;
+        }
+    }
+
+    /// Turns a grant into local shares; returns when to ask next.
+    fn apply_grant(
+        &self,
+        spec: &QuotaSpec,
+        tenant: &str,
+        pool: &Pool,
+        grant: &QuotaGrant,
+        sent: u64,
+        received: u64,
+    ) -> u64 {
+        let lease_ms = spec.lease_ms;
+        let mut st = pool.state.lock();
+        st.bucket.set_connected(true);
+        let newest = grant.leases.iter().map(|l| l.epoch).max().unwrap_or(0);
+        if newest != 0 && newest < st.epoch {
+            // An answer overtaken by a newer one (a retried proposal): ignore it.
+            return received;
+        }
+        st.epoch = st.epoch.max(newest);
+        for l in &grant.leases {
+            // The end counts from when the request was sent: the ledger's clock had started
+            // this lease no earlier, so the proxy stops no later than the ledger stops counting.
+            let until = sent.saturating_add(l.expires_at_ms.saturating_sub(grant.now_ms));
+            let from = match l.follows.and_then(|p| st.held.get(&p).copied()) {
+                // A successor continues its chain: never a larger share, so starting exactly
+                // where the renewed lease ends locally is safe.
+                Some(prev) => prev.until_ms,
+                // A fresh lease counts from its stamp, which came before the answer arrived.
+                None => received.saturating_add(l.activates_at_ms.saturating_sub(grant.now_ms)),
+            };
+            if let Some(prev) = l.follows.and_then(|p| st.held.get_mut(&p)) {
+                prev.renewed = true;
+                if l.rate_milli < prev.rate_milli {
+                    self.metrics
+                        .shrinks
+                        .with_label_values(&[&spec.name, tenant])
+                        .inc();
+                }
+            }
+            st.bucket.add(
+                Share {
+                    from_ms: from,
+                    until_ms: until,
+                    rate_milli: l.rate_milli,
+                    burst_milli: l.burst_milli,
+                },
+                received,
+            );
+            st.held.insert(
+                l.lease_id,
+                Held {
+                    until_ms: until,
+                    rate_milli: l.rate_milli,
+                    renewed: false,
+                },
+            );
+        }
+        let now = received;
+        let rate_now = st.bucket.rate_at(now);
+        self.metrics
+            .share
+            .with_label_values(&[&spec.name, tenant])
+            .set((rate_now / 1_000) as i64);
+        self.metrics
+            .target
+            .with_label_values(&[&spec.name, tenant])
+            .set((grant.target_milli / 1_000) as i64);
+        // Renew each chain half a lease before it ends.
+        let renew_at = st
+            .held
+            .values()
+            .filter(|h| !h.renewed)
+            .map(|h| h.until_ms.saturating_sub(lease_ms / 2))
+            .min()
+            .unwrap_or(now);
+        // Short of the target (or holding nothing): ask again soon, when freed capacity may
+        // have come back.
+        let short = rate_now < grant.target_milli || st.held.is_empty();
+        let next = if short {
+            renew_at.min(now + (lease_ms / 4).max(50))
+        } else {
+            renew_at
+        };
+        st.bucket.set_expected_lease(short.then_some(next));
+        next.max(now + 10)
+    }
+
+    /// Gives back a quiet pool's leases and forgets it.
+    async fn retire(&self, quota: &str, tenant: &str, pool: &Arc<Pool>) {
+        let key = (quota.to_string(), tenant.to_string());
+        self.pools.lock().remove(&key);
+        let ids: Vec<LeaseId> = pool.state.lock().held.keys().copied().collect();
+        if !ids.is_empty() {
+            // Best effort: an unreturned lease simply expires.
+            let _ = self
+                .node
+                .propose(Command::QuotaReturn { lease_ids: ids })
+                .await;
+        }
+        for m in [&self.metrics.share, &self.metrics.target] {
+            m.with_label_values(&[quota, tenant]).set(0);
+        }
+    }
+}
+
+#[derive(Clone)]
+struct QuotaMetrics {
+    decisions: IntCounterVec,
+    share: IntGaugeVec,
+    target: IntGaugeVec,
+    shrinks: IntCounterVec,
+}
+
+impl QuotaMetrics {
+    fn new(registry: &Registry) -> Self {
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels)
+                .unwrap_or_else(|e| panic!("metric: {e}"))
+        };
+        let gauge = |name: &str, help: &str| {
+            IntGaugeVec::new(Opts::new(name, help), &["quota", "tenant"])
+                .unwrap_or_else(|e| panic!("metric: {e}"))
+        };
+        let m = QuotaMetrics {
+            decisions: counter(
+                "proxy_quota_requests_total",
+                "Rate-limited requests by quota, tenant and outcome (admitted, rejected)",
+                &["quota", "tenant", "outcome"],
+            ),
+            share: gauge(
+                "proxy_quota_rate_share",
+                "Rate share (requests/s) this proxy holds now",
+            ),
+            target: gauge(
+                "proxy_quota_rate_target",
+                "Rate share (requests/s) the ledger aims to give this proxy",
+            ),
+            shrinks: counter(
+                "proxy_quota_rebalances_total",
+                "Renewals whose successor lease was smaller (capacity moved to other proxies)",
+                &["quota", "tenant"],
+            ),
+        };
+        // Registering twice (a second proxy in one process) is harmless: keep the first.
+        let _ = registry.register(Box::new(m.decisions.clone()));
+        let _ = registry.register(Box::new(m.share.clone()));
+        let _ = registry.register(Box::new(m.target.clone()));
+        let _ = registry.register(Box::new(m.shrinks.clone()));
+        m
+    }
+}

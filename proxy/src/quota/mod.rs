@@ -1,0 +1,8 @@
+//! Global rate limits at the proxy: a pure token bucket per (quota, tenant) pool ([`bucket`])
+//! fed with shares leased from the cluster's quota ledger by a background lessor
+//! ([`limiter`]). See docs/quotas.md.
+
+pub mod bucket;
+pub mod limiter;
+
+pub use limiter::{Limited, QuotaLimiter};
