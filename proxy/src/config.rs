@@ -1,5 +1,6 @@
 //! Proxy configuration (the `[proxy]` table of a node's config file).
 
+use lock_core::machine::{QuotaPolicy, QuotaSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::idempotency::{IdempotencyMode, IdempotencyOptions};
@@ -17,6 +18,9 @@ pub struct ProxyConfig {
     pub grant_ms: u64,
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
+    /// Global rate limits routes can refer to by name (see docs/quotas.md).
+    #[serde(default)]
+    pub quotas: Vec<QuotaSpec>,
     /// DEMONSTRATIONS ONLY: forward every request of a matched route without any fence check
     /// (lease-only locking, like a bare Redis lock). The chaos harness uses it to show what the
     /// fence prevents. Never enable in production.
@@ -28,6 +32,13 @@ pub struct ProxyConfig {
 /// it stopped forwarding the released token.
 pub const MAX_GRANT_MS: u64 = 5_000;
 
+/// The quota of `fencegate dev`'s `/limited/{key}` route.
+pub const DEV_QUOTA: &str = "limited";
+/// Bounds on a quota lease: long enough for a commit round trip and renewing at half time,
+/// short enough that a stopped proxy's share comes back soon.
+pub const MIN_QUOTA_LEASE_MS: u64 = 500;
+pub const MAX_QUOTA_LEASE_MS: u64 = 60_000;
+
 fn default_grant_ms() -> u64 {
     2_000
 }
@@ -36,37 +47,38 @@ impl ProxyConfig {
     /// The `fencegate dev` routes: `/kv/{key}` to the demo store, fenced on `kv:{key}`; and
     /// `/orders` to the demo store's create-order endpoint, not fenced, with `Idempotency-Key`
     /// required (tenant from `X-Tenant`, default `demo`) and lost answers reconciled through
-    /// `GET /orders/by-key/{key}`.
+    /// `GET /orders/by-key/{key}`; and `/limited/{key}` to the demo store, not fenced, limited
+    /// per tenant (`X-Tenant`, default `demo`) to 100 requests/s with a burst of 200 across all
+    /// proxies of the cluster, `strict`.
     pub fn dev(listen: String, demo_store: String) -> Self {
         ProxyConfig {
             listen,
             grant_ms: default_grant_ms(),
             unsafe_no_fencing: false,
             routes: vec![
+                RouteConfig::new("/kv/{key}", "kv:{key}", &demo_store),
                 RouteConfig {
-                    path: "/kv/{key}".into(),
-                    resource: "kv:{key}".into(),
-                    upstream: demo_store.clone(),
-                    protected_methods: ["POST", "PUT", "PATCH", "DELETE"]
-                        .map(String::from)
-                        .to_vec(),
-                    upstream_timeout_ms: 1_000,
-                    idempotency: IdempotencyMode::Off,
-                    idempotency_options: IdempotencyOptions::default(),
-                },
-                RouteConfig {
-                    path: "/orders".into(),
-                    resource: "orders".into(),
-                    upstream: demo_store,
                     protected_methods: Vec::new(),
-                    upstream_timeout_ms: 1_000,
                     idempotency: IdempotencyMode::Required,
                     idempotency_options: IdempotencyOptions {
                         reconcile: Some("/orders/by-key/{key}".into()),
                         ..IdempotencyOptions::default()
                     },
+                    ..RouteConfig::new("/orders", "orders", &demo_store)
+                },
+                RouteConfig {
+                    protected_methods: Vec::new(),
+                    quota: Some(DEV_QUOTA.into()),
+                    ..RouteConfig::new("/limited/{key}", "limited:{key}", &demo_store)
                 },
             ],
+            quotas: vec![QuotaSpec {
+                name: DEV_QUOTA.into(),
+                rate_per_s: 100,
+                burst: 200,
+                lease_ms: 2_000,
+                policy: QuotaPolicy::Strict,
+            }],
         }
     }
 
@@ -80,7 +92,37 @@ impl ProxyConfig {
                 self.grant_ms
             ));
         }
+        let mut names = std::collections::HashSet::new();
+        for q in &self.quotas {
+            if q.name.trim().is_empty() || !names.insert(q.name.as_str()) {
+                return Err(format!("quota names must be non-empty and unique ('{}')", q.name));
+            }
+            if q.rate_per_s == 0 || q.burst == 0 {
+                return Err(format!(
+                    "quota {}: rate_per_s and burst must be > 0",
+                    q.name
+                ));
+            }
+            if !(MIN_QUOTA_LEASE_MS..=MAX_QUOTA_LEASE_MS).contains(&q.lease_ms) {
+                return Err(format!(
+                    "quota {}: lease_ms ({}) must be between {MIN_QUOTA_LEASE_MS} and \
+                     {MAX_QUOTA_LEASE_MS}",
+                    q.name, q.lease_ms
+                ));
+            }
+        }
         for r in &self.routes {
+            if let Some(q) = &r.quota {
+                if !names.contains(q.as_str()) {
+                    return Err(format!("route {}: quota '{q}' is not defined in quotas", r.path));
+                }
+                if r.cost == 0 || r.tenant_header.trim().is_empty() {
+                    return Err(format!(
+                        "route {}: cost must be > 0 and tenant_header must name a header",
+                        r.path
+                    ));
+                }
+            }
             // Room for the 100 ms clock margin, the send slack and a commit round trip.
             if r.upstream_timeout_ms == 0 || r.upstream_timeout_ms + 500 > self.grant_ms {
                 return Err(format!(

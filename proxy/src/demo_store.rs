@@ -7,6 +7,8 @@
 //! A write may ask to be applied late with `X-Demo-Delay-Ms: N` (at most 60 s), which is how
 //! tests model a slow upstream.
 //!
+//! `/limited/{key}` answers 200 to GET, PUT and POST: the upstream of the rate-limited route.
+//!
 //! Orders, for the proxy's `Idempotency-Key` handling: `POST /orders` creates an order with a
 //! new id (201 and the order as JSON; logged in `GET /log` with the `Idempotency-Key` it was
 //! sent), and `GET /orders/by-key/{key}` finds the order created with that key (404 if none) —
@@ -65,6 +67,12 @@ struct Shared {
     holds: Arc<Notify>,
 }
 
+/// `GET/PUT/POST /limited/{key}`: answers 200 and does nothing else, the upstream of the
+/// rate-limited route of `fencegate dev`.
+async fn limited(Path(key): Path<String>) -> String {
+    format!("ok {key}\n")
+}
+
 /// Serves the demo store on `listener` until `shutdown` completes.
 pub async fn serve(
     listener: TcpListener,
@@ -76,6 +84,7 @@ pub async fn serve(
         .route("/orders", post(create_order))
         .route("/orders/by-key/{key}", get(order_by_key))
         .route("/holds/{name}/release", post(release_hold))
+        .route("/limited/{key}", get(limited).put(limited).post(limited))
         .with_state(Shared::default());
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)

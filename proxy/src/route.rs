@@ -31,6 +31,42 @@ pub struct RouteConfig {
     pub idempotency: IdempotencyMode,
     #[serde(default)]
     pub idempotency_options: IdempotencyOptions,
+    /// Name of a quota (from the proxy's `quotas`) that limits this route's requests per
+    /// tenant; none by default.
+    #[serde(default)]
+    pub quota: Option<String>,
+    /// Header naming the tenant a request is counted for (missing: tenant `demo`).
+    #[serde(default = "default_tenant_header")]
+    pub tenant_header: String,
+    /// Weight of one request of this route against its quota.
+    #[serde(default = "default_cost")]
+    pub cost: u64,
+}
+
+fn default_tenant_header() -> String {
+    "X-Tenant".into()
+}
+
+fn default_cost() -> u64 {
+    1
+}
+
+impl RouteConfig {
+    /// A route with default settings: protected writes, no idempotency, no quota.
+    pub fn new(path: &str, resource: &str, upstream: &str) -> Self {
+        RouteConfig {
+            path: path.into(),
+            resource: resource.into(),
+            upstream: upstream.into(),
+            protected_methods: default_protected(),
+            upstream_timeout_ms: default_upstream_timeout(),
+            idempotency: IdempotencyMode::Off,
+            idempotency_options: IdempotencyOptions::default(),
+            quota: None,
+            tenant_header: default_tenant_header(),
+            cost: default_cost(),
+        }
+    }
 }
 
 fn default_protected() -> Vec<String> {
@@ -203,15 +239,7 @@ mod tests {
     use super::*;
 
     fn route(path: &str, resource: &str) -> RouteConfig {
-        RouteConfig {
-            path: path.into(),
-            resource: resource.into(),
-            upstream: "127.0.0.1:9000".into(),
-            protected_methods: default_protected(),
-            upstream_timeout_ms: 1000,
-            idempotency: IdempotencyMode::Off,
-            idempotency_options: IdempotencyOptions::default(),
-        }
+        RouteConfig::new(path, resource, "127.0.0.1:9000")
     }
 
     #[test]

@@ -15,6 +15,7 @@ use crate::config::ProxyConfig;
 use crate::gate::FenceGate;
 use crate::idempotency::IdempotencyLayer;
 use crate::metrics::ProxyMetrics;
+use crate::quota::QuotaLimiter;
 use crate::route::Routes;
 use crate::service::FenceProxy;
 
@@ -40,11 +41,19 @@ pub fn start(
         Routes::new(config.routes.clone()).map_err(|e| ProxyError::Config(e.to_string()))?;
     let metrics = ProxyMetrics::new(&node.metrics.registry);
     let idempotency = Arc::new(IdempotencyLayer::new(node.clone(), &node.metrics.registry));
+    let quotas = (!config.quotas.is_empty()).then(|| {
+        Arc::new(QuotaLimiter::new(
+            node.clone(),
+            &config.quotas,
+            &node.metrics.registry,
+        ))
+    });
     let gate = Arc::new(FenceGate::new(node, config.grant_ms));
     let revocations = tokio::spawn(gate.clone().serve_revocations());
     let proxy = FenceProxy::new(routes, gate, metrics)
         .with_unsafe_no_fencing(config.unsafe_no_fencing)
-        .with_idempotency(idempotency);
+        .with_idempotency(idempotency)
+        .with_quotas(quotas.clone());
     if config.unsafe_no_fencing {
         tracing::warn!(
             "fencing proxy started with unsafe_no_fencing = true: protected writes are forwarded \
@@ -66,6 +75,7 @@ pub fn start(
         // here, in the service's own task, leaves nothing behind when the task is aborted.
         // The revocation listener lives exactly as long as this task, even if it is aborted.
         let _revocations = AbortOnDrop(revocations);
+        let _quotas = quotas.map(StopOnDrop);
         let (stop_tx, stop_rx) = watch::channel(false);
         let serve = service.start_service(Some(fds), stop_rx, 1);
         tokio::pin!(serve);
@@ -77,6 +87,15 @@ pub fn start(
             }
         }
     }))
+}
+
+/// Stops the quota lessors when the proxy's task ends, even if it is aborted.
+struct StopOnDrop(Arc<QuotaLimiter>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);

@@ -15,9 +15,12 @@ use serde_json::{json, Value};
 use crate::gate::{Admission, FenceGate, InFlightGuard};
 use crate::idempotency::{Handled, IdempotencyLayer, Permit, Refusal};
 use crate::metrics::ProxyMetrics;
-use crate::route::Routes;
+use crate::quota::QuotaLimiter;
+use crate::route::{Route, Routes};
 use crate::verdict::{check_resource_header, parse_token, Rejection};
-use lock_core::wire::{FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
+use lock_core::wire::{ErrorBody, ErrorCode, FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
+use pingora::http::RequestHeader;
+use pingora::OrErr;
 
 pub struct FenceProxy {
     routes: Routes,
@@ -27,6 +30,8 @@ pub struct FenceProxy {
     unsafe_no_fencing: bool,
     /// `Idempotency-Key` handling for routes that ask for it.
     idempotency: Option<Arc<IdempotencyLayer>>,
+    /// Global rate limits for routes with a quota.
+    quotas: Option<Arc<QuotaLimiter>>,
 }
 
 /// Per-request state.
@@ -50,7 +55,36 @@ impl FenceProxy {
             metrics,
             unsafe_no_fencing: false,
             idempotency: None,
+            quotas: None,
         }
+    }
+
+    /// Enforces the routes' quotas (a route with a quota and no limiter is not limited; the
+    /// config check refuses such a config).
+    pub fn with_quotas(mut self, limiter: Option<Arc<QuotaLimiter>>) -> Self {
+        self.quotas = limiter;
+        self
+    }
+
+    /// The route's quota check, from the local bucket only. `Some(answer)` refuses.
+    fn limit(&self, route: &Route, req: &RequestHeader) -> Option<(u16, ErrorBody)> {
+        let (Some(quota), Some(limiter)) = (&route.config.quota, &self.quotas) else {
+            return None;
+        };
+        let tenant = match tenant_of(req, &route.config.tenant_header) {
+            Ok(t) => t,
+            Err(body) => return Some((400, body)),
+        };
+        let limited = limiter.admit(quota, tenant, route.config.cost).err()?;
+        let mut body = ErrorBody::new(
+            ErrorCode::RateLimited,
+            format!(
+                "Tenant '{tenant}' is over its rate limit '{quota}' at this proxy; retry after \
+                 Retry-After seconds, or later if the answer has none."
+            ),
+        );
+        body.retry_after_ms = limited.retry_after.map(|d| d.as_millis() as u64);
+        Some((ErrorCode::RateLimited.status(), body))
     }
 
     /// Handles `Idempotency-Key` on the routes configured for it.
@@ -122,6 +156,48 @@ impl FenceProxy {
     }
 }
 
+/// The tenant a request is counted for: the route's tenant header, `demo` without one.
+fn tenant_of<'a>(req: &'a RequestHeader, header: &str) -> std::result::Result<&'a str, ErrorBody> {
+    let Some(value) = req.headers.get(header) else {
+        return Ok(DEFAULT_TENANT);
+    };
+    match value.to_str() {
+        Ok(t)
+            if (1..=64).contains(&t.len())
+                && t
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) =>
+        {
+            Ok(t)
+        }
+        _ => Err(ErrorBody::new(
+            ErrorCode::InvalidRequest,
+            format!("{header} must be 1-64 letters, digits, '.', '_' or '-'."),
+        )),
+    }
+}
+
+/// The tenant of requests without a tenant header.
+pub const DEFAULT_TENANT: &str = "demo";
+
+/// Answers with an error body; a 429 gets `Retry-After` (whole seconds, rounded up) when the
+/// body says when to retry.
+async fn respond_error(session: &mut Session, status: u16, body: &ErrorBody) -> Result<()> {
+    let bytes = Bytes::from(
+        serde_json::to_vec(body)
+            .or_err(ErrorType::InternalError, "serialize an error body")?,
+    );
+    let mut resp = ResponseHeader::build(status, Some(4))?;
+    resp.insert_header("content-type", "application/json")?;
+    resp.insert_header("content-length", bytes.len().to_string())?;
+    if let (429, Some(ms)) = (status, body.retry_after_ms) {
+        resp.insert_header("retry-after", ms.div_ceil(1_000).max(1).to_string())?;
+    }
+    session.write_response_header(Box::new(resp), false).await?;
+    session.write_response_body(Some(bytes), true).await?;
+    Ok(())
+}
+
 async fn respond_json(session: &mut Session, status: u16, body: &Value) -> Result<()> {
     let body = Bytes::from(body.to_string());
     let mut resp = ResponseHeader::build(status, Some(3))?;
@@ -162,6 +238,12 @@ impl ProxyHttp for FenceProxy {
             .routes
             .get(m.route)
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "route index out of range"))?;
+        // Rate limits first: a refused request costs the cluster nothing.
+        if let Some((status, body)) = self.limit(route, req) {
+            ctx.outcome = "rate_limited";
+            respond_error(session, status, &body).await?;
+            return Ok(true);
+        }
         if !route.is_protected(req.method.as_str()) {
             ctx.outcome = "passthrough";
             self.decide("passthrough", "unprotected_method");

@@ -9,6 +9,7 @@
 //! and gives everything back once the tenant has been quiet for two lease durations.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,6 +39,9 @@ pub struct QuotaLimiter {
     /// Local time is milliseconds since this instant (monotonic).
     base: Instant,
     metrics: QuotaMetrics,
+    /// Set (and notified) when the proxy stops: lessors give their leases back and end.
+    stopped: AtomicBool,
+    stop: Notify,
 }
 
 struct Pool {
@@ -70,7 +74,15 @@ impl QuotaLimiter {
             pools: parking_lot::Mutex::new(HashMap::new()),
             base: Instant::now(),
             metrics: QuotaMetrics::new(registry),
+            stopped: AtomicBool::new(false),
+            stop: Notify::new(),
         }
+    }
+
+    /// Stops every lessor; each gives its leases back (best effort) before it ends.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.stop.notify_waiters();
     }
 
     fn now_ms(&self) -> u64 {
@@ -150,7 +162,6 @@ impl QuotaLimiter {
     async fn lessor(self: Arc<Self>, spec: QuotaSpec, tenant: String, pool: Arc<Pool>) {
         let lease_ms = spec.lease_ms;
         let mut reported_at = self.now_ms();
-        let idle = Notify::new();
         loop {
             let now = self.now_ms();
             let (renew, demand_milli, quiet) = {
@@ -169,7 +180,7 @@ impl QuotaLimiter {
                 (renew, demand, quiet)
             };
             reported_at = now;
-            if quiet {
+            if quiet || self.stopped.load(Ordering::SeqCst) {
                 self.retire(&spec.name, &tenant, &pool).await;
                 return;
             }
@@ -207,8 +218,11 @@ impl QuotaLimiter {
                 }
             };
             let wait = next.saturating_sub(self.now_ms());
-            // `idle` is never notified: the timeout is the schedule.
-            let _ = tokio::time::timeout(Duration::from_millis(wait), idle.notified()).await;
+            let stop = self.stop.notified();
+            if self.stopped.load(Ordering::SeqCst) {
+                continue;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(wait), stop).await;
         }
     }
 
