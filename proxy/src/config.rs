@@ -95,7 +95,10 @@ impl ProxyConfig {
         let mut names = std::collections::HashSet::new();
         for q in &self.quotas {
             if q.name.trim().is_empty() || !names.insert(q.name.as_str()) {
-                return Err(format!("quota names must be non-empty and unique ('{}')", q.name));
+                return Err(format!(
+                    "quota names must be non-empty and unique ('{}')",
+                    q.name
+                ));
             }
             if q.rate_per_s == 0 || q.burst == 0 {
                 return Err(format!(
@@ -114,7 +117,10 @@ impl ProxyConfig {
         for r in &self.routes {
             if let Some(q) = &r.quota {
                 if !names.contains(q.as_str()) {
-                    return Err(format!("route {}: quota '{q}' is not defined in quotas", r.path));
+                    return Err(format!(
+                        "route {}: quota '{q}' is not defined in quotas",
+                        r.path
+                    ));
                 }
                 if r.cost == 0 || r.tenant_header.trim().is_empty() {
                     return Err(format!(

@@ -164,8 +164,7 @@ fn tenant_of<'a>(req: &'a RequestHeader, header: &str) -> std::result::Result<&'
     match value.to_str() {
         Ok(t)
             if (1..=64).contains(&t.len())
-                && t
-                    .bytes()
+                && t.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) =>
         {
             Ok(t)
@@ -184,8 +183,7 @@ pub const DEFAULT_TENANT: &str = "demo";
 /// body says when to retry.
 async fn respond_error(session: &mut Session, status: u16, body: &ErrorBody) -> Result<()> {
     let bytes = Bytes::from(
-        serde_json::to_vec(body)
-            .or_err(ErrorType::InternalError, "serialize an error body")?,
+        serde_json::to_vec(body).or_err(ErrorType::InternalError, "serialize an error body")?,
     );
     let mut resp = ResponseHeader::build(status, Some(4))?;
     resp.insert_header("content-type", "application/json")?;

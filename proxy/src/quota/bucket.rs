@@ -127,7 +127,11 @@ impl Bucket {
     /// The latest local end of any known share: nothing is admitted (strict) after it unless
     /// a new lease arrives.
     pub fn horizon_ms(&self) -> u64 {
-        self.shares.iter().map(|s| s.until_ms).max().unwrap_or(self.at_ms)
+        self.shares
+            .iter()
+            .map(|s| s.until_ms)
+            .max()
+            .unwrap_or(self.at_ms)
     }
 
     fn covering(&self, t: u64) -> impl Iterator<Item = &Share> {
@@ -237,7 +241,11 @@ mod tests {
         b.add(share(2_000, 4_000, 2, 4), 1_000);
         assert_eq!(b.try_take(0, 1_999), Ok(()));
         assert_eq!(b.balance(), 19);
-        assert_eq!(admitted(&mut b, 30, 2_000), 4, "truncated to the new burst share");
+        assert_eq!(
+            admitted(&mut b, 30, 2_000),
+            4,
+            "truncated to the new burst share"
+        );
     }
 
     #[test]
@@ -250,17 +258,29 @@ mod tests {
         b.set_connected(false);
         assert_eq!(admitted(&mut b, 5, 2_500), 0, "strict has no allowance");
         b.add(share(3_000, 5_000, 10, 20), 3_000);
-        assert_eq!(admitted(&mut b, 5, 3_000), 0, "after a gap the bucket starts empty");
+        assert_eq!(
+            admitted(&mut b, 5, 3_000),
+            0,
+            "after a gap the bucket starts empty"
+        );
     }
 
     #[test]
     fn emergency_admits_at_most_the_allowance_while_disconnected() {
         let mut b = Bucket::new(0, 7);
         b.add(share(0, 1_000, 10, 20), 0);
-        assert_eq!(admitted(&mut b, 5, 1_500), 0, "connected but without a share");
+        assert_eq!(
+            admitted(&mut b, 5, 1_500),
+            0,
+            "connected but without a share"
+        );
         b.set_connected(false);
         assert_eq!(admitted(&mut b, 100, 2_000), 7);
-        assert_eq!(admitted(&mut b, 100, 60_000), 0, "the allowance is per disconnection");
+        assert_eq!(
+            admitted(&mut b, 100, 60_000),
+            0,
+            "the allowance is per disconnection"
+        );
         b.set_connected(true);
         b.set_connected(false);
         assert_eq!(admitted(&mut b, 100, 61_000), 7);

@@ -1,0 +1,346 @@
+//! Global rate limits end to end: a real 3-node cluster, one proxy per node, the demo store's
+//! `/limited/{key}` behind them under one quota (see `common/`).
+//!
+//! Invariant checked: per tenant, the rate shares of unexpired leases sum to at most R and the
+//! burst shares to at most B, so the proxies together admit at most R·t + B over any window of
+//! length t (strict policy) — under shifting load, an isolated proxy and a leader kill.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{eventually, phase, FenceClient, FenceHarness, Write, EVENT};
+use fencegate_proxy::config::DEV_QUOTA;
+use lock_core::machine::{LeaseId, QuotaPolicy, QuotaSpec};
+use reqwest::Method;
+
+const R: u64 = 40;
+const B: u64 = 20;
+const LEASE_MS: u64 = 1_000;
+
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    proxy: u64,
+    sent: Instant,
+    recv: Instant,
+    status: u16,
+}
+
+/// Open-loop load on one proxy: one request every `interval_ms` (0 pauses it), each in its own
+/// task so a slow answer does not slow the offered rate.
+struct Load {
+    intervals: Vec<Arc<AtomicU64>>,
+    samples: Arc<Mutex<Vec<Sample>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(client: &FenceClient, proxies: &[u64], tenant: &str) -> Load {
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let mut intervals = Vec::new();
+        let mut tasks = Vec::new();
+        for &proxy in proxies {
+            let interval = Arc::new(AtomicU64::new(0));
+            intervals.push(interval.clone());
+            let (client, samples) = (client.clone(), samples.clone());
+            let w = Write::new(Method::GET, &format!("/limited/{proxy}"), "")
+                .header("X-Tenant", tenant);
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let every = interval.load(Ordering::SeqCst);
+                    if every == 0 {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                    let (client, samples, w) = (client.clone(), samples.clone(), w.clone());
+                    tokio::spawn(async move {
+                        let sent = Instant::now();
+                        if let Ok(r) = client.try_send(proxy, &w).await {
+                            let s = Sample {
+                                proxy,
+                                sent,
+                                recv: r.at,
+                                status: r.status,
+                            };
+                            samples.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+                        }
+                    });
+                    tokio::time::sleep(Duration::from_millis(every)).await;
+                }
+            }));
+        }
+        Load {
+            intervals,
+            samples,
+            tasks,
+        }
+    }
+
+    /// Sets proxy number `i`'s (in the order given to `start`) offered rate per second.
+    fn offer(&self, i: usize, per_s: u64) {
+        let every = 1_000u64.checked_div(per_s).map_or(0, |ms| ms.max(1));
+        self.intervals[i].store(every, Ordering::SeqCst);
+    }
+
+    fn samples(&self) -> Vec<Sample> {
+        self.samples
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn stop(self) {
+        for t in self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Over every window, admissions ≤ R·t + B. A request was admitted somewhere between its send
+/// and its answer, so the requests sent at or after `s` and answered by `e` were admitted
+/// inside `[s, e]`.
+#[track_caller]
+fn assert_within_rate_and_burst(samples: &[Sample]) {
+    let mut ok: Vec<&Sample> = samples.iter().filter(|s| s.status == 200).collect();
+    ok.sort_by_key(|s| s.sent);
+    assert!(!ok.is_empty(), "nothing was admitted");
+    for i in 0..ok.len() {
+        let mut last = ok[i].recv;
+        for (n, s) in ok[i..].iter().enumerate() {
+            last = last.max(s.recv);
+            let t = last.duration_since(ok[i].sent).as_secs_f64();
+            let bound = (R as f64 * t).floor() as usize + B as usize;
+            assert!(
+                n < bound,
+                "{} admitted within {t:.3} s, more than R·t + B = {bound}",
+                n + 1
+            );
+        }
+    }
+}
+
+/// Admissions of `proxy` (all proxies with `None`) answered in `[from, to)`.
+fn admitted(samples: &[Sample], proxy: Option<u64>, from: Instant, to: Instant) -> usize {
+    samples
+        .iter()
+        .filter(|s| s.status == 200 && proxy.is_none_or(|p| s.proxy == p))
+        .filter(|s| s.recv >= from && s.recv < to)
+        .count()
+}
+
+async fn harness(policy: QuotaPolicy) -> FenceHarness {
+    FenceHarness::start_with(|c| {
+        c.quotas = vec![QuotaSpec {
+            name: DEV_QUOTA.into(),
+            rate_per_s: R,
+            burst: B,
+            lease_ms: LEASE_MS,
+            policy,
+        }];
+    })
+    .await
+}
+
+/// Rejections are 429 `rate_limited`; a `Retry-After` comes only with a known time.
+async fn probe_rejection(c: &FenceClient, proxy: u64, tenant: &str) -> (u16, String) {
+    let w = Write::new(Method::GET, "/limited/probe", "").header("X-Tenant", tenant);
+    let r = c.send(proxy, &w).await;
+    (r.status, r.code().to_string())
+}
+
+/// Three proxies with shifting load: at most R·t + B over every window, and the capacity
+/// follows the demand to the proxy that became hot. Prints the measured convergence time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t10_shifting_load_stays_within_rate_and_burst_and_converges() {
+    let h = harness(QuotaPolicy::Strict).await;
+    h.leader().await;
+    let load = Load::start(&h.client, &[1, 2, 3], "acme");
+
+    phase("proxy 1 hot (100/s offered), proxies 2 and 3 light (5/s)");
+    load.offer(0, 100);
+    load.offer(1, 5);
+    load.offer(2, 5);
+    eventually(EVENT, "proxy 1 gets most of the rate", async || {
+        let now = Instant::now();
+        let from = now - Duration::from_secs(1);
+        admitted(&load.samples(), Some(1), from, now) as u64 >= R * 6 / 10
+    })
+    .await;
+    // Load for a few lease durations, so renewals happen under it.
+    tokio::time::sleep(Duration::from_millis(3 * LEASE_MS)).await;
+
+    phase("the demand moves: proxy 3 hot, proxy 1 light");
+    let shift = Instant::now();
+    load.offer(0, 5);
+    load.offer(2, 100);
+    eventually(EVENT, "proxy 3 gets most of the rate", async || {
+        let now = Instant::now();
+        let from = now - Duration::from_secs(1);
+        admitted(&load.samples(), Some(3), from.max(shift), now) as u64 >= R * 6 / 10
+    })
+    .await;
+    let converged = shift.elapsed();
+    println!(
+        "quota convergence after a demand shift: {} ms (lease {LEASE_MS} ms, R {R}/s)",
+        converged.as_millis()
+    );
+
+    tokio::time::sleep(Duration::from_millis(3 * LEASE_MS)).await;
+
+    phase("a rejection is a 429 rate_limited");
+    let (status, code) = probe_rejection(&h.client, 3, "acme").await;
+    if status != 200 {
+        assert_eq!((status, code.as_str()), (429, "rate_limited"));
+    }
+
+    let samples = load.samples();
+    load.stop();
+    phase("every window: admitted ≤ R·t + B");
+    let first = samples.iter().map(|s| s.sent).min().expect("samples");
+    let last = samples.iter().map(|s| s.recv).max().expect("samples");
+    let total = admitted(&samples, None, first, last + Duration::from_millis(1));
+    let t = (last - first).as_secs_f64();
+    println!(
+        "admitted {total} in {t:.2} s: {:.0}% of R·t + B",
+        100.0 * total as f64 / (R as f64 * t + B as f64)
+    );
+    assert_within_rate_and_burst(&samples);
+    for id in h.cluster.running() {
+        h.cluster
+            .node(id)
+            .node
+            .machine
+            .read(|m| m.quotas().check_conservation(m.now_ms()))
+            .expect("ledger conserves rate and burst");
+    }
+    h.shutdown().await;
+}
+
+/// Strict policy: a proxy whose node is cut off from the cluster cannot renew and stops
+/// admitting once its leases run out (at most two lease durations: the current lease and one
+/// successor granted just before the cut); the others go on within the global bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t20_isolated_proxy_stops_at_lease_expiry() {
+    let h = harness(QuotaPolicy::Strict).await;
+    let leader = h.leader().await;
+    let isolated = h
+        .cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != leader)
+        .expect("a follower");
+    let load = Load::start(&h.client, &[isolated], "acme");
+    load.offer(0, 50);
+    eventually(EVENT, "the follower's proxy admits", async || {
+        load.samples()
+            .iter()
+            .any(|s| s.proxy == isolated && s.status == 200)
+    })
+    .await;
+
+    phase("isolate the follower's node");
+    h.cluster.isolate(isolated);
+    let cut = Instant::now();
+    tokio::time::sleep(Duration::from_millis(2 * LEASE_MS + 200)).await;
+    let after = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let samples = load.samples();
+    let late: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.sent >= after && s.status == 200)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "admitted after its leases ran out: {late:?}"
+    );
+    assert!(
+        samples.iter().any(|s| s.sent >= after && s.status == 429),
+        "requests after the expiry were answered 429"
+    );
+    println!(
+        "isolated proxy's last admission {} ms after the cut",
+        samples
+            .iter()
+            .filter(|s| s.status == 200)
+            .map(|s| s.recv.saturating_duration_since(cut).as_millis())
+            .max()
+            .unwrap_or(0)
+    );
+    load.stop();
+    h.cluster.heal();
+    assert_within_rate_and_burst(&samples);
+    h.shutdown().await;
+}
+
+/// A leader kill invalidates no lease: every lease on the surviving nodes' ledger before the
+/// kill is still there afterwards, never shorter, conservation holds on the new leader, and
+/// the proxies stay within R·t + B across the failover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t30_leader_kill_keeps_every_lease_counted() {
+    let mut h = harness(QuotaPolicy::Strict).await;
+    let leader = h.leader().await;
+    let survivors: Vec<u64> = h
+        .cluster
+        .running()
+        .into_iter()
+        .filter(|id| *id != leader)
+        .collect();
+    let load = Load::start(&h.client, &survivors, "acme");
+    load.offer(0, 60);
+    load.offer(1, 60);
+    let observer = survivors[0];
+    eventually(EVENT, "both surviving proxies hold leases", async || {
+        h.cluster.node(observer).node.machine.read(|m| {
+            survivors
+                .iter()
+                .all(|p| m.quotas().leases().any(|l| l.proxy == *p))
+        })
+    })
+    .await;
+
+    phase("kill the leader");
+    let before: Vec<(LeaseId, u64)> = h.cluster.node(observer).node.machine.read(|m| {
+        m.quotas()
+            .leases()
+            .filter(|l| l.expires_at_ms > m.now_ms())
+            .map(|l| (l.lease_id, l.expires_at_ms))
+            .collect()
+    });
+    h.crash(leader).await;
+    let new_leader = h.leader().await;
+    assert_ne!(new_leader, leader);
+
+    phase("the new leader's ledger still counts every lease, none shortened");
+    // The first command of the new term (a lease renewal) applies the failover shift.
+    eventually(EVENT, "a renewal commits in the new term", async || {
+        h.cluster.node(new_leader).node.machine.read(|m| {
+            m.quotas()
+                .leases()
+                .any(|l| !before.iter().any(|b| b.0 == l.lease_id))
+        })
+    })
+    .await;
+    h.cluster.node(new_leader).node.machine.read(|m| {
+        for (id, exp) in &before {
+            if let Some(l) = m.quotas().leases().find(|l| l.lease_id == *id) {
+                assert!(l.expires_at_ms >= *exp, "lease shortened: {l:?}");
+            } else {
+                // Gone only by expiring: the log time has passed its (unshifted) end.
+                assert!(m.now_ms() >= *exp, "lease {id} vanished before its expiry");
+            }
+        }
+        m.quotas()
+            .check_conservation(m.now_ms())
+            .expect("conserved after failover");
+    });
+    tokio::time::sleep(Duration::from_millis(LEASE_MS)).await;
+    let samples = load.samples();
+    load.stop();
+    assert_within_rate_and_burst(&samples);
+    let start = samples.iter().map(|s| s.sent).min().expect("samples");
+    assert!(admitted(&samples, None, start, Instant::now()) > 0);
+    h.shutdown().await;
+}
