@@ -12,6 +12,7 @@ mod raft_rpc;
 use std::future::Future;
 use std::sync::Arc;
 
+use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
@@ -49,11 +50,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/healthz", get(cluster::healthz))
         .route("/readyz", get(cluster::readyz))
         .route("/metrics", get(cluster::metrics))
-        .route("/raft/append", post(raft_rpc::append))
-        .route("/raft/vote", post(raft_rpc::vote))
-        .route("/raft/snapshot", post(raft_rpc::snapshot))
-        .route("/internal/propose", post(raft_rpc::propose))
-        .route("/internal/read_index", post(raft_rpc::read_index))
+        .merge(peer_routes())
         .merge(admin_ui::router())
         // After every route: it applies to the routes added so far.
         .method_not_allowed_fallback(|| async {
@@ -64,6 +61,18 @@ pub fn router(node: Arc<Node>) -> Router {
         })
         .fallback(|| async { ApiError::not_found("No such endpoint; see docs/api.md.") })
         .with_state(node)
+}
+
+/// The node-to-node calls, whose bodies (snapshot chunks, appends) are larger than the
+/// default body limit allows.
+fn peer_routes() -> Router<Arc<Node>> {
+    Router::new()
+        .route("/raft/append", post(raft_rpc::append))
+        .route("/raft/vote", post(raft_rpc::vote))
+        .route("/raft/snapshot", post(raft_rpc::snapshot))
+        .route("/internal/propose", post(raft_rpc::propose))
+        .route("/internal/read_index", post(raft_rpc::read_index))
+        .layer(DefaultBodyLimit::max(raft_rpc::PEER_BODY_LIMIT))
 }
 
 /// Parses a JSON body, turning every failure into a 400 with the serde message.

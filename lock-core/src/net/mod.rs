@@ -1,6 +1,8 @@
-//! Peer transport: raft RPCs and internal forwarding between nodes, over HTTP on real TCP,
-//! with a fault layer tests and the chaos harness use to partition, delay and drop.
+//! Peer transport: raft RPCs and internal forwarding between nodes, over HTTP on real TCP in a
+//! compact binary format, with a fault layer tests and the chaos harness use to partition,
+//! delay and drop.
 
+pub mod codec;
 mod faults;
 mod peer_client;
 mod raft_network;

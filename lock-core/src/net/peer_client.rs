@@ -1,9 +1,11 @@
-//! HTTP client for node-to-node calls, with the fault layer applied.
+//! HTTP client for node-to-node calls, with the fault layer applied. Bodies are in the peer
+//! wire format (see [`codec`](super::codec)), never JSON.
 
 use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 
+use super::codec::{self, CodecError};
 use super::faults::FaultLayer;
 
 /// Header naming the sending node, so the receiver can apply its incoming fault rules.
@@ -19,6 +21,12 @@ pub enum PeerError {
         node: u64,
         #[source]
         source: reqwest::Error,
+    },
+    #[error("message to or from node {node}: {source}")]
+    Codec {
+        node: u64,
+        #[source]
+        source: CodecError,
     },
     #[error("node {node} answered {status}: {body}")]
     Status {
@@ -54,7 +62,8 @@ impl PeerClient {
         &self.faults
     }
 
-    /// POSTs `body` as JSON to `http://{addr}{path}` on node `target` and decodes a 200 reply.
+    /// POSTs `body` in the peer format to `http://{addr}{path}` on node `target` and decodes
+    /// a 200 reply.
     pub async fn post<Req, Resp>(
         &self,
         target: u64,
@@ -67,6 +76,24 @@ impl PeerClient {
         Req: Serialize + ?Sized,
         Resp: DeserializeOwned,
     {
+        let codec_error = |source| PeerError::Codec {
+            node: target,
+            source,
+        };
+        let body = codec::encode(body).map_err(codec_error)?;
+        let reply = self.post_frame(target, addr, path, body, timeout).await?;
+        codec::decode(&reply).map_err(codec_error)
+    }
+
+    /// POSTs an already encoded peer body and returns the bytes of a 200 reply.
+    pub async fn post_frame(
+        &self,
+        target: u64,
+        addr: &str,
+        path: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<bytes::Bytes, PeerError> {
         self.faults
             .outgoing(target)
             .await
@@ -79,8 +106,9 @@ impl PeerClient {
             .http
             .post(format!("http://{addr}{path}"))
             .header(FROM_HEADER, self.self_id.to_string())
+            .header(reqwest::header::CONTENT_TYPE, codec::CONTENT_TYPE)
             .timeout(timeout)
-            .json(body)
+            .body(body)
             .send()
             .await
             .map_err(unreachable)?;
@@ -93,6 +121,6 @@ impl PeerClient {
                 body,
             });
         }
-        resp.json().await.map_err(unreachable)
+        resp.bytes().await.map_err(unreachable)
     }
 }

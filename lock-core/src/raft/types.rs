@@ -51,7 +51,10 @@ impl RaftConfigExt for openraft::Config {
             ),
             max_in_snapshot_log_to_keep: timing::LOG_KEPT_BEHIND_SNAPSHOT,
             max_payload_entries: 1_000,
-            install_snapshot_timeout: 2_000,
+            // Snapshots cross in chunks of this size (raw bytes, see `net::codec`); the
+            // timeout covers one chunk, and the last one includes the follower's install.
+            snapshot_max_chunk_size: timing::SNAPSHOT_CHUNK_BYTES,
+            install_snapshot_timeout: timing::SNAPSHOT_CHUNK_TIMEOUT_MS,
             ..Default::default()
         }
     }
