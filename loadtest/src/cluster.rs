@@ -29,6 +29,46 @@ pub struct LocalCluster {
     store: Option<Child>,
 }
 
+/// The top of node `id`'s config file in a local three-node cluster: its public and peer
+/// listeners and the `[node]` table (left open, so callers can add keys to it). Members are
+/// numbered from 1 in port order; every node gets the same `secret`.
+pub fn node_toml(
+    id: u64,
+    api_ports: &[u16],
+    peer_ports: &[u16],
+    data_dir: &Path,
+    secret: &str,
+) -> String {
+    let members: Vec<String> = api_ports
+        .iter()
+        .zip(peer_ports)
+        .enumerate()
+        .map(|(i, (api, peer))| {
+            format!(
+                "\"{}\" = {{ api = \"127.0.0.1:{api}\", peer = \"127.0.0.1:{peer}\" }}",
+                i + 1
+            )
+        })
+        .collect();
+    let i = id as usize - 1;
+    format!(
+        "listen = \"127.0.0.1:{}\"\npeer_listen = \"127.0.0.1:{}\"\n\n[node]\nid = {id}\n\
+         data_dir = \"{}\"\npeer_secret = \"{secret}\"\ninitial_members = {{ {} }}\n",
+        api_ports[i],
+        peer_ports[i],
+        data_dir.display(),
+        members.join(", ")
+    )
+}
+
+/// A fresh peer secret for a local cluster (256 random bits, hex).
+pub fn peer_secret() -> String {
+    rand::random::<[u8; 32]>()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Reserves `n` distinct free loopback ports (bound together, then released).
 pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
     let listeners: Vec<TcpListener> = (0..n)
@@ -92,15 +132,12 @@ impl LocalCluster {
             }
         }
         let (dir, tmp) = cluster_dir(dir, "fencegate-loadtest-")?;
-        let ports = free_ports(7)?;
+        let ports = free_ports(10)?;
         let api_ports = &ports[0..3];
         let proxy_ports = &ports[3..6];
         let store_port = ports[6];
-        let members: Vec<String> = api_ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| format!("\"{}\" = \"127.0.0.1:{p}\"", i + 1))
-            .collect();
+        let peer_ports = &ports[7..10];
+        let secret = peer_secret();
         let mut cluster = LocalCluster {
             dir: dir.clone(),
             _tmp: tmp,
@@ -122,12 +159,7 @@ impl LocalCluster {
         for i in 0..3 {
             let id = i as u64 + 1;
             let data = dir.join(format!("node{id}"));
-            let mut toml = format!(
-                "listen = \"127.0.0.1:{}\"\n\n[node]\nid = {id}\ndata_dir = \"{}\"\ninitial_members = {{ {} }}\n",
-                api_ports[i],
-                data.display(),
-                members.join(", ")
-            );
+            let mut toml = node_toml(id, api_ports, peer_ports, &data, &secret);
             if proxies {
                 toml.push_str(&format!(
                     "\n[proxy]\nlisten = \"127.0.0.1:{}\"\ngrant_ms = 2000\n\n[[proxy.routes]]\npath = \"/kv/{{key}}\"\nresource = \"kv:{{key}}\"\nupstream = \"127.0.0.1:{store_port}\"\nupstream_timeout_ms = 1000\n",

@@ -1408,7 +1408,7 @@ async fn a_fourth_node_joins_serves_reads_and_is_removed() {
         .post(
             f[1],
             "/v1/cluster/members/add",
-            json!({ "node_id": 4, "addr": addr4 }),
+            json!({ "node_id": 4, "addr": addr4, "peer_addr": c.peer_addrs[&4] }),
         )
         .await;
     assert_eq!(s, 200, "{r}");

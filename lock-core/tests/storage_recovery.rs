@@ -45,6 +45,7 @@ fn membership() -> Membership<u64, NodeInfo> {
         .map(|id| {
             let info = NodeInfo {
                 api_addr: format!("127.0.0.1:{}", 7000 + id),
+                peer_addr: format!("127.0.0.1:{}", 7100 + id),
             };
             (id, info)
         })

@@ -23,8 +23,12 @@ enum ClusterCmd {
     Add {
         #[arg(long)]
         id: u64,
+        /// The new node's public API address.
         #[arg(long)]
         addr: String,
+        /// The new node's peer address (its `peer_listen`).
+        #[arg(long)]
+        peer_addr: String,
     },
     /// Remove a voter.
     Remove {
@@ -99,8 +103,12 @@ pub async fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
     let base = format!("http://{}", args.node);
     match args.cmd {
         ClusterCmd::Status => call(reqwest::Method::GET, format!("{base}/v1/cluster"), None).await,
-        ClusterCmd::Add { id, addr } => {
-            let body = json!({ "node_id": id, "addr": addr });
+        ClusterCmd::Add {
+            id,
+            addr,
+            peer_addr,
+        } => {
+            let body = json!({ "node_id": id, "addr": addr, "peer_addr": peer_addr });
             call(
                 reqwest::Method::POST,
                 format!("{base}/v1/cluster/members/add"),

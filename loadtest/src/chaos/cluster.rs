@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
-use crate::cluster::free_ports;
+use crate::cluster::{free_ports, node_toml, peer_secret};
 
 /// Proxy settings of the chaos cluster. A short grant keeps hand-offs on contended keys quick
 /// (a release defers the next lease by at most one grant, docs/fencing.md).
@@ -63,14 +63,11 @@ impl ChaosCluster {
         unsafe_no_fencing: bool,
     ) -> anyhow::Result<Self> {
         let (dir, tmp) = crate::cluster::cluster_dir(dir, "fencegate-chaos-")?;
-        let ports = free_ports(7)?;
+        let ports = free_ports(10)?;
         let (api_ports, proxy_ports, store_port) = (&ports[0..3], &ports[3..6], ports[6]);
+        let peer_ports = &ports[7..10];
+        let secret = peer_secret();
         let store = format!("127.0.0.1:{store_port}");
-        let members: Vec<String> = api_ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| format!("\"{}\" = \"127.0.0.1:{p}\"", i + 1))
-            .collect();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(2))
             .build()?;
@@ -95,17 +92,14 @@ impl ChaosCluster {
         );
         for i in 0..3 {
             let id = i as u64 + 1;
+            let data = dir.join(format!("node{id}"));
             let toml = format!(
-                "listen = \"127.0.0.1:{api}\"\n\n\
-                 [node]\nid = {id}\ndata_dir = \"{data}\"\ninitial_members = {{ {members} }}\n\
-                 enable_fault_injection = true\n\n\
+                "{head}enable_fault_injection = true\n\n\
                  [proxy]\nlisten = \"127.0.0.1:{proxy}\"\ngrant_ms = {GRANT_MS}\n\
                  unsafe_no_fencing = {unsafe_no_fencing}\n\n\
                  [[proxy.routes]]\npath = \"/kv/{{key}}\"\nresource = \"kv:{{key}}\"\n\
                  upstream = \"{store}\"\nupstream_timeout_ms = {UPSTREAM_TIMEOUT_MS}\n",
-                api = api_ports[i],
-                data = dir.join(format!("node{id}")).display(),
-                members = members.join(", "),
+                head = node_toml(id, api_ports, peer_ports, &data, &secret),
                 proxy = proxy_ports[i],
             );
             let config = dir.join(format!("node{id}.toml"));

@@ -14,7 +14,6 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::{parse_json, ApiError};
-use crate::net::PeerError;
 use crate::node::Node;
 use crate::raft::NodeInfo;
 use crate::wire::{
@@ -32,6 +31,7 @@ pub async fn status(State(node): State<Arc<Node>>) -> Json<ClusterStatus> {
         .map(|(id, n)| Member {
             id: *id,
             addr: n.api_addr.clone(),
+            peer_addr: n.peer_addr().to_string(),
             voter: voters.contains(id),
         })
         .collect();
@@ -72,7 +72,7 @@ async fn relay_to_leader<B: Serialize>(
         .current_leader()
         .ok_or_else(|| ApiError::from(crate::node::ProposeError::NoQuorum))?;
     let addr = node
-        .member_addr(leader)
+        .member_api_addr(leader)
         .ok_or_else(|| ApiError::from(crate::node::ProposeError::NoQuorum))?;
     let unreachable = |e: &dyn std::fmt::Display| {
         ApiError::new(
@@ -80,26 +80,19 @@ async fn relay_to_leader<B: Serialize>(
             format!("Could not reach the leader: {e}"),
         )
     };
-    match node
+    let (status, answer) = node
         .peers
-        .post::<_, Value>(leader, &addr, path, body, Duration::from_secs(30))
+        .post_json(&addr, path, body, Duration::from_secs(30))
         .await
-    {
-        Ok(v) => Ok(Json(v).into_response()),
-        Err(PeerError::Status {
-            status,
-            body: answer,
-            ..
-        }) => match (
-            StatusCode::from_u16(status),
-            serde_json::from_str::<Value>(&answer),
-        ) {
-            (Ok(status), Ok(answer)) => Ok((status, Json(answer)).into_response()),
-            _ => Err(unreachable(&format!(
-                "node {leader} answered {status}: {answer}"
-            ))),
-        },
-        Err(e) => Err(unreachable(&e)),
+        .map_err(|e| unreachable(&e))?;
+    match (
+        StatusCode::from_u16(status),
+        serde_json::from_str::<Value>(&answer),
+    ) {
+        (Ok(status), Ok(answer)) => Ok((status, Json(answer)).into_response()),
+        _ => Err(unreachable(&format!(
+            "node {leader} answered {status}: {answer}"
+        ))),
     }
 }
 
@@ -114,14 +107,23 @@ fn membership_error(e: impl std::fmt::Display) -> ApiError {
 /// catch up, then promotes it to voter.
 pub async fn add_member(State(node): State<Arc<Node>>, body: Bytes) -> Result<Response, ApiError> {
     let req: AddMemberRequest = parse_json(&body)?;
-    if req.addr.is_empty() {
-        return Err(ApiError::invalid("Field 'addr' must be host:port."));
+    if req.addr.is_empty() || req.peer_addr.is_empty() {
+        return Err(ApiError::invalid(
+            "Fields 'addr' (its API) and 'peer_addr' (its peer listener) must be host:port.",
+        ));
     }
     if node.current_leader() != Some(node.id) {
         return relay_to_leader(&node, "/v1/cluster/members/add", &req).await;
     }
     node.raft
-        .add_learner(req.node_id, NodeInfo { api_addr: req.addr }, true)
+        .add_learner(
+            req.node_id,
+            NodeInfo {
+                api_addr: req.addr,
+                peer_addr: req.peer_addr,
+            },
+            true,
+        )
         .await
         .map_err(membership_error)?;
     let mut voters: BTreeSet<u64> = node

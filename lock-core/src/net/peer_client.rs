@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 
+use super::auth::{PeerSecret, AUTH_HEADER};
 use super::codec::{self, CodecError};
 use super::faults::FaultLayer;
 
@@ -41,10 +42,11 @@ pub struct PeerClient {
     http: reqwest::Client,
     self_id: u64,
     faults: FaultLayer,
+    secret: PeerSecret,
 }
 
 impl PeerClient {
-    pub fn new(self_id: u64, faults: FaultLayer) -> Self {
+    pub fn new(self_id: u64, faults: FaultLayer, secret: PeerSecret) -> Self {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(500))
             .pool_idle_timeout(Duration::from_secs(30))
@@ -55,11 +57,35 @@ impl PeerClient {
             http,
             self_id,
             faults,
+            secret,
         }
     }
 
     pub fn faults(&self) -> &FaultLayer {
         &self.faults
+    }
+
+    /// POSTs `body` as JSON to another node's public API (`http://{addr}{path}`) and returns
+    /// the status and body of its answer: used to relay an operator's call to the leader.
+    pub async fn post_json<Req>(
+        &self,
+        addr: &str,
+        path: &str,
+        body: &Req,
+        timeout: Duration,
+    ) -> Result<(u16, String), reqwest::Error>
+    where
+        Req: Serialize + ?Sized,
+    {
+        let resp = self
+            .http
+            .post(format!("http://{addr}{path}"))
+            .timeout(timeout)
+            .json(body)
+            .send()
+            .await?;
+        let status = resp.status().as_u16();
+        Ok((status, resp.text().await?))
     }
 
     /// POSTs `body` in the peer format to `http://{addr}{path}` on node `target` and decodes
@@ -102,10 +128,13 @@ impl PeerClient {
             node: target,
             source,
         };
+        let from = self.self_id.to_string();
+        let tag = self.secret.sign(&from, path, &body);
         let resp = self
             .http
             .post(format!("http://{addr}{path}"))
-            .header(FROM_HEADER, self.self_id.to_string())
+            .header(FROM_HEADER, from)
+            .header(AUTH_HEADER, tag)
             .header(reqwest::header::CONTENT_TYPE, codec::CONTENT_TYPE)
             .timeout(timeout)
             .body(body)

@@ -67,7 +67,13 @@ impl PeerNetwork {
     {
         let reply = self
             .client
-            .post(self.target, &self.node.api_addr, path, req, timeout(option))
+            .post(
+                self.target,
+                self.node.peer_addr(),
+                path,
+                req,
+                timeout(option),
+            )
             .await;
         self.settle(reply)
     }
@@ -130,7 +136,7 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
                 .client
                 .post_frame(
                     self.target,
-                    &self.node.api_addr,
+                    self.node.peer_addr(),
                     "/raft/snapshot",
                     frame,
                     timeout(&option),

@@ -14,6 +14,9 @@ pub enum NodeError {
     Raft(String),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// The configuration lacks something the node cannot start without.
+    #[error("config: {0}")]
+    Config(String),
 }
 
 /// Why a command could not be committed.

@@ -33,17 +33,28 @@ impl RunningNode {
     }
 }
 
-/// Opens storage in `config.data_dir`, starts raft and the leader's sweeper. `bound` is the
-/// address the caller's API listener is bound to: the advertised address unless the config
-/// names another.
-pub async fn start(config: NodeConfig, bound: SocketAddr) -> Result<RunningNode, NodeError> {
-    let advertise_addr = config
-        .advertise_addr
-        .clone()
-        .unwrap_or_else(|| bound.to_string());
+/// Opens storage in `config.data_dir`, starts raft and the leader's sweeper. `api` and `peer`
+/// are the addresses the caller's API and peer listeners are bound to: the advertised
+/// addresses unless the config names others.
+pub async fn start(
+    config: NodeConfig,
+    api: SocketAddr,
+    peer: SocketAddr,
+) -> Result<RunningNode, NodeError> {
+    let secret = config.require_peer_secret()?;
+    let advertise = NodeInfo {
+        api_addr: config
+            .advertise_addr
+            .clone()
+            .unwrap_or_else(|| api.to_string()),
+        peer_addr: config
+            .advertise_peer_addr
+            .clone()
+            .unwrap_or_else(|| peer.to_string()),
+    };
     let faults = FaultLayer::new();
     let clock = Clock::new(faults.clone());
-    let peers = PeerClient::new(config.id, faults);
+    let peers = PeerClient::new(config.id, faults, secret);
     let waits = WaitRegistry::default();
     let metrics = Metrics::new(config.id);
 
@@ -79,7 +90,7 @@ pub async fn start(config: NodeConfig, bound: SocketAddr) -> Result<RunningNode,
         waits,
         metrics,
         clock,
-        advertise_addr,
+        advertise,
     });
 
     maybe_initialize(&node).await?;
@@ -108,13 +119,16 @@ async fn maybe_initialize(node: &Arc<Node>) -> Result<(), NodeError> {
     }
     let nodes: BTreeMap<u64, NodeInfo> = members
         .iter()
-        .map(|(id, addr)| {
-            let api_addr = if *id == node.id {
-                node.advertise_addr.clone()
+        .map(|(id, addrs)| {
+            let info = if *id == node.id {
+                node.advertise.clone()
             } else {
-                addr.clone()
+                NodeInfo {
+                    api_addr: addrs.api.clone(),
+                    peer_addr: addrs.peer.clone(),
+                }
             };
-            (*id, NodeInfo { api_addr })
+            (*id, info)
         })
         .collect();
     node.raft

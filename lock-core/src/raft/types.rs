@@ -7,16 +7,32 @@ use serde::{Deserialize, Serialize};
 use crate::machine::{Proposal, Response};
 use crate::timing;
 
-/// How a raft member is reached: its API address, which also serves raft RPCs.
+/// How a raft member is reached: its public API address and its peer address.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeInfo {
-    /// `host:port` of the node's HTTP API (raft RPCs are served on the same port).
+    /// `host:port` of the node's public HTTP API.
     pub api_addr: String,
+    /// `host:port` of the node's peer listener (raft RPCs, forwarding). Membership records
+    /// written before peers had their own port lack it and read as empty.
+    #[serde(default)]
+    pub peer_addr: String,
+}
+
+impl NodeInfo {
+    /// Where peer traffic for this member goes. A record from before the peer port existed
+    /// names only the API address, where peer calls were served then.
+    pub fn peer_addr(&self) -> &str {
+        if self.peer_addr.is_empty() {
+            &self.api_addr
+        } else {
+            &self.peer_addr
+        }
+    }
 }
 
 impl std::fmt::Display for NodeInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.api_addr)
+        write!(f, "api {} peer {}", self.api_addr, self.peer_addr())
     }
 }
 

@@ -22,6 +22,9 @@ pub struct Member {
     pub id: u64,
     /// `host:port` of the member's API.
     pub addr: String,
+    /// `host:port` of the member's peer listener.
+    #[serde(default)]
+    pub peer_addr: String,
     /// False for a learner.
     pub voter: bool,
 }
@@ -71,6 +74,9 @@ pub struct AddMemberRequest {
     pub node_id: u64,
     /// `host:port` where the new node's API listens.
     pub addr: String,
+    /// `host:port` where the new node's peer listener listens.
+    #[serde(default)]
+    pub peer_addr: String,
 }
 
 /// `POST /v1/cluster/members/remove`.

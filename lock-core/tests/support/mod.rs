@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use lock_core::node::{NodeConfig, Policy};
+use lock_core::net::PeerSecret;
+use lock_core::node::{MemberAddrs, NodeConfig, Policy};
 use lock_core::server::{self, NodeHandle};
 use serde_json::{json, Value};
 use tempfile::TempDir;
@@ -14,6 +15,8 @@ use tokio::net::TcpListener;
 pub struct TestCluster {
     pub nodes: BTreeMap<u64, Option<NodeHandle>>,
     pub addrs: BTreeMap<u64, String>,
+    pub peer_addrs: BTreeMap<u64, String>,
+    pub secret: PeerSecret,
     pub policy: Policy,
     dir: TempDir,
     http: reqwest::Client,
@@ -33,14 +36,18 @@ impl TestCluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut listeners = BTreeMap::new();
         let mut addrs = BTreeMap::new();
+        let mut peer_addrs = BTreeMap::new();
         for id in 1..=n {
-            let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let (l, p) = bind_pair().await;
             addrs.insert(id, l.local_addr().expect("addr").to_string());
-            listeners.insert(id, l);
+            peer_addrs.insert(id, p.local_addr().expect("addr").to_string());
+            listeners.insert(id, (l, p));
         }
         let mut cluster = TestCluster {
             nodes: BTreeMap::new(),
             addrs,
+            peer_addrs,
+            secret: PeerSecret::new(&PeerSecret::generate()).expect("secret"),
             policy,
             dir,
             http: reqwest::Client::builder()
@@ -48,8 +55,8 @@ impl TestCluster {
                 .build()
                 .expect("client"),
         };
-        for (id, l) in listeners {
-            let h = server::start(cluster.config(id), l, std::future::pending())
+        for (id, (l, p)) in listeners {
+            let h = server::start(cluster.config(id), l, p, std::future::pending())
                 .await
                 .expect("start node");
             cluster.nodes.insert(id, Some(h));
@@ -59,10 +66,22 @@ impl TestCluster {
     }
 
     pub fn config(&self, id: u64) -> NodeConfig {
+        let members = self
+            .addrs
+            .iter()
+            .map(|(id, api)| {
+                let addrs = MemberAddrs {
+                    api: api.clone(),
+                    peer: self.peer_addrs[id].clone(),
+                };
+                (*id, addrs)
+            })
+            .collect();
         let mut c = NodeConfig::new(
             id,
             self.dir.path().join(format!("node{id}")),
-            self.addrs.clone(),
+            members,
+            self.secret.clone(),
         );
         c.policy = self.policy.clone();
         c.enable_fault_injection = true;
@@ -181,20 +200,16 @@ impl TestCluster {
 
     /// Starts a stopped node again on its old address and data dir.
     pub async fn restart(&mut self, id: u64) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let listener = loop {
-            match TcpListener::bind(&self.addrs[&id]).await {
-                Ok(l) => break l,
-                Err(e) if Instant::now() < deadline => {
-                    eprintln!("rebind {}: {e}; retrying", self.addrs[&id]);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => panic!("rebind {}: {e}", self.addrs[&id]),
-            }
-        };
-        let handle = server::start(self.config(id), listener, std::future::pending())
-            .await
-            .unwrap_or_else(|e| panic!("restart node {id}: {e}"));
+        let listener = rebind(&self.addrs[&id]).await;
+        let peer_listener = rebind(&self.peer_addrs[&id]).await;
+        let handle = server::start(
+            self.config(id),
+            listener,
+            peer_listener,
+            std::future::pending(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("restart node {id}: {e}"));
         self.nodes.insert(id, Some(handle));
     }
 
@@ -230,13 +245,15 @@ impl TestCluster {
     /// The node is registered so `get`/`post`/`node` work with its id; returns its address.
     pub async fn start_joining(&mut self, id: u64) -> String {
         assert!(!self.addrs.contains_key(&id), "node {id} already exists");
-        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let (l, p) = bind_pair().await;
         let addr = l.local_addr().expect("addr").to_string();
+        let peer_addr = p.local_addr().expect("addr").to_string();
         let config = self.config(id);
-        let h = server::start(config, l, std::future::pending())
+        let h = server::start(config, l, p, std::future::pending())
             .await
             .expect("start joining node");
         self.addrs.insert(id, addr.clone());
+        self.peer_addrs.insert(id, peer_addr);
         self.nodes.insert(id, Some(h));
         addr
     }
@@ -248,6 +265,29 @@ impl TestCluster {
             h.shutdown().await;
         }
         self.addrs.remove(&id);
+        self.peer_addrs.remove(&id);
+    }
+}
+
+/// An API and a peer listener on OS-chosen ports.
+async fn bind_pair() -> (TcpListener, TcpListener) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let p = TcpListener::bind("127.0.0.1:0").await.expect("bind peer");
+    (l, p)
+}
+
+/// Binds `addr` again after its node stopped (the old socket may linger for a moment).
+async fn rebind(addr: &str) -> TcpListener {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(l) => return l,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("rebind {addr}: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("rebind {addr}: {e}"),
+        }
     }
 }
 
