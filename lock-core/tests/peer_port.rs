@@ -109,7 +109,7 @@ async fn forged_peer_calls_without_the_secret_change_nothing() {
         prev_log_id: None,
         entries: vec![Entry {
             log_id: LogId::new(leader_id, next),
-            payload: EntryPayload::Normal(forged),
+            payload: EntryPayload::Normal(forged.into()),
         }],
         leader_commit: Some(LogId::new(leader_id, next)),
     };

@@ -4,6 +4,7 @@
 //! storage, starts raft and the node's background tasks; serving the HTTP API on top of it is
 //! the [`api`](crate::api) layer's job, and [`crate::server`] puts the two together.
 
+mod batcher;
 mod clock;
 mod commands;
 mod config;
@@ -42,6 +43,8 @@ pub struct Node {
     pub clock: Clock,
     /// The addresses this node announces to the cluster.
     pub advertise: NodeInfo,
+    /// Commands for the leader's next raft write.
+    writes: batcher::BatchQueue,
 }
 
 impl Node {

@@ -81,6 +81,7 @@ pub async fn start(
     .await
     .map_err(|e| NodeError::Raft(e.to_string()))?;
 
+    let (writes, write_queue) = super::batcher::queue();
     let node = Arc::new(Node {
         id: config.id,
         config,
@@ -91,11 +92,13 @@ pub async fn start(
         metrics,
         clock,
         advertise,
+        writes,
     });
 
     maybe_initialize(&node).await?;
 
     let tasks = vec![
+        tokio::spawn(super::batcher::run(node.clone(), write_queue)),
         tokio::spawn(super::sweeper::run(node.clone())),
         tokio::spawn(watch_leader(node.clone())),
     ];

@@ -4,7 +4,7 @@ use std::io::Cursor;
 
 use serde::{Deserialize, Serialize};
 
-use crate::machine::{Proposal, Response};
+use crate::machine::{Batch, Response};
 use crate::timing;
 
 /// How a raft member is reached: its public API address and its peer address.
@@ -37,10 +37,11 @@ impl std::fmt::Display for NodeInfo {
 }
 
 openraft::declare_raft_types!(
-    /// Types of the fencegate raft group: log payloads are stamped lock commands.
+    /// Types of the fencegate raft group: log payloads are stamped batches of lock commands,
+    /// and applying one answers one response per command.
     pub TypeConfig:
-        D = Proposal,
-        R = Response,
+        D = Batch,
+        R = Vec<Response>,
         NodeId = u64,
         Node = NodeInfo,
         Entry = openraft::Entry<TypeConfig>,
@@ -66,7 +67,9 @@ impl RaftConfigExt for openraft::Config {
                 timing::SNAPSHOT_EVERY_ENTRIES,
             ),
             max_in_snapshot_log_to_keep: timing::LOG_KEPT_BEHIND_SNAPSHOT,
-            max_payload_entries: 1_000,
+            // Entries are batches of up to `MAX_BATCH` commands; this bounds an append's body
+            // (a few MB at most) well under the peer body limit.
+            max_payload_entries: 256,
             // Snapshots cross in chunks of this size (raw bytes, see `net::codec`); the
             // timeout covers one chunk, and the last one includes the follower's install.
             snapshot_max_chunk_size: timing::SNAPSHOT_CHUNK_BYTES,

@@ -244,7 +244,7 @@ impl StateMachineStore {
     fn apply_entries(
         &self,
         entries: impl IntoIterator<Item = Entry<TypeConfig>>,
-    ) -> Result<Vec<Response>, StoreError> {
+    ) -> Result<Vec<Vec<Response>>, StoreError> {
         let mut responses = Vec::new();
         let mut effects: Vec<(u64, Vec<Effect>)> = Vec::new();
         {
@@ -252,14 +252,14 @@ impl StateMachineStore {
             for entry in entries {
                 st.last_applied = Some(entry.log_id);
                 let response = match entry.payload {
-                    EntryPayload::Blank => Response::Noop,
+                    EntryPayload::Blank => Vec::new(),
                     EntryPayload::Membership(m) => {
                         st.last_membership = StoredMembership::new(Some(entry.log_id), m);
-                        Response::Noop
+                        Vec::new()
                     }
-                    EntryPayload::Normal(proposal) => {
+                    EntryPayload::Normal(batch) => {
                         let (response, fx) =
-                            st.machine.apply(&proposal, entry.log_id.leader_id.term);
+                            st.machine.apply_batch(&batch, entry.log_id.leader_id.term);
                         if !fx.is_empty() {
                             effects.push((entry.log_id.index, fx));
                         }
@@ -305,7 +305,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok((st.last_applied, st.last_membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError<u64>>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<Response>>, StorageError<u64>>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
