@@ -1,14 +1,12 @@
 //! The leader coalesces commands that arrive while a raft write is in flight, from its own API
 //! and forwarded by followers, into one log entry; each caller still gets its own result.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::json;
-use support::{phase, TestCluster};
+use lock_core::testkit::{phase, TestCluster};
+use lock_core::wire::AcquireRequest;
 
 const CALLERS: u64 = 100;
 
@@ -16,8 +14,10 @@ const CALLERS: u64 = 100;
 async fn concurrent_commands_share_log_entries_and_each_gets_its_own_result() {
     let c = TestCluster::start(3).await;
     let leader = c.wait_leader(Duration::from_secs(10)).await;
-    let before = c.cluster_status(leader).await["last_log_index"]
-        .as_u64()
+    let before = c
+        .cluster_status(leader)
+        .await
+        .last_log_index
         .expect("index");
 
     phase("100 callers acquire distinct resources at once, through every node");
@@ -28,7 +28,11 @@ async fn concurrent_commands_share_log_entries_and_each_gets_its_own_result() {
         let api = api.clone();
         let node = nodes[i as usize % nodes.len()];
         calls.push(tokio::spawn(async move {
-            let body = json!({ "request_id": format!("batch-{i}"), "ttl_ms": 60_000 });
+            let body = AcquireRequest {
+                request_id: format!("batch-{i}"),
+                ttl_ms: Some(60_000),
+                ..AcquireRequest::default()
+            };
             let path = format!("/v1/locks/batch:{i}/acquire");
             let (status, grant) = api.post(node, &path, body.clone()).await.expect("acquire");
             assert_eq!(status, 200, "acquire {i}: {grant}");
@@ -50,8 +54,10 @@ async fn concurrent_commands_share_log_entries_and_each_gets_its_own_result() {
 
     phase("every grant has its own token, and fewer log entries than commands were written");
     assert_eq!(tokens.len() as u64, CALLERS, "tokens are distinct");
-    let after = c.cluster_status(leader).await["last_log_index"]
-        .as_u64()
+    let after = c
+        .cluster_status(leader)
+        .await
+        .last_log_index
         .expect("index");
     let entries = after - before;
     eprintln!("{} commands in {entries} log entries", 2 * CALLERS);

@@ -1,17 +1,15 @@
 //! Peer traffic lives on its own authenticated port: the public API does not serve it, and a
 //! caller without the cluster secret is refused there before anything it sends takes effect.
 
-mod support;
-
 use std::time::Duration;
 
 use lock_core::machine::{Command, Proposal};
 use lock_core::net::{codec, PeerSecret, AUTH_HEADER, FROM_HEADER};
 use lock_core::raft::TypeConfig;
+use lock_core::testkit::{phase, TestCluster};
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
 use serde_json::Value;
-use support::{phase, TestCluster};
 
 const PEER_PATHS: [&str; 5] = [
     "/raft/append",
@@ -83,7 +81,7 @@ async fn forged_peer_calls_without_the_secret_change_nothing() {
     }
 
     phase("a forged vote at a much higher term and a forged append are refused");
-    let term = before["term"].as_u64().expect("term");
+    let term = before.term;
     let vote = VoteRequest::<u64>::new(Vote::new(term + 100, 1), None);
     let body = codec::encode(&vote).expect("encode");
     let tag = wrong.sign("1", "/raft/vote", &body);
@@ -91,7 +89,7 @@ async fn forged_peer_calls_without_the_secret_change_nothing() {
     assert_eq!(status, 401);
 
     let leader_id = CommittedLeaderId::new(term + 100, 1);
-    let next = before["last_log_index"].as_u64().expect("index") + 1;
+    let next = before.last_log_index.expect("index") + 1;
     let forged = Proposal {
         now_ms: u64::MAX / 2,
         failover_grace_ms: 0,
@@ -122,9 +120,9 @@ async fn forged_peer_calls_without_the_secret_change_nothing() {
 
     phase("term, log and leases are as they were");
     let after = c.cluster_status(follower).await;
-    assert_eq!(after["term"], before["term"], "{after}");
-    assert_eq!(after["leader_id"], before["leader_id"], "{after}");
-    assert_eq!(after["last_log_index"], before["last_log_index"], "{after}");
+    assert_eq!(after.term, before.term, "{after:?}");
+    assert_eq!(after.leader_id, before.leader_id, "{after:?}");
+    assert_eq!(after.last_log_index, before.last_log_index, "{after:?}");
     let (s, lock) = c.get(follower, "/v1/locks/peer:held").await;
     assert_eq!(s, 200, "{lock}");
     assert_eq!(lock["held"], true, "{lock}");

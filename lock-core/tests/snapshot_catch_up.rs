@@ -2,14 +2,12 @@
 //! the leader streams it the snapshot in chunks, it installs it and catches up, and a
 //! linearizable read it serves sees the state it missed.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_core::node::Policy;
-use serde_json::json;
-use support::{eventually, phase, TestCluster};
+use lock_core::testkit::{eventually, phase, TestCluster};
+use lock_core::wire::AcquireRequest;
 
 /// Enough distinct resources that the snapshot is many times one chunk.
 const RESOURCES: u64 = 50_000;
@@ -38,7 +36,11 @@ async fn follower_behind_the_purged_log_installs_a_snapshot_and_catches_up() {
         writers.push(tokio::spawn(async move {
             let mut got = Vec::new();
             for i in (w..RESOURCES).step_by(WRITERS as usize) {
-                let body = json!({ "request_id": format!("catch-up-{i}"), "ttl_ms": 3_600_000 });
+                let body = AcquireRequest {
+                    request_id: format!("catch-up-{i}"),
+                    ttl_ms: Some(3_600_000),
+                    ..AcquireRequest::default()
+                };
                 let path = format!("/v1/locks/catch-up:{i}/acquire");
                 // A commit that misses the write timeout while the leader also builds a
                 // snapshot answers 503; retrying with the same request id is the documented

@@ -23,7 +23,7 @@ impl ApiReply {
     pub fn into_error(self, resource: &str) -> Error {
         let resource = resource.to_string();
         match self.body.error {
-            ErrorCode::LockHeld => Error::LockHeld {
+            ErrorCode::LockHeld | ErrorCode::LockRevoking => Error::LockHeld {
                 resource,
                 retry_after: Duration::from_millis(self.body.retry_after_ms.unwrap_or(0)),
             },

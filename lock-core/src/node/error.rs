@@ -14,8 +14,7 @@ pub enum NodeError {
     Raft(String),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
-    /// The configuration lacks something the node cannot start without.
-    #[error("config: {0}")]
+    #[error("configuration: {0}")]
     Config(String),
 }
 

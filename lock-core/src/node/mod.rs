@@ -12,6 +12,7 @@ mod error;
 mod metrics;
 mod propose;
 mod read;
+mod revocations;
 mod start;
 mod sweeper;
 mod waits;
@@ -21,9 +22,10 @@ use std::time::Duration;
 use openraft::ServerState;
 
 pub use clock::Clock;
-pub use config::{MemberAddrs, NodeConfig, Policy};
+pub use config::{MemberAddrs, NodeConfig, Policy, MAX_FAILOVER_GRACE_MS};
 pub use error::{NodeError, ProposeError};
 pub use metrics::Metrics;
+pub use revocations::{Revocation, Revocations};
 pub use start::{start, RunningNode};
 pub use waits::{WaitOutcome, WaitRegistry, WaitTicket};
 
@@ -39,6 +41,7 @@ pub struct Node {
     pub machine: SharedMachine,
     pub peers: PeerClient,
     pub waits: WaitRegistry,
+    pub revocations: Revocations,
     pub metrics: Metrics,
     pub clock: Clock,
     /// The addresses this node announces to the cluster.

@@ -9,7 +9,7 @@ use openraft::Config as RaftConfig;
 use tokio::task::JoinHandle;
 
 use super::waits::{WaitOutcome, WaitRegistry};
-use super::{Clock, Metrics, Node, NodeConfig, NodeError};
+use super::{Clock, Metrics, Node, NodeConfig, NodeError, Revocation, Revocations};
 use crate::machine::Effect;
 use crate::net::{FaultLayer, NetworkFactory, PeerClient};
 use crate::raft::{FencegateRaft, NodeInfo, RaftConfigExt};
@@ -41,6 +41,7 @@ pub async fn start(
     api: SocketAddr,
     peer: SocketAddr,
 ) -> Result<RunningNode, NodeError> {
+    config.policy.validate().map_err(NodeError::Config)?;
     let secret = config.require_peer_secret()?;
     let advertise = NodeInfo {
         api_addr: config
@@ -56,12 +57,16 @@ pub async fn start(
     let clock = Clock::new(faults.clone());
     let peers = PeerClient::new(config.id, faults, secret);
     let waits = WaitRegistry::default();
+    let revocations = Revocations::default();
     let metrics = Metrics::new(config.id);
 
     let sink: EffectSink = {
         let waits = waits.clone();
+        let revocations = revocations.clone();
         let metrics = metrics.clone();
-        Arc::new(move |_index, effects: &[Effect]| dispatch_effects(&waits, &metrics, effects))
+        Arc::new(move |_index, effects: &[Effect]| {
+            dispatch_effects(&waits, &revocations, &metrics, effects)
+        })
     };
     std::fs::create_dir_all(&config.data_dir)?;
     let (log_store, mut sm_store) = store::open(&config.data_dir, sink)?;
@@ -89,6 +94,7 @@ pub async fn start(
         machine,
         peers,
         waits,
+        revocations,
         metrics,
         clock,
         advertise,
@@ -140,7 +146,12 @@ async fn maybe_initialize(node: &Arc<Node>) -> Result<(), NodeError> {
         .map_err(|e| NodeError::Raft(e.to_string()))
 }
 
-fn dispatch_effects(waits: &WaitRegistry, metrics: &Metrics, effects: &[Effect]) {
+fn dispatch_effects(
+    waits: &WaitRegistry,
+    revocations: &Revocations,
+    metrics: &Metrics,
+    effects: &[Effect],
+) {
     for e in effects {
         match e {
             Effect::HandedOff { request_id, grant } => {
@@ -162,6 +173,16 @@ fn dispatch_effects(waits: &WaitRegistry, metrics: &Metrics, effects: &[Effect])
                 waits.notify(resource, request_id, WaitOutcome::Removed(*reason));
             }
             Effect::Expired { .. } => metrics.expirations.inc(),
+            Effect::Revoke {
+                resource,
+                fencing_token,
+                proxies,
+            } => revocations.publish(Revocation {
+                resource: resource.clone(),
+                fencing_token: *fencing_token,
+                proxies: proxies.clone(),
+            }),
+            Effect::Revoked { .. } => revocations.complete(),
         }
     }
 }

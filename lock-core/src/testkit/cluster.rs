@@ -1,30 +1,33 @@
-//! A real in-process cluster for integration tests: real raft over real TCP sockets on
-//! 127.0.0.1 ports chosen by the OS, real fjall in temp dirs, real HTTP.
-#![allow(dead_code)]
+//! An in-process cluster of real nodes on OS-chosen ports, with helpers to crash, restart,
+//! partition and query them.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use lock_core::net::PeerSecret;
-use lock_core::node::{MemberAddrs, NodeConfig, Policy};
-use lock_core::server::{self, NodeHandle};
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 
+use super::{eventually, ApiClient};
+use crate::net::PeerSecret;
+use crate::node::{MemberAddrs, NodeConfig, Policy};
+use crate::server::{self, NodeHandle};
+use crate::wire::{AcquireRequest, ClusterStatus};
+
+/// A real cluster in this process: real raft over real TCP sockets on 127.0.0.1 ports chosen
+/// by the OS, real fjall in temp dirs, real HTTP. Nodes are numbered from 1; a crashed node
+/// keeps its id, address and data dir so it can be restarted.
 pub struct TestCluster {
     pub nodes: BTreeMap<u64, Option<NodeHandle>>,
     pub addrs: BTreeMap<u64, String>,
+    /// Each node's peer listener.
     pub peer_addrs: BTreeMap<u64, String>,
+    /// The cluster's peer secret.
     pub secret: PeerSecret,
     pub policy: Policy,
     dir: TempDir,
     http: reqwest::Client,
-}
-
-/// Logs a test phase, so a failing test's output reads as a story.
-pub fn phase(msg: &str) {
-    eprintln!("---- {msg}");
 }
 
 impl TestCluster {
@@ -134,7 +137,7 @@ impl TestCluster {
         format!("http://{}{}", self.addrs[&id], path)
     }
 
-    pub async fn post(&self, id: u64, path: &str, body: Value) -> (u16, Value) {
+    pub async fn post(&self, id: u64, path: &str, body: impl Serialize) -> (u16, Value) {
         let resp = self
             .http
             .post(self.url(id, path))
@@ -158,6 +161,7 @@ impl TestCluster {
         (status, resp.json().await.unwrap_or(Value::Null))
     }
 
+    /// A GET; a body that is not JSON (e.g. `/metrics`) comes back as a JSON string.
     pub async fn get(&self, id: u64, path: &str) -> (u16, Value) {
         let resp = self
             .http
@@ -173,6 +177,7 @@ impl TestCluster {
         )
     }
 
+    /// A try-once acquire of `resource` on node `id`.
     pub async fn acquire(
         &self,
         id: u64,
@@ -180,12 +185,13 @@ impl TestCluster {
         request_id: &str,
         ttl_ms: u64,
     ) -> (u16, Value) {
-        self.post(
-            id,
-            &format!("/v1/locks/{resource}/acquire"),
-            json!({ "request_id": request_id, "ttl_ms": ttl_ms }),
-        )
-        .await
+        let body = AcquireRequest {
+            request_id: request_id.to_string(),
+            ttl_ms: Some(ttl_ms),
+            ..AcquireRequest::default()
+        };
+        self.post(id, &format!("/v1/locks/{resource}/acquire"), body)
+            .await
     }
 
     /// Stops a node abruptly (tasks aborted, raft stopped, nothing flushed beyond what was
@@ -236,9 +242,7 @@ impl TestCluster {
             }
         }
     }
-}
 
-impl TestCluster {
     /// Starts node `id` on a fresh OS-chosen port as a node that joins later: its
     /// `initial_members` is the cluster's existing map, whose lowest id is not `id`, so it
     /// never bootstraps (see `maybe_initialize`) and waits for `POST /v1/cluster/members/add`.
@@ -267,6 +271,44 @@ impl TestCluster {
         self.addrs.remove(&id);
         self.peer_addrs.remove(&id);
     }
+
+    /// A client for tasks that run beside the test (see [`ApiClient`]).
+    pub fn api_client(&self) -> ApiClient {
+        ApiClient {
+            addrs: self.addrs.clone(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .expect("client"),
+        }
+    }
+
+    /// `GET /v1/cluster` on `id` (this node's own view, not linearizable).
+    pub async fn cluster_status(&self, id: u64) -> ClusterStatus {
+        let (s, v) = self.get(id, "/v1/cluster").await;
+        assert_eq!(s, 200, "GET /v1/cluster on node {id}: {v}");
+        serde_json::from_value(v.clone())
+            .unwrap_or_else(|e| panic!("GET /v1/cluster on node {id}: {e}: {v}"))
+    }
+
+    /// `last_applied` as node `id` reports it in `GET /v1/cluster`.
+    pub async fn last_applied(&self, id: u64) -> u64 {
+        self.cluster_status(id).await.last_applied
+    }
+
+    /// Waits until node `id` has applied everything the current leader had applied when the
+    /// call started (both read from `GET /v1/cluster`), and returns that index.
+    pub async fn wait_caught_up(&self, id: u64, timeout: Duration) -> u64 {
+        let leader = self.wait_leader(timeout).await;
+        let target = self.last_applied(leader).await;
+        eventually(
+            timeout,
+            &format!("node {id} applies up to {target}"),
+            async || self.last_applied(id).await >= target,
+        )
+        .await;
+        target
+    }
 }
 
 /// An API and a peer listener on OS-chosen ports.
@@ -287,221 +329,6 @@ async fn rebind(addr: &str) -> TcpListener {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(e) => panic!("rebind {addr}: {e}"),
-        }
-    }
-}
-
-// ---- fault-test helpers (tests/faults.rs) ----------------------------------------------------
-
-/// Polls `check` every 50 ms until it returns true; panics naming `what` after `timeout`.
-/// Use instead of a sleep wherever the awaited event can be observed.
-pub async fn eventually(timeout: Duration, what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(Instant::now() < deadline, "not within {timeout:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// A cloneable HTTP client on the cluster's addresses, for concurrent tasks that must outlive
-/// `&mut TestCluster` calls such as `crash`. Transport errors (a crashed node) are returned,
-/// not panicked on, so callers can retry elsewhere.
-#[derive(Clone)]
-pub struct ApiClient {
-    pub addrs: BTreeMap<u64, String>,
-    http: reqwest::Client,
-}
-
-impl ApiClient {
-    pub async fn post(
-        &self,
-        id: u64,
-        path: &str,
-        body: Value,
-    ) -> Result<(u16, Value), reqwest::Error> {
-        let resp = self
-            .http
-            .post(format!("http://{}{}", self.addrs[&id], path))
-            .json(&body)
-            .send()
-            .await?;
-        let status = resp.status().as_u16();
-        Ok((status, resp.json().await.unwrap_or(Value::Null)))
-    }
-}
-
-impl TestCluster {
-    pub fn api_client(&self) -> ApiClient {
-        ApiClient {
-            addrs: self.addrs.clone(),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .expect("client"),
-        }
-    }
-
-    /// `GET /v1/cluster` on `id` (this node's own view, not linearizable).
-    pub async fn cluster_status(&self, id: u64) -> Value {
-        let (s, v) = self.get(id, "/v1/cluster").await;
-        assert_eq!(s, 200, "GET /v1/cluster on node {id}: {v}");
-        v
-    }
-
-    /// `last_applied` as node `id` reports it in `GET /v1/cluster`.
-    pub async fn last_applied(&self, id: u64) -> u64 {
-        self.cluster_status(id).await["last_applied"]
-            .as_u64()
-            .unwrap_or(0)
-    }
-
-    /// Waits until node `id` has applied everything the current leader had applied when the
-    /// call started (both read from `GET /v1/cluster`), and returns that index.
-    pub async fn wait_caught_up(&self, id: u64, timeout: Duration) -> u64 {
-        let leader = self.wait_leader(timeout).await;
-        let target = self.last_applied(leader).await;
-        eventually(
-            timeout,
-            &format!("node {id} applies up to {target}"),
-            async || self.last_applied(id).await >= target,
-        )
-        .await;
-        target
-    }
-}
-
-// ---- client-test helpers (tests/client.rs) ---------------------------------------------------
-
-/// A TCP relay standing in for the network between one client and one node. It can stall all
-/// traffic (a partitioned client: requests hang, nothing is refused) and throw away the
-/// answers on the next N connections (a lost response). Like a load balancer, it never passes
-/// a client's hang-up on to the node: the node only learns a caller left if the caller says
-/// so (e.g. with `cancel`).
-pub struct TcpRelay {
-    pub addr: String,
-    stalled: tokio::sync::watch::Sender<bool>,
-    drop_answers: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl TcpRelay {
-    pub async fn start(target: &str) -> Self {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        use std::sync::Arc;
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
-        let addr = listener.local_addr().expect("addr").to_string();
-        let (stalled, _) = tokio::sync::watch::channel(false);
-        let drop_answers = Arc::new(AtomicUsize::new(0));
-        let connections = Arc::new(AtomicUsize::new(0));
-        let task = tokio::spawn({
-            let target = target.to_string();
-            let stalled = stalled.clone();
-            let drop_answers = drop_answers.clone();
-            let connections = connections.clone();
-            async move {
-                while let Ok((client, _)) = listener.accept().await {
-                    connections.fetch_add(1, Ordering::SeqCst);
-                    let discard = drop_answers
-                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                        .is_ok();
-                    tokio::spawn(relay_connection(
-                        client,
-                        target.clone(),
-                        stalled.subscribe(),
-                        discard,
-                    ));
-                }
-            }
-        });
-        TcpRelay {
-            addr,
-            stalled,
-            drop_answers,
-            connections,
-            task,
-        }
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// Holds every byte in both directions (on open and new connections) while `on`.
-    pub fn stall(&self, on: bool) {
-        self.stalled.send_replace(on);
-    }
-
-    /// The next `n` connections reach the node, but the node's answers on them are dropped.
-    pub fn drop_answers_on_next(&self, n: usize) {
-        self.drop_answers
-            .store(n, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Connections accepted so far.
-    pub fn connections(&self) -> usize {
-        self.connections.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-impl Drop for TcpRelay {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn relay_connection(
-    client: tokio::net::TcpStream,
-    target: String,
-    stalled: tokio::sync::watch::Receiver<bool>,
-    discard_answers: bool,
-) {
-    let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
-        return;
-    };
-    let (mut client_read, mut client_write) = client.into_split();
-    let (mut server_read, mut server_write) = server.into_split();
-    let upstream = async {
-        relay_pump(&mut client_read, &mut server_write, stalled.clone(), false).await;
-        // Client hung up: keep the node's side open (see `TcpRelay`).
-        std::future::pending::<()>().await;
-    };
-    let downstream = relay_pump(
-        &mut server_read,
-        &mut client_write,
-        stalled.clone(),
-        discard_answers,
-    );
-    tokio::select! {
-        _ = upstream => {}
-        _ = downstream => {}
-    }
-}
-
-async fn relay_pump(
-    from: &mut (impl tokio::io::AsyncRead + Unpin),
-    to: &mut (impl tokio::io::AsyncWrite + Unpin),
-    mut stalled: tokio::sync::watch::Receiver<bool>,
-    discard: bool,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        if stalled.wait_for(|s| !*s).await.is_err() {
-            return;
-        }
-        if discard {
-            continue;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
         }
     }
 }

@@ -1,5 +1,5 @@
-//! openraft's storage conformance suite against the fjall log store and state machine
-//! (STYLE.md §9). Each case gets a fresh database in its own temp dir.
+//! openraft's storage conformance suite against the fjall log store and state machine. Each
+//! case gets a fresh database in its own temp dir.
 
 use std::sync::Arc;
 

@@ -1,5 +1,5 @@
-//! Reopen-and-compare tests for the fjall store (STYLE.md §9): write, drop everything, reopen the
-//! same directory, and check that what raft relies on came back exactly.
+//! Reopen-and-compare: write, drop everything, reopen the same directory, and check that what
+//! raft relies on came back exactly.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -9,6 +9,7 @@ use anyhow::{ensure, Context, Result};
 use lock_core::machine::{Acquire, Command, Effect, LeaseId, Proposal, Response};
 use lock_core::raft::{NodeInfo, TypeConfig};
 use lock_core::store::{self, EffectSink, LogStore, StateMachineStore};
+use lock_core::testkit::phase;
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{
     CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLogReader, RaftSnapshotBuilder,
@@ -124,7 +125,7 @@ async fn reopen_restores_vote_committed_log_snapshot_and_machine() -> Result<()>
     let vote = Vote::new_committed(2, 1);
     let committed = Some(log_id(2, 8));
 
-    eprintln!("phase 1: append, vote, commit and apply the first seven entries");
+    phase("append, vote, commit and apply the first seven entries");
     let (mut log, mut sm, effects) = open(dir.path())?;
     log.blocking_append(entries[..4].to_vec()).await?;
     log.blocking_append(entries[4..].to_vec()).await?;
@@ -154,7 +155,7 @@ async fn reopen_restores_vote_committed_log_snapshot_and_machine() -> Result<()>
         "hand-off reported at index 5, got {handed:?}"
     );
 
-    eprintln!("phase 2: snapshot at index 7, then apply entry 8");
+    phase("snapshot at index 7, then apply entry 8");
     let shared = sm.shared();
     let snapshot_image = shared.read(|m| m.image());
     let snap = sm.get_snapshot_builder().await.build_snapshot().await?;
@@ -167,7 +168,7 @@ async fn reopen_restores_vote_committed_log_snapshot_and_machine() -> Result<()>
     let log_state = log.get_log_state().await?;
     drop((log, sm, shared));
 
-    eprintln!("phase 3: reopen and compare");
+    phase("reopen and compare");
     let (mut log, mut sm, _effects) = open(dir.path())?;
     ensure!(log.read_vote().await? == Some(vote), "vote survives");
     ensure!(
@@ -204,7 +205,7 @@ async fn reopen_restores_vote_committed_log_snapshot_and_machine() -> Result<()>
         "machine restored from snapshot"
     );
 
-    eprintln!("phase 4: re-applying the committed tail reaches the pre-drop state");
+    phase("re-applying the committed tail reaches the pre-drop state");
     // What openraft does at startup: apply (last_applied, committed] from the log.
     let tail = log.try_get_log_entries(8..=8).await?;
     sm.apply(tail).await?;
@@ -213,7 +214,7 @@ async fn reopen_restores_vote_committed_log_snapshot_and_machine() -> Result<()>
         "replay reaches the final state"
     );
 
-    eprintln!("phase 5: a later snapshot gets a new id");
+    phase("a later snapshot gets a new id");
     let again = sm.get_snapshot_builder().await.build_snapshot().await?;
     ensure!(again.meta.last_log_id == Some(log_id(2, 8)));
     ensure!(
@@ -230,20 +231,21 @@ fn blanks(term: u64, range: std::ops::RangeInclusive<u64>) -> Vec<Entry<TypeConf
 #[tokio::test]
 async fn purge_survives_reopen() -> Result<()> {
     let dir = TempDir::new()?;
+    phase("append entries 1..=10 and purge up to 4");
     {
         let (mut log, _sm, _) = open(dir.path())?;
         log.blocking_append(blanks(1, 1..=10)).await?;
         log.purge(log_id(1, 4)).await?;
     }
 
-    eprintln!("reopen after purging up to 4");
+    phase("reopen after purging up to 4");
     let (mut log, _sm, _) = open(dir.path())?;
     let state = log.get_log_state().await?;
     ensure!(state.last_purged_log_id == Some(log_id(1, 4)), "{state:?}");
     ensure!(state.last_log_id == Some(log_id(1, 10)), "{state:?}");
     ensure!(log.try_get_log_entries(..).await? == blanks(1, 5..=10));
 
-    eprintln!("purge everything, reopen: the log ends at the purge marker");
+    phase("purge everything, reopen: the log ends at the purge marker");
     log.purge(log_id(1, 10)).await?;
     drop((log, _sm));
     let (mut log, _sm, _) = open(dir.path())?;
@@ -257,18 +259,19 @@ async fn purge_survives_reopen() -> Result<()> {
 #[tokio::test]
 async fn truncate_survives_reopen() -> Result<()> {
     let dir = TempDir::new()?;
+    phase("append entries 1..=10 and truncate from 6");
     {
         let (mut log, _sm, _) = open(dir.path())?;
         log.blocking_append(blanks(1, 1..=10)).await?;
         log.truncate(log_id(1, 6)).await?;
     }
 
-    eprintln!("reopen after truncating from 6");
+    phase("reopen after truncating from 6");
     let (mut log, _sm, _) = open(dir.path())?;
     ensure!(log.get_log_state().await?.last_log_id == Some(log_id(1, 5)));
     ensure!(log.try_get_log_entries(..).await? == blanks(1, 1..=5));
 
-    eprintln!("a new leader's entry 6 replaces the old one; 7..=10 stay gone");
+    phase("a new leader's entry 6 replaces the old one; 7..=10 stay gone");
     log.blocking_append(vec![blank(2, 6)]).await?;
     drop((log, _sm));
     let (mut log, _sm, _) = open(dir.path())?;
@@ -284,13 +287,13 @@ async fn installed_snapshot_survives_reopen() -> Result<()> {
     let leader_dir = TempDir::new()?;
     let follower_dir = TempDir::new()?;
 
-    eprintln!("build a snapshot on one store");
+    phase("build a snapshot on one store");
     let (_log, mut leader, _) = open(leader_dir.path())?;
     leader.apply(history()).await?;
     let image = leader.shared().read(|m| m.image());
     let snap = leader.get_snapshot_builder().await.build_snapshot().await?;
 
-    eprintln!("install it on another, which has applied nothing");
+    phase("install it on another, which has applied nothing");
     let (_flog, mut follower, _) = open(follower_dir.path())?;
     let mut received = follower.begin_receiving_snapshot().await?;
     *received = *snap.snapshot.clone();
@@ -299,7 +302,7 @@ async fn installed_snapshot_survives_reopen() -> Result<()> {
     ensure!(follower.shared().last_applied_index() == 8);
     drop((_flog, follower));
 
-    eprintln!("reopen the follower: the installed state is what comes back");
+    phase("reopen the follower: the installed state is what comes back");
     let (_flog, mut follower, _) = open(follower_dir.path())?;
     ensure!(follower.shared().read(|m| m.image()) == image);
     ensure!(follower.applied_state().await?.0 == Some(log_id(2, 8)));
