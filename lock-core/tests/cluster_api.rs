@@ -190,7 +190,9 @@ async fn wait_cluster_status(c: &TestCluster, node: u64, leader: u64) -> Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let v = cluster_status(c, node).await;
-        if v["leader_id"].as_u64() == Some(leader) && v["last_applied"].is_u64() {
+        // A follower hears the leader's heartbeat before the membership entry reaches it.
+        let has_members = v["members"].as_array().is_some_and(|m| !m.is_empty());
+        if v["leader_id"].as_u64() == Some(leader) && v["last_applied"].is_u64() && has_members {
             return v;
         }
         assert!(
