@@ -55,9 +55,11 @@ impl Node {
         self.peers.faults()
     }
 
-    /// What this node stamps its proposals with when it is the leader.
+    /// What this node stamps its proposals with when it is the leader (see [`Clock`]).
     pub fn now_ms(&self) -> u64 {
-        self.clock.now_ms()
+        let term = self.raft.metrics().borrow().current_term;
+        let log_now = self.machine.read(|m| m.now_ms());
+        self.clock.stamp(term, log_now)
     }
 
     fn write_timeout(&self) -> Duration {
