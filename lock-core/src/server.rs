@@ -1,6 +1,7 @@
-//! The composition root: a node with its API served on a listener the caller bound.
+//! The composition root: a node with its public API and its peer API served on listeners the
+//! caller bound.
 //!
-//! Like every server in fencegate it takes a bound listener (tests bind `127.0.0.1:0`) and a
+//! Like every server in fencegate it takes bound listeners (tests bind `127.0.0.1:0`) and a
 //! shutdown future.
 
 use std::future::Future;
@@ -22,24 +23,31 @@ const DRAIN: Duration = Duration::from_secs(2);
 /// or when [`NodeHandle::shutdown`] is called.
 pub struct NodeHandle {
     pub node: Arc<Node>,
+    /// The public API's address.
     pub addr: SocketAddr,
+    /// The peer listener's address.
+    pub peer_addr: SocketAddr,
     stop_tx: oneshot::Sender<()>,
     server: JoinHandle<()>,
     running: RunningNode,
 }
 
-/// Opens the node in `config.data_dir`, starts raft and serves the API on `listener` until
-/// `shutdown` completes.
+/// Opens the node in `config.data_dir`, starts raft, serves the public API on `listener` and
+/// the peer API on `peer_listener` until `shutdown` completes.
 pub async fn start(
     config: NodeConfig,
     listener: TcpListener,
+    peer_listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<NodeHandle, NodeError> {
     let addr = listener.local_addr()?;
-    let running = node::start(config, addr).await?;
+    let peer_addr = peer_listener.local_addr()?;
+    let secret = config.require_peer_secret()?;
+    let running = node::start(config, addr, peer_addr).await?;
     let node = running.node.clone();
     let (stop_tx, stop_rx) = oneshot::channel();
     let (fired_tx, mut fired_rx) = watch::channel(false);
+    let mut peer_fired = fired_rx.clone();
     let stop = async move {
         tokio::select! {
             _ = shutdown => {}
@@ -47,24 +55,35 @@ pub async fn start(
         }
         let _ = fired_tx.send(true);
     };
+    let peer_stop = async move {
+        let _ = peer_fired.wait_for(|fired| *fired).await;
+    };
     let drain_over = async move {
         let _ = fired_rx.wait_for(|fired| *fired).await;
         tokio::time::sleep(DRAIN).await;
     };
     let api_node = node.clone();
     let server = tokio::spawn(async move {
-        tokio::select! {
-            served = api::serve(api_node, listener, stop) => {
+        let served = async {
+            let (public, peers) = tokio::join!(
+                api::serve(api_node.clone(), listener, stop),
+                api::serve_peers(api_node, secret, peer_listener, peer_stop),
+            );
+            for (what, served) in [("API", public), ("peer", peers)] {
                 if let Err(e) = served {
-                    tracing::error!(error = %e, "API server stopped");
+                    tracing::error!(error = %e, "{what} server stopped");
                 }
             }
+        };
+        tokio::select! {
+            _ = served => {}
             _ = drain_over => tracing::debug!("drain time over; remaining calls cut"),
         }
     });
     Ok(NodeHandle {
         node,
         addr,
+        peer_addr,
         stop_tx,
         server,
         running,

@@ -14,3 +14,10 @@ pub const SNAPSHOT_EVERY_ENTRIES: u64 = 20_000;
 /// ...and this many entries are kept behind it, so a briefly slow follower catches up from the
 /// log instead of a snapshot.
 pub const LOG_KEPT_BEHIND_SNAPSHOT: u64 = 5_000;
+/// A snapshot sent to a follower crosses in chunks of this many bytes, so its size has no
+/// ceiling while every request stays small.
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
+/// How long one snapshot chunk may take to send. The last chunk's reply waits for the
+/// follower to decode and install the whole snapshot (and sync it to disk), which for the seed
+/// state takes a few hundred milliseconds; a busy machine gets ample room.
+pub const SNAPSHOT_CHUNK_TIMEOUT_MS: u64 = 10_000;

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use fencegate_proxy::config::ProxyConfig;
-use lock_core::node::NodeConfig;
+use lock_core::net::PeerSecret;
+use lock_core::node::{MemberAddrs, NodeConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -25,6 +26,10 @@ pub struct DevArgs {
     /// API ports of the three nodes.
     #[arg(long, value_delimiter = ',', default_value = "7001,7002,7003")]
     api_ports: Vec<u16>,
+    /// Peer ports of the three nodes (raft and forwarding between nodes; authenticated with
+    /// a secret generated at each start).
+    #[arg(long, value_delimiter = ',', default_value = "7101,7102,7103")]
+    peer_ports: Vec<u16>,
     /// Fencing proxy ports of the three nodes.
     #[arg(long, value_delimiter = ',', default_value = "8001,8002,8003")]
     proxy_ports: Vec<u16>,
@@ -38,6 +43,7 @@ pub struct DevArgs {
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.api_ports.len() == 3, "--api-ports takes three ports");
+    anyhow::ensure!(args.peer_ports.len() == 3, "--peer-ports takes three ports");
     anyhow::ensure!(
         args.proxy_ports.len() == 3,
         "--proxy-ports takes three ports"
@@ -53,33 +59,43 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         stopped(stop_rx.clone()),
     ));
 
-    let members: BTreeMap<u64, String> = args
+    let members: BTreeMap<u64, MemberAddrs> = args
         .api_ports
         .iter()
+        .zip(&args.peer_ports)
         .enumerate()
-        .map(|(i, p)| (i as u64 + 1, format!("127.0.0.1:{p}")))
+        .map(|(i, (api, peer))| {
+            let addrs = MemberAddrs {
+                api: format!("127.0.0.1:{api}"),
+                peer: format!("127.0.0.1:{peer}"),
+            };
+            (i as u64 + 1, addrs)
+        })
         .collect();
-    // Every API port is bound before any node starts: the first node's vote requests then
-    // wait in the others' accept queues instead of failing as "connection refused".
+    // The nodes live in this process only, so a secret made now and shared in memory is
+    // enough; a restart makes a new one for all three at once.
+    let secret = PeerSecret::new(&PeerSecret::generate())?;
+    // Every port is bound before any node starts: the first node's vote requests then wait
+    // in the others' accept queues instead of failing as "connection refused".
     let mut listeners = Vec::new();
-    for addr in members.values() {
-        let listener = TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("bind {addr} (is another fencegate running?)"))?;
-        listeners.push(listener);
+    for addrs in members.values() {
+        listeners.push((bind(&addrs.api).await?, bind(&addrs.peer).await?));
     }
     let mut running = Vec::new();
     // Highest id first: node 1 initialises the cluster and asks the others for votes at once,
     // so it starts last, when they already serve. Otherwise its first requests wait on a
     // node still opening its store, time out, and openraft logs them as errors.
-    for ((id, _), listener) in members.iter().zip(listeners).rev() {
+    for ((id, _), (listener, peer_listener)) in members.iter().zip(listeners).rev() {
         let mut config = NodeConfig::new(
             *id,
             args.data_dir.join(format!("node{id}")),
             members.clone(),
+            secret.clone(),
         );
         config.enable_fault_injection = args.enable_fault_injection;
-        let handle = lock_core::server::start(config, listener, stopped(stop_rx.clone())).await?;
+        let handle =
+            lock_core::server::start(config, listener, peer_listener, stopped(stop_rx.clone()))
+                .await?;
         let proxy_addr = format!("127.0.0.1:{}", args.proxy_ports[*id as usize - 1]);
         let proxy_listener = std::net::TcpListener::bind(&proxy_addr)
             .with_context(|| format!("bind proxy {proxy_addr}"))?;
@@ -93,15 +109,18 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         running.push((handle, proxy_task));
     }
 
-    let api = &members[&1];
+    let api = &members[&1].api;
     let proxy = format!("127.0.0.1:{}", args.proxy_ports[0]);
     println!(
         "fencegate dev is running (data in {}):",
         args.data_dir.display()
     );
-    for (id, addr) in &members {
+    for (id, addrs) in &members {
         let p = args.proxy_ports[*id as usize - 1];
-        println!("  node {id}: API http://{addr}  proxy http://127.0.0.1:{p}");
+        println!(
+            "  node {id}: API http://{}  proxy http://127.0.0.1:{p}  (peers: {})",
+            addrs.api, addrs.peer
+        );
     }
     println!("  admin UI: http://{api}/ui   metrics: http://{api}/metrics");
     println!(
@@ -133,4 +152,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     let _ = tokio::time::timeout(grace, store_task).await;
     Ok(())
+}
+
+async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("bind {addr} (is another fencegate running?)"))
 }

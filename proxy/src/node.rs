@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use fencegate_proxy::config::ProxyConfig;
-use lock_core::node::{self, NodeConfig};
+use lock_core::net::PeerSecret;
+use lock_core::node::{self, MemberAddrs, NodeConfig};
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -14,8 +15,8 @@ use crate::signal::{shutdown_signal, stopped};
 
 #[derive(clap::Args)]
 #[command(after_help = "\
-The file is TOML: the API address, the node's id, data directory and founding members, an
-optional lock policy and an optional fencing proxy. docs/deploy/ has one per node of a
+The file is TOML: the API and peer addresses, the node's id, data directory, peer secret and
+founding members, an optional lock policy and an optional fencing proxy. docs/deploy/ has one per node of a
 three-zone cluster, a systemd unit and a container recipe.
 
 Example:
@@ -30,8 +31,10 @@ pub struct NodeArgs {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
-    /// Address the API (and raft RPCs) listen on.
+    /// Address the public API listens on.
     listen: String,
+    /// Address the peer API (raft, forwarding between nodes) listens on.
+    peer_listen: String,
     node: NodeFileConfig,
     /// Optional fencing proxy served next to the node.
     #[serde(default)]
@@ -45,9 +48,17 @@ struct NodeFileConfig {
     data_dir: PathBuf,
     #[serde(default)]
     advertise_addr: Option<String>,
+    #[serde(default)]
+    advertise_peer_addr: Option<String>,
+    /// The cluster's shared peer secret, inline...
+    #[serde(default)]
+    peer_secret: Option<String>,
+    /// ...or in a file (its surrounding whitespace is ignored).
+    #[serde(default)]
+    peer_secret_file: Option<PathBuf>,
     /// Keys are node ids as strings (TOML keys are strings).
     #[serde(default)]
-    initial_members: BTreeMap<String, String>,
+    initial_members: BTreeMap<String, MemberAddrs>,
     #[serde(default)]
     policy: Option<node::Policy>,
     #[serde(default)]
@@ -57,6 +68,7 @@ struct NodeFileConfig {
 /// A parsed, checked config file.
 struct Loaded {
     listen: String,
+    peer_listen: String,
     config: NodeConfig,
     proxy: Option<ProxyConfig>,
 }
@@ -68,6 +80,7 @@ fn load(path: &Path) -> anyhow::Result<Loaded> {
 
 fn parse(text: &str) -> anyhow::Result<Loaded> {
     let file: FileConfig = toml::from_str(text)?;
+    let secret = peer_secret(&file.node)?;
     let mut members = BTreeMap::new();
     for (id, addr) in file.node.initial_members {
         let id: u64 = id
@@ -75,8 +88,9 @@ fn parse(text: &str) -> anyhow::Result<Loaded> {
             .with_context(|| format!("initial_members key '{id}' is not a node id"))?;
         members.insert(id, addr);
     }
-    let mut config = NodeConfig::new(file.node.id, file.node.data_dir, members);
+    let mut config = NodeConfig::new(file.node.id, file.node.data_dir, members, secret);
     config.advertise_addr = file.node.advertise_addr;
+    config.advertise_peer_addr = file.node.advertise_peer_addr;
     config.policy = file.node.policy.unwrap_or_default();
     config.enable_fault_injection = file.node.enable_fault_injection;
     if let Some(p) = &file.proxy {
@@ -84,6 +98,7 @@ fn parse(text: &str) -> anyhow::Result<Loaded> {
     }
     Ok(Loaded {
         listen: file.listen,
+        peer_listen: file.peer_listen,
         config,
         proxy: file.proxy,
     })
@@ -92,16 +107,21 @@ fn parse(text: &str) -> anyhow::Result<Loaded> {
 pub async fn run(path: &Path) -> anyhow::Result<()> {
     let Loaded {
         listen,
+        peer_listen,
         config,
         proxy,
     } = load(path)?;
     let listener = TcpListener::bind(&listen)
         .await
         .with_context(|| format!("bind {listen}"))?;
+    let peer_listener = TcpListener::bind(&peer_listen)
+        .await
+        .with_context(|| format!("bind {peer_listen}"))?;
     let id = config.id;
     let (stop_tx, stop_rx) = watch::channel(false);
-    let handle = lock_core::server::start(config, listener, stopped(stop_rx.clone())).await?;
-    tracing::info!(node = id, addr = %handle.addr, "node started");
+    let handle =
+        lock_core::server::start(config, listener, peer_listener, stopped(stop_rx.clone())).await?;
+    tracing::info!(node = id, addr = %handle.addr, peer_addr = %handle.peer_addr, "node started");
     let proxy_task = match &proxy {
         Some(p) => {
             let l = std::net::TcpListener::bind(&p.listen)
@@ -126,6 +146,23 @@ pub async fn run(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The peer secret from the `[node]` table, inline or from its file.
+fn peer_secret(node: &NodeFileConfig) -> anyhow::Result<PeerSecret> {
+    let text = match (&node.peer_secret, &node.peer_secret_file) {
+        (Some(text), None) => text.clone(),
+        (None, Some(file)) => std::fs::read_to_string(file)
+            .with_context(|| format!("read peer_secret_file {}", file.display()))?,
+        (Some(_), Some(_)) => {
+            anyhow::bail!("[node] sets both peer_secret and peer_secret_file; keep one")
+        }
+        (None, None) => anyhow::bail!(
+            "[node] needs peer_secret or peer_secret_file: the secret every node of the cluster \
+             shares to authenticate peer traffic (e.g. `openssl rand -hex 32`)"
+        ),
+    };
+    PeerSecret::new(&text).context("peer secret")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,11 +174,18 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/deploy");
         let mut founding = None;
         for id in 1..=3u64 {
-            let loaded = load(&dir.join(format!("node{id}.toml"))).unwrap();
+            // The secret file lives on each machine; here a stand-in takes its place.
+            let secret = std::env::temp_dir().join(format!("fencegate-test-secret-{id}"));
+            std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").unwrap();
+            let text = std::fs::read_to_string(dir.join(format!("node{id}.toml")))
+                .unwrap()
+                .replace("/etc/fencegate/peer-secret", &secret.display().to_string());
+            let loaded = parse(&text).unwrap();
             assert_eq!(loaded.config.id, id);
             assert_eq!(loaded.config.initial_members.len(), 3);
             let me = &loaded.config.initial_members[&id];
-            assert_eq!(loaded.config.advertise_addr.as_ref(), Some(me));
+            assert_eq!(loaded.config.advertise_addr.as_ref(), Some(&me.api));
+            assert_eq!(loaded.config.advertise_peer_addr.as_ref(), Some(&me.peer));
             assert!(loaded.proxy.is_some(), "node{id} has no [proxy]");
             match &founding {
                 None => founding = Some(loaded.config.initial_members.clone()),
@@ -152,12 +196,17 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_bad_member_ids_are_refused() {
-        let base = "listen = \"127.0.0.1:7001\"\n[node]\nid = 1\ndata_dir = \"/tmp/x\"\n";
+        let base =
+            "listen = \"127.0.0.1:7001\"\npeer_listen = \"127.0.0.1:7101\"\n[node]\nid = 1\n\
+                    data_dir = \"/tmp/x\"\npeer_secret = \"0123456789abcdef0123\"\n";
         assert!(parse(base).is_ok());
         assert!(parse(&format!("{base}colour = \"blue\"\n")).is_err());
         assert!(parse(&format!(
-            "{base}initial_members = {{ \"one\" = \"h:1\" }}\n"
+            "{base}initial_members = {{ \"one\" = {{ api = \"h:1\", peer = \"h:2\" }} }}\n"
         ))
         .is_err());
+        let no_secret = base.replace("peer_secret = \"0123456789abcdef0123\"\n", "");
+        let err = format!("{:#}", parse(&no_secret).err().expect("refused"));
+        assert!(err.contains("peer_secret"), "{err}");
     }
 }

@@ -70,13 +70,17 @@ impl Processes {
     /// that demo store with `Idempotency-Key` required (as `fencegate dev` does).
     fn with_orders_proxy(n: u64, store: Option<&str>) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
+        let ports = free_ports(2 * n as usize);
+        let (api_ports, peer_ports) = ports.split_at(n as usize);
         let addrs: BTreeMap<u64, String> = (1..=n)
-            .zip(free_ports(n as usize))
+            .zip(api_ports)
             .map(|(id, port)| (id, format!("127.0.0.1:{port}")))
             .collect();
-        let members: Vec<String> = addrs
-            .iter()
-            .map(|(id, addr)| format!("\"{id}\" = \"{addr}\""))
+        let members: Vec<String> = (1..=n)
+            .zip(api_ports.iter().zip(peer_ports))
+            .map(|(id, (api, peer))| {
+                format!("\"{id}\" = {{ api = \"127.0.0.1:{api}\", peer = \"127.0.0.1:{peer}\" }}")
+            })
             .collect();
         let proxies: BTreeMap<u64, String> = match store {
             Some(_) => (1..=n)
@@ -85,10 +89,12 @@ impl Processes {
                 .collect(),
             None => BTreeMap::new(),
         };
-        for (id, addr) in &addrs {
+        for (i, (id, addr)) in addrs.iter().enumerate() {
             let data_dir = dir.path().join(format!("node{id}"));
+            let peer = peer_ports[i];
             let mut config = format!(
-                "listen = \"{addr}\"\n\n[node]\nid = {id}\ndata_dir = {data_dir:?}\n\
+                "listen = \"{addr}\"\npeer_listen = \"127.0.0.1:{peer}\"\n\n[node]\nid = {id}\n\
+                 data_dir = {data_dir:?}\npeer_secret = \"sigkill-test-peer-secret\"\n\
                  initial_members = {{ {} }}\n",
                 members.join(", ")
             );

@@ -87,13 +87,25 @@ impl LocalCluster {
             }
         }
         let (dir, tmp) = cluster_dir(dir, spec.tmp_prefix)?;
-        let ports = free_ports(7)?;
+        let ports = free_ports(10)?;
         let (api_ports, proxy_ports, store_port) = (&ports[0..3], &ports[3..6], ports[6]);
+        let peer_ports = &ports[7..10];
         let store = format!("127.0.0.1:{store_port}");
         let members: Vec<String> = api_ports
             .iter()
+            .zip(peer_ports)
             .enumerate()
-            .map(|(i, p)| format!("\"{}\" = \"127.0.0.1:{p}\"", i + 1))
+            .map(|(i, (api, peer))| {
+                format!(
+                    "\"{}\" = {{ api = \"127.0.0.1:{api}\", peer = \"127.0.0.1:{peer}\" }}",
+                    i + 1
+                )
+            })
+            .collect();
+        // Every node of the cluster shares one fresh peer secret.
+        let secret: String = rand::random::<[u8; 32]>()
+            .iter()
+            .map(|b| format!("{b:02x}"))
             .collect();
         let mut cluster = LocalCluster {
             dir: dir.clone(),
@@ -118,9 +130,11 @@ impl LocalCluster {
         for (i, (api_port, proxy_port)) in api_ports.iter().zip(proxy_ports).enumerate() {
             let id = i as u64 + 1;
             let mut toml = format!(
-                "listen = \"127.0.0.1:{api_port}\"\n\n\
-                 [node]\nid = {id}\ndata_dir = \"{data}\"\ninitial_members = {{ {members} }}\n\
+                "listen = \"127.0.0.1:{api_port}\"\npeer_listen = \"127.0.0.1:{peer_port}\"\n\n\
+                 [node]\nid = {id}\ndata_dir = \"{data}\"\npeer_secret = \"{secret}\"\n\
+                 initial_members = {{ {members} }}\n\
                  enable_fault_injection = {faults}\n",
+                peer_port = peer_ports[i],
                 data = dir.join(format!("node{id}")).display(),
                 members = members.join(", "),
                 faults = spec.fault_injection,

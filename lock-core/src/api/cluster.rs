@@ -14,7 +14,6 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::{parse_json, ApiError};
-use crate::net::PeerError;
 use crate::node::Node;
 use crate::raft::NodeInfo;
 use crate::wire::{
@@ -32,6 +31,7 @@ pub async fn status(State(node): State<Arc<Node>>) -> Json<ClusterStatus> {
         .map(|(id, n)| Member {
             id: *id,
             addr: n.api_addr.clone(),
+            peer_addr: n.peer_addr().to_string(),
             voter: voters.contains(id),
         })
         .collect();
@@ -73,7 +73,7 @@ async fn relay_to_leader<B: Serialize>(
         .current_leader()
         .ok_or_else(|| ApiError::from(crate::node::ProposeError::NoQuorum))?;
     let addr = node
-        .member_addr(leader)
+        .member_api_addr(leader)
         .ok_or_else(|| ApiError::from(crate::node::ProposeError::NoQuorum))?;
     let unreachable = |e: &dyn std::fmt::Display| {
         ApiError::new(
@@ -81,32 +81,19 @@ async fn relay_to_leader<B: Serialize>(
             format!("Could not reach the leader: {e}"),
         )
     };
-    match node
+    let (status, answer) = node
         .peers
-        .post::<_, Value>(
-            leader,
-            &addr,
-            path,
-            body,
-            Duration::from_secs(30) + extra_time,
-        )
+        .post_json(&addr, path, body, Duration::from_secs(30) + extra_time)
         .await
-    {
-        Ok(v) => Ok(Json(v).into_response()),
-        Err(PeerError::Status {
-            status,
-            body: answer,
-            ..
-        }) => match (
-            StatusCode::from_u16(status),
-            serde_json::from_str::<Value>(&answer),
-        ) {
-            (Ok(status), Ok(answer)) => Ok((status, Json(answer)).into_response()),
-            _ => Err(unreachable(&format!(
-                "node {leader} answered {status}: {answer}"
-            ))),
-        },
-        Err(e) => Err(unreachable(&e)),
+        .map_err(|e| unreachable(&e))?;
+    match (
+        StatusCode::from_u16(status),
+        serde_json::from_str::<Value>(&answer),
+    ) {
+        (Ok(status), Ok(answer)) => Ok((status, Json(answer)).into_response()),
+        _ => Err(unreachable(&format!(
+            "node {leader} answered {status}: {answer}"
+        ))),
     }
 }
 
@@ -136,15 +123,17 @@ fn voters(node: &Node) -> BTreeSet<u64> {
         .collect()
 }
 
-/// `POST /v1/cluster/members/add {node_id, addr, catch_up_timeout_ms?}`: adds the node as a
+/// `POST /v1/cluster/members/add {node_id, addr, peer_addr, catch_up_timeout_ms?}`: adds the node as a
 /// learner, waits until it has caught up with the leader's log, and only then makes it a
 /// voter. A node that cannot catch up in time (down, unreachable, too slow) is removed again
 /// and the call answers 409 `member_not_caught_up`: the voter set never gains a member that
 /// cannot vote.
 pub async fn add_member(State(node): State<Arc<Node>>, body: Bytes) -> Result<Response, ApiError> {
     let req: AddMemberRequest = parse_json(&body)?;
-    if req.addr.is_empty() {
-        return Err(ApiError::invalid("Field 'addr' must be host:port."));
+    if req.addr.is_empty() || req.peer_addr.is_empty() {
+        return Err(ApiError::invalid(
+            "Fields 'addr' (its API) and 'peer_addr' (its peer listener) must be host:port.",
+        ));
     }
     let catch_up = req
         .catch_up_timeout_ms
@@ -167,6 +156,7 @@ pub async fn add_member(State(node): State<Arc<Node>>, body: Bytes) -> Result<Re
             req.node_id,
             NodeInfo {
                 api_addr: req.addr.clone(),
+                peer_addr: req.peer_addr.clone(),
             },
             false,
         )
@@ -278,7 +268,7 @@ pub async fn remove_member(
     if !req.force {
         let mut reachable = 0;
         for id in &voters {
-            if *id == node.id || probe(node.member_addr(*id)).await {
+            if *id == node.id || probe(node.member_api_addr(*id)).await {
                 reachable += 1;
             }
         }

@@ -1,5 +1,6 @@
-//! The node's HTTP API: lock calls, cluster and health endpoints, raft RPCs, and the operator
-//! page (`/ui`, from the `admin-ui` crate).
+//! The node's HTTP APIs. The public one: lock calls, cluster and health endpoints, metrics and
+//! the operator page (`/ui`, from the `admin-ui` crate). The peer one, on its own listener:
+//! raft RPCs and the calls a follower makes to the leader, for authenticated peers only.
 //!
 //! Handlers only translate HTTP: they parse a [`wire`](crate::wire) body, hand the request to
 //! the [`Node`], and turn its answer back into a wire body or an [`ApiError`].
@@ -7,22 +8,26 @@
 mod cluster;
 mod error;
 mod locks;
+mod peer_auth;
 mod raft_rpc;
 
 use std::future::Future;
 use std::sync::Arc;
 
+use axum::extract::DefaultBodyLimit;
+use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 
 pub use error::ApiError;
 
+use crate::net::PeerSecret;
 use crate::node::Node;
 use crate::wire::ErrorCode;
 
-/// Serves the API of `node` on `listener` until `shutdown` completes; then stops accepting
-/// and lets in-flight calls finish.
+/// Serves the public API of `node` on `listener` until `shutdown` completes; then stops
+/// accepting and lets in-flight calls finish.
 pub async fn serve(
     node: Arc<Node>,
     listener: TcpListener,
@@ -33,8 +38,22 @@ pub async fn serve(
         .await
 }
 
-/// All routes of a node. Every node serves every call; writes and linearizable reads are
-/// routed to the leader internally.
+/// Serves the node-to-node calls of `node` on `listener`, to peers that prove they hold
+/// `secret`, until `shutdown` completes.
+pub async fn serve_peers(
+    node: Arc<Node>,
+    secret: PeerSecret,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, peer_router(node, secret))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// The public routes of a node: the lock API, cluster status and health, metrics and the
+/// operator page. Every node serves every call; writes and linearizable reads are routed to
+/// the leader internally, over the peer port.
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()
         .route("/v1/locks", get(locks::list))
@@ -49,11 +68,6 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/healthz", get(cluster::healthz))
         .route("/readyz", get(cluster::readyz))
         .route("/metrics", get(cluster::metrics))
-        .route("/raft/append", post(raft_rpc::append))
-        .route("/raft/vote", post(raft_rpc::vote))
-        .route("/raft/snapshot", post(raft_rpc::snapshot))
-        .route("/internal/propose", post(raft_rpc::propose))
-        .route("/internal/read_index", post(raft_rpc::read_index))
         .merge(admin_ui::router())
         // After every route: it applies to the routes added so far.
         .method_not_allowed_fallback(|| async {
@@ -63,6 +77,25 @@ pub fn router(node: Arc<Node>) -> Router {
             )
         })
         .fallback(|| async { ApiError::not_found("No such endpoint; see docs/api.md.") })
+        .with_state(node)
+}
+
+/// The node-to-node calls: raft RPCs, forwarded commands and read-index calls. Every request
+/// must carry a tag made with the cluster secret; bodies (snapshot chunks, appends) may be
+/// larger than the public API's limit.
+pub fn peer_router(node: Arc<Node>, secret: PeerSecret) -> Router {
+    Router::new()
+        .route("/raft/append", post(raft_rpc::append))
+        .route("/raft/vote", post(raft_rpc::vote))
+        .route("/raft/snapshot", post(raft_rpc::snapshot))
+        .route("/internal/propose", post(raft_rpc::propose))
+        .route("/internal/read_index", post(raft_rpc::read_index))
+        .fallback(|| async { ApiError::not_found("No such peer endpoint.") })
+        .layer(DefaultBodyLimit::max(raft_rpc::PEER_BODY_LIMIT))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(secret),
+            peer_auth::authenticate,
+        ))
         .with_state(node)
 }
 

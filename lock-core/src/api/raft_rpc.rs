@@ -1,20 +1,27 @@
 //! Node-to-node endpoints: raft RPCs and the internal write/read-index calls a follower uses
-//! to reach the leader. Incoming traffic passes the fault layer first.
+//! to reach the leader. Incoming traffic passes the fault layer first. Bodies and replies are
+//! in the peer wire format ([`codec`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::HeaderMap;
+use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use serde::Serialize;
 
-use super::{parse_json, ApiError};
+use super::ApiError;
 use crate::machine::Command;
+use crate::net::codec::{self, CodecError};
 use crate::net::FROM_HEADER;
 use crate::node::Node;
 use crate::wire::ErrorCode;
+
+/// The largest peer request body. A snapshot chunk is at most `snapshot_max_chunk_size`
+/// (1 MiB) plus its header, and an append carries at most `max_payload_entries` entries; this
+/// leaves room for both while still refusing a runaway body.
+pub const PEER_BODY_LIMIT: usize = 64 << 20;
 
 fn admit(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
     let from = headers
@@ -30,13 +37,28 @@ fn admit(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+fn bad_body(e: CodecError) -> Response {
+    ApiError::invalid(format!("Bad peer message: {e}.")).into_response()
+}
+
+fn reply<T: Serialize>(value: &T) -> Response {
+    match codec::encode(value) {
+        Ok(bytes) => ([(header::CONTENT_TYPE, codec::CONTENT_TYPE)], bytes).into_response(),
+        Err(e) => ApiError::new(
+            ErrorCode::Internal,
+            format!("Cannot encode the reply: {e}."),
+        )
+        .into_response(),
+    }
+}
+
 pub async fn append(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err(e) = admit(&node, &headers) {
         return e.into_response();
     }
-    match parse_json(&body) {
-        Ok(rpc) => Json(node.raft.append_entries(rpc).await).into_response(),
-        Err(e) => e.into_response(),
+    match codec::decode(&body) {
+        Ok(rpc) => reply(&node.raft.append_entries(rpc).await),
+        Err(e) => bad_body(e),
     }
 }
 
@@ -44,19 +66,21 @@ pub async fn vote(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes
     if let Err(e) = admit(&node, &headers) {
         return e.into_response();
     }
-    match parse_json(&body) {
-        Ok(rpc) => Json(node.raft.vote(rpc).await).into_response(),
-        Err(e) => e.into_response(),
+    match codec::decode(&body) {
+        Ok(rpc) => reply(&node.raft.vote(rpc).await),
+        Err(e) => bad_body(e),
     }
 }
 
+/// One chunk of a snapshot; openraft assembles the chunks and installs the snapshot when the
+/// last one arrives.
 pub async fn snapshot(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err(e) = admit(&node, &headers) {
         return e.into_response();
     }
-    match parse_json(&body) {
-        Ok(rpc) => Json(node.raft.install_snapshot(rpc).await).into_response(),
-        Err(e) => e.into_response(),
+    match codec::decode_snapshot_chunk(&body) {
+        Ok(rpc) => reply(&node.raft.install_snapshot(rpc).await),
+        Err(e) => bad_body(e),
     }
 }
 
@@ -66,12 +90,12 @@ pub async fn propose(State(node): State<Arc<Node>>, headers: HeaderMap, body: By
     if let Err(e) = admit(&node, &headers) {
         return e.into_response();
     }
-    let cmd: Command = match parse_json(&body) {
+    let cmd: Command = match codec::decode(&body) {
         Ok(c) => c,
-        Err(e) => return e.into_response(),
+        Err(e) => return bad_body(e),
     };
     let timeout = Duration::from_millis(node.config.policy.write_timeout_ms);
-    Json(node.propose_local(cmd, timeout).await).into_response()
+    reply(&node.propose_local(cmd, timeout).await)
 }
 
 pub async fn read_index(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
@@ -79,5 +103,5 @@ pub async fn read_index(State(node): State<Arc<Node>>, headers: HeaderMap) -> Re
         return e.into_response();
     }
     let timeout = Duration::from_millis(node.config.policy.write_timeout_ms);
-    Json(node.local_read_index(timeout).await).into_response()
+    reply(&node.local_read_index(timeout).await)
 }

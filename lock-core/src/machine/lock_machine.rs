@@ -23,7 +23,7 @@ use imbl::{HashMap, OrdMap, OrdSet};
 use super::quota::QuotaLedger;
 use super::state::{DedupKey, DedupRecord, DedupState, FenceGrant, Lease, ResourceState, Waiter};
 use super::types::{
-    Acquire, AdmitOutcome, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone,
+    Acquire, AdmitOutcome, Batch, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone,
 };
 
 /// The replicated lock state.
@@ -95,6 +95,19 @@ impl LockMachine {
             }
         };
         (resp, fx)
+    }
+
+    /// Applies a batch committed in `term`: its commands in order, each under the batch's
+    /// stamp. Returns one response per command, in order, and all their effects.
+    pub fn apply_batch(&mut self, batch: &Batch, term: u64) -> (Vec<Response>, Vec<Effect>) {
+        let mut responses = Vec::new();
+        let mut effects = Vec::new();
+        for proposal in batch.proposals() {
+            let (resp, fx) = self.apply(&proposal, term);
+            responses.push(resp);
+            effects.extend(fx);
+        }
+        (responses, effects)
     }
 
     /// Advances log time and applies the failover shift on a term change.

@@ -22,5 +22,5 @@ pub use state::{
     DEFAULT_IDLE_RETAIN_MS,
 };
 pub use types::{
-    Acquire, AdmitOutcome, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone,
+    Acquire, AdmitOutcome, Batch, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone,
 };

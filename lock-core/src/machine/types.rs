@@ -9,8 +9,7 @@ use super::idempotency::{IdemCommand, IdemOutcome};
 use super::quota::{QuotaOutcome, QuotaRequest, QuotaSpec};
 pub use crate::wire::LeaseId;
 
-/// One entry of the replicated log's application payload: a command plus the facts the
-/// proposing leader stamped on it. Replicas never read their own clock or configuration while
+/// One stamped command: a command plus the facts the proposing leader stamped on it. Replicas never read their own clock or configuration while
 /// applying; everything time- or policy-dependent travels in here, which keeps apply
 /// deterministic on every node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,6 +20,53 @@ pub struct Proposal {
     /// (never a shortening, never a full reset), from the proposing leader's configuration.
     pub failover_grace_ms: u64,
     pub cmd: Command,
+}
+
+/// One entry of the replicated log's application payload: the commands the leader coalesced
+/// while its previous write was in flight, stamped once. Applying it applies each command in
+/// order as a [`Proposal`] with this stamp, exactly as if they had been logged one by one.
+///
+/// An entry written before batching holds one command under `cmd` and no `cmds`; it reads
+/// back as a batch of that one command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch {
+    pub now_ms: u64,
+    pub failover_grace_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmd: Option<Command>,
+    #[serde(default)]
+    pub cmds: Vec<Command>,
+}
+
+impl Batch {
+    pub fn new(now_ms: u64, failover_grace_ms: u64, cmds: Vec<Command>) -> Self {
+        Batch {
+            now_ms,
+            failover_grace_ms,
+            cmd: None,
+            cmds,
+        }
+    }
+
+    /// The commands in apply order.
+    pub fn commands(&self) -> impl Iterator<Item = &Command> {
+        self.cmd.iter().chain(&self.cmds)
+    }
+
+    /// The commands as stamped proposals, in apply order.
+    pub fn proposals(&self) -> impl Iterator<Item = Proposal> + '_ {
+        self.commands().map(|cmd| Proposal {
+            now_ms: self.now_ms,
+            failover_grace_ms: self.failover_grace_ms,
+            cmd: cmd.clone(),
+        })
+    }
+}
+
+impl From<Proposal> for Batch {
+    fn from(p: Proposal) -> Self {
+        Batch::new(p.now_ms, p.failover_grace_ms, vec![p.cmd])
+    }
 }
 
 /// A state-changing command.
@@ -196,4 +242,29 @@ pub enum Effect {
 pub enum WaiterGone {
     TimedOut,
     Cancelled,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_written_before_batching_reads_as_a_batch_of_one() {
+        let old = Proposal {
+            now_ms: 5,
+            failover_grace_ms: 7,
+            cmd: Command::Tick { max_items: 3 },
+        };
+        let json = serde_json::to_string(&old).expect("encode");
+        let batch: Batch = serde_json::from_str(&json).expect("old entry decodes");
+        assert_eq!(batch.proposals().collect::<Vec<_>>(), vec![old.clone()]);
+        let new = Batch::new(5, 7, vec![old.cmd.clone(), old.cmd.clone()]);
+        let json = serde_json::to_string(&new).expect("encode");
+        assert!(
+            !json.contains("\"cmd\""),
+            "new entries write only cmds: {json}"
+        );
+        let back: Batch = serde_json::from_str(&json).expect("decode");
+        assert_eq!(back.commands().count(), 2);
+    }
 }

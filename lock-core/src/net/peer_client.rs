@@ -1,9 +1,12 @@
-//! HTTP client for node-to-node calls, with the fault layer applied.
+//! HTTP client for node-to-node calls, with the fault layer applied. Bodies are in the peer
+//! wire format (see [`codec`](super::codec)), never JSON.
 
 use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 
+use super::auth::{PeerSecret, AUTH_HEADER};
+use super::codec::{self, CodecError};
 use super::faults::FaultLayer;
 
 /// Header naming the sending node, so the receiver can apply its incoming fault rules.
@@ -20,6 +23,12 @@ pub enum PeerError {
         #[source]
         source: reqwest::Error,
     },
+    #[error("message to or from node {node}: {source}")]
+    Codec {
+        node: u64,
+        #[source]
+        source: CodecError,
+    },
     #[error("node {node} answered {status}: {body}")]
     Status {
         node: u64,
@@ -33,10 +42,11 @@ pub struct PeerClient {
     http: reqwest::Client,
     self_id: u64,
     faults: FaultLayer,
+    secret: PeerSecret,
 }
 
 impl PeerClient {
-    pub fn new(self_id: u64, faults: FaultLayer) -> Self {
+    pub fn new(self_id: u64, faults: FaultLayer, secret: PeerSecret) -> Self {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(500))
             .pool_idle_timeout(Duration::from_secs(30))
@@ -47,6 +57,7 @@ impl PeerClient {
             http,
             self_id,
             faults,
+            secret,
         }
     }
 
@@ -54,7 +65,31 @@ impl PeerClient {
         &self.faults
     }
 
-    /// POSTs `body` as JSON to `http://{addr}{path}` on node `target` and decodes a 200 reply.
+    /// POSTs `body` as JSON to another node's public API (`http://{addr}{path}`) and returns
+    /// the status and body of its answer: used to relay an operator's call to the leader.
+    pub async fn post_json<Req>(
+        &self,
+        addr: &str,
+        path: &str,
+        body: &Req,
+        timeout: Duration,
+    ) -> Result<(u16, String), reqwest::Error>
+    where
+        Req: Serialize + ?Sized,
+    {
+        let resp = self
+            .http
+            .post(format!("http://{addr}{path}"))
+            .timeout(timeout)
+            .json(body)
+            .send()
+            .await?;
+        let status = resp.status().as_u16();
+        Ok((status, resp.text().await?))
+    }
+
+    /// POSTs `body` in the peer format to `http://{addr}{path}` on node `target` and decodes
+    /// a 200 reply.
     pub async fn post<Req, Resp>(
         &self,
         target: u64,
@@ -67,6 +102,24 @@ impl PeerClient {
         Req: Serialize + ?Sized,
         Resp: DeserializeOwned,
     {
+        let codec_error = |source| PeerError::Codec {
+            node: target,
+            source,
+        };
+        let body = codec::encode(body).map_err(codec_error)?;
+        let reply = self.post_frame(target, addr, path, body, timeout).await?;
+        codec::decode(&reply).map_err(codec_error)
+    }
+
+    /// POSTs an already encoded peer body and returns the bytes of a 200 reply.
+    pub async fn post_frame(
+        &self,
+        target: u64,
+        addr: &str,
+        path: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<bytes::Bytes, PeerError> {
         self.faults
             .outgoing(target)
             .await
@@ -75,12 +128,16 @@ impl PeerClient {
             node: target,
             source,
         };
+        let from = self.self_id.to_string();
+        let tag = self.secret.sign(&from, path, &body);
         let resp = self
             .http
             .post(format!("http://{addr}{path}"))
-            .header(FROM_HEADER, self.self_id.to_string())
+            .header(FROM_HEADER, from)
+            .header(AUTH_HEADER, tag)
+            .header(reqwest::header::CONTENT_TYPE, codec::CONTENT_TYPE)
             .timeout(timeout)
-            .json(body)
+            .body(body)
             .send()
             .await
             .map_err(unreachable)?;
@@ -93,6 +150,6 @@ impl PeerClient {
                 body,
             });
         }
-        resp.json().await.map_err(unreachable)
+        resp.bytes().await.map_err(unreachable)
     }
 }

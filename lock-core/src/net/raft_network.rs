@@ -1,6 +1,10 @@
 //! openraft's network traits over [`PeerClient`]: one HTTP POST per RPC.
 //!
-//! The receiving side is `api::raft_rpc`. Replies carry the remote `Result` as JSON so a
+//! Snapshots go the way openraft sends them by default: one `install_snapshot` call per chunk
+//! of `snapshot_max_chunk_size` bytes, so a snapshot of any size crosses in bounded requests.
+//! Each chunk is framed with its bytes raw (see [`codec`](super::codec)).
+//!
+//! The receiving side is `api::raft_rpc`. Replies carry the remote `Result` so a
 //! remote raft error (e.g. a higher vote) reaches openraft as a `RemoteError`, while transport
 //! failures and injected drops become `Unreachable`, which openraft retries with backoff.
 
@@ -16,6 +20,7 @@ use openraft::raft::{
 };
 use serde::{de::DeserializeOwned, Serialize};
 
+use super::codec;
 use super::peer_client::{PeerClient, PeerError};
 use crate::raft::{NodeInfo, TypeConfig};
 
@@ -60,11 +65,31 @@ impl PeerNetwork {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let timeout = option.hard_ttl().max(Duration::from_millis(50));
-        let reply: Result<Result<Resp, E>, PeerError> = self
+        let reply = self
             .client
-            .post(self.target, &self.node.api_addr, path, req, timeout)
+            .post(
+                self.target,
+                self.node.peer_addr(),
+                path,
+                req,
+                timeout(option),
+            )
             .await;
+        self.settle(reply)
+    }
+
+    /// Turns a reply into openraft's error kinds: a remote raft error stays remote, a bad
+    /// status or undecodable body is a network error, anything else makes the peer unreachable.
+    // The error type is the one openraft's network trait returns; boxing it here would only
+    // move the unboxing into every caller.
+    #[allow(clippy::result_large_err)]
+    fn settle<Resp, E>(
+        &self,
+        reply: Result<Result<Resp, E>, PeerError>,
+    ) -> Result<Resp, RPCError<u64, NodeInfo, E>>
+    where
+        E: std::error::Error,
+    {
         match reply {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(remote)) => Err(RPCError::RemoteError(RemoteError::new_with_node(
@@ -72,10 +97,16 @@ impl PeerNetwork {
                 self.node.clone(),
                 remote,
             ))),
-            Err(e @ PeerError::Status { .. }) => Err(RPCError::Network(NetworkError::new(&e))),
+            Err(e @ (PeerError::Status { .. } | PeerError::Codec { .. })) => {
+                Err(RPCError::Network(NetworkError::new(&e)))
+            }
             Err(e) => Err(RPCError::Unreachable(Unreachable::new(&e))),
         }
     }
+}
+
+fn timeout(option: &RPCOption) -> Duration {
+    option.hard_ttl().max(Duration::from_millis(50))
 }
 
 impl RaftNetwork<TypeConfig> for PeerNetwork {
@@ -95,7 +126,26 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         InstallSnapshotResponse<u64>,
         RPCError<u64, NodeInfo, RaftError<u64, InstallSnapshotError>>,
     > {
-        self.call("/raft/snapshot", &rpc, &option).await
+        let codec_error = |source| PeerError::Codec {
+            node: self.target,
+            source,
+        };
+        let frame = codec::encode_snapshot_chunk(&rpc).map_err(codec_error);
+        let reply = match frame {
+            Ok(frame) => self
+                .client
+                .post_frame(
+                    self.target,
+                    self.node.peer_addr(),
+                    "/raft/snapshot",
+                    frame,
+                    timeout(&option),
+                )
+                .await
+                .and_then(|bytes| codec::decode(&bytes).map_err(codec_error)),
+            Err(e) => Err(e),
+        };
+        self.settle(reply)
     }
 
     async fn vote(

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::net::PeerSecret;
+
 /// Configuration of one fencegate node (the `[node]` part of the config file).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -13,20 +15,35 @@ pub struct NodeConfig {
     pub id: u64,
     /// Where this node's fjall database lives.
     pub data_dir: PathBuf,
-    /// The founding members (id -> `host:port` of their API). The member with the lowest id
-    /// initialises the cluster on first start; later membership changes go through the admin
-    /// API and are stored in the raft log, so this list only matters for a brand-new cluster.
+    /// The founding members and their addresses. The member with the lowest id initialises
+    /// the cluster on first start; later membership changes go through the admin API and are
+    /// stored in the raft log, so this list only matters for a brand-new cluster.
     #[serde(default)]
-    pub initial_members: BTreeMap<u64, String>,
-    /// The address other nodes use to reach this node (defaults to the bound address).
+    pub initial_members: BTreeMap<u64, MemberAddrs>,
+    /// The API address clients and other nodes are told (defaults to the bound address).
     #[serde(default)]
     pub advertise_addr: Option<String>,
+    /// The peer address other nodes use to reach this node (defaults to the bound peer
+    /// address).
+    #[serde(default)]
+    pub advertise_peer_addr: Option<String>,
+    /// The cluster's shared secret; every peer request is authenticated with it.
+    #[serde(skip)]
+    pub peer_secret: Option<PeerSecret>,
     #[serde(default)]
     pub policy: Policy,
     /// Serve `/v1/admin/faults` so a chaos harness can inject partitions, delays and clock
     /// offsets. Never enable in production.
     #[serde(default)]
     pub enable_fault_injection: bool,
+}
+
+/// Where a member is reached: its public API and its peer listener (`host:port` each).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberAddrs {
+    pub api: String,
+    pub peer: String,
 }
 
 /// Lock policy. Every limit here is stamped into the commands the node proposes, so nodes
@@ -111,17 +128,31 @@ impl Policy {
 }
 
 impl NodeConfig {
-    /// A single-purpose constructor for tests and `fencegate dev`.
+    /// The peer secret, or the start-up error that names the missing key.
+    pub fn require_peer_secret(&self) -> Result<PeerSecret, super::NodeError> {
+        self.peer_secret.clone().ok_or_else(|| {
+            super::NodeError::Config(
+                "peer_secret is missing: every node of a cluster needs the same peer secret \
+                 (peer_secret or peer_secret_file in the node's config)"
+                    .to_string(),
+            )
+        })
+    }
+
+    /// A node with the default policy.
     pub fn new(
         id: u64,
         data_dir: impl Into<PathBuf>,
-        initial_members: BTreeMap<u64, String>,
+        initial_members: BTreeMap<u64, MemberAddrs>,
+        peer_secret: PeerSecret,
     ) -> Self {
         NodeConfig {
             id,
             data_dir: data_dir.into(),
             initial_members,
             advertise_addr: None,
+            advertise_peer_addr: None,
+            peer_secret: Some(peer_secret),
             policy: Policy::default(),
             enable_fault_injection: false,
         }

@@ -4,6 +4,7 @@
 //! storage, starts raft and the node's background tasks; serving the HTTP API on top of it is
 //! the [`api`](crate::api) layer's job, and [`crate::server`] puts the two together.
 
+mod batcher;
 mod clock;
 mod commands;
 mod config;
@@ -21,7 +22,7 @@ use std::time::Duration;
 use openraft::ServerState;
 
 pub use clock::Clock;
-pub use config::{NodeConfig, Policy, MAX_FAILOVER_GRACE_MS};
+pub use config::{MemberAddrs, NodeConfig, Policy, MAX_FAILOVER_GRACE_MS};
 pub use error::{NodeError, ProposeError};
 pub use metrics::Metrics;
 pub use revocations::{Revocation, Revocations};
@@ -29,7 +30,7 @@ pub use start::{start, RunningNode};
 pub use waits::{WaitOutcome, WaitRegistry, WaitTicket};
 
 use crate::net::{FaultLayer, PeerClient};
-use crate::raft::FencegateRaft;
+use crate::raft::{FencegateRaft, NodeInfo};
 use crate::store::SharedMachine;
 
 /// State shared by the HTTP handlers and background tasks of one node.
@@ -43,7 +44,10 @@ pub struct Node {
     pub revocations: Revocations,
     pub metrics: Metrics,
     pub clock: Clock,
-    pub advertise_addr: String,
+    /// The addresses this node announces to the cluster.
+    pub advertise: NodeInfo,
+    /// Commands for the leader's next raft write.
+    writes: batcher::BatchQueue,
 }
 
 impl Node {
@@ -51,9 +55,11 @@ impl Node {
         self.peers.faults()
     }
 
-    /// What this node stamps its proposals with when it is the leader.
+    /// What this node stamps its proposals with when it is the leader (see [`Clock`]).
     pub fn now_ms(&self) -> u64 {
-        self.clock.now_ms()
+        let term = self.raft.metrics().borrow().current_term;
+        let log_now = self.machine.read(|m| m.now_ms());
+        self.clock.stamp(term, log_now)
     }
 
     fn write_timeout(&self) -> Duration {
@@ -64,14 +70,21 @@ impl Node {
         self.raft.metrics().borrow().current_leader
     }
 
-    /// The API address of a member, from the current membership.
+    /// The peer address of a member (where forwarded commands go), from the current
+    /// membership.
     pub fn member_addr(&self, id: u64) -> Option<String> {
+        self.member(id).map(|n| n.peer_addr().to_string())
+    }
+
+    /// The public API address of a member, from the current membership.
+    pub fn member_api_addr(&self, id: u64) -> Option<String> {
+        self.member(id).map(|n| n.api_addr)
+    }
+
+    fn member(&self, id: u64) -> Option<NodeInfo> {
         let m = self.raft.metrics();
         let m = m.borrow();
-        m.membership_config
-            .membership()
-            .get_node(&id)
-            .map(|n| n.api_addr.clone())
+        m.membership_config.membership().get_node(&id).cloned()
     }
 
     /// Refreshes the gauges that mirror state, just before a scrape.

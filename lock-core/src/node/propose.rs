@@ -2,10 +2,8 @@
 
 use std::time::{Duration, Instant};
 
-use openraft::error::{ClientWriteError, RaftError};
-
 use super::{Node, ProposeError};
-use crate::machine::{Command, Proposal, Response};
+use crate::machine::{Command, Response};
 use crate::net::PeerError;
 
 impl Node {
@@ -44,7 +42,8 @@ impl Node {
         }
     }
 
-    /// Proposes on this node if it is the leader; never forwards.
+    /// Proposes on this node if it is the leader; never forwards. The command joins the
+    /// leader's next raft write (see `batcher`) and gets its own response.
     pub async fn propose_local(
         &self,
         cmd: Command,
@@ -54,26 +53,9 @@ impl Node {
         if leader != Some(self.id) {
             return Err(ProposeError::NotLeader(leader));
         }
-        let proposal = Proposal {
-            now_ms: self.now_ms(),
-            failover_grace_ms: self.config.policy.failover_grace_ms,
-            cmd,
-        };
-        let started = Instant::now();
-        let result = tokio::time::timeout(timeout, self.raft.client_write(proposal)).await;
-        match result {
+        match tokio::time::timeout(timeout, self.writes.submit(cmd)).await {
             Err(_) => Err(ProposeError::NoQuorum),
-            Ok(Ok(resp)) => {
-                self.metrics
-                    .commit_seconds
-                    .observe(started.elapsed().as_secs_f64());
-                Ok(resp.data)
-            }
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
-                Err(ProposeError::NotLeader(f.leader_id))
-            }
-            Ok(Err(RaftError::APIError(e))) => Err(ProposeError::Stopped(e.to_string())),
-            Ok(Err(RaftError::Fatal(f))) => Err(ProposeError::Stopped(f.to_string())),
+            Ok(answer) => answer,
         }
     }
 }

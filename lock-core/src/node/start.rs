@@ -33,18 +33,29 @@ impl RunningNode {
     }
 }
 
-/// Opens storage in `config.data_dir`, starts raft and the leader's sweeper. `bound` is the
-/// address the caller's API listener is bound to: the advertised address unless the config
-/// names another.
-pub async fn start(config: NodeConfig, bound: SocketAddr) -> Result<RunningNode, NodeError> {
+/// Opens storage in `config.data_dir`, starts raft and the leader's sweeper. `api` and `peer`
+/// are the addresses the caller's API and peer listeners are bound to: the advertised
+/// addresses unless the config names others.
+pub async fn start(
+    config: NodeConfig,
+    api: SocketAddr,
+    peer: SocketAddr,
+) -> Result<RunningNode, NodeError> {
     config.policy.validate().map_err(NodeError::Config)?;
-    let advertise_addr = config
-        .advertise_addr
-        .clone()
-        .unwrap_or_else(|| bound.to_string());
+    let secret = config.require_peer_secret()?;
+    let advertise = NodeInfo {
+        api_addr: config
+            .advertise_addr
+            .clone()
+            .unwrap_or_else(|| api.to_string()),
+        peer_addr: config
+            .advertise_peer_addr
+            .clone()
+            .unwrap_or_else(|| peer.to_string()),
+    };
     let faults = FaultLayer::new();
     let clock = Clock::new(faults.clone());
-    let peers = PeerClient::new(config.id, faults);
+    let peers = PeerClient::new(config.id, faults, secret);
     let waits = WaitRegistry::default();
     let revocations = Revocations::default();
     let metrics = Metrics::new(config.id);
@@ -75,6 +86,7 @@ pub async fn start(config: NodeConfig, bound: SocketAddr) -> Result<RunningNode,
     .await
     .map_err(|e| NodeError::Raft(e.to_string()))?;
 
+    let (writes, write_queue) = super::batcher::queue();
     let node = Arc::new(Node {
         id: config.id,
         config,
@@ -85,12 +97,14 @@ pub async fn start(config: NodeConfig, bound: SocketAddr) -> Result<RunningNode,
         revocations,
         metrics,
         clock,
-        advertise_addr,
+        advertise,
+        writes,
     });
 
     maybe_initialize(&node).await?;
 
     let tasks = vec![
+        tokio::spawn(super::batcher::run(node.clone(), write_queue)),
         tokio::spawn(super::sweeper::run(node.clone())),
         tokio::spawn(watch_leader(node.clone())),
     ];
@@ -114,13 +128,16 @@ async fn maybe_initialize(node: &Arc<Node>) -> Result<(), NodeError> {
     }
     let nodes: BTreeMap<u64, NodeInfo> = members
         .iter()
-        .map(|(id, addr)| {
-            let api_addr = if *id == node.id {
-                node.advertise_addr.clone()
+        .map(|(id, addrs)| {
+            let info = if *id == node.id {
+                node.advertise.clone()
             } else {
-                addr.clone()
+                NodeInfo {
+                    api_addr: addrs.api.clone(),
+                    peer_addr: addrs.peer.clone(),
+                }
             };
-            (*id, NodeInfo { api_addr })
+            (*id, info)
         })
         .collect();
     node.raft

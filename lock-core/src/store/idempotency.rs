@@ -34,6 +34,19 @@ const RECORD: u8 = b'r';
 const PURGE: u8 = b'x';
 const MARKER: &[u8] = b"m";
 
+/// Commands per log entry the marker can tell apart: one entry is a batch of commands (at
+/// most the leader's batch size), and each idempotency command in it commits on its own.
+const SLOTS: u64 = 1_024;
+
+/// The marker value of the command at `pos` in log entry `index`. Markers order commands the
+/// way the log does, so re-applying after a restart skips exactly what was committed.
+pub(crate) fn slot(index: u64, pos: usize) -> u64 {
+    debug_assert!((pos as u64) < SLOTS, "batch larger than the marker's slots");
+    index
+        .saturating_mul(SLOTS)
+        .saturating_add((pos as u64).min(SLOTS - 1))
+}
+
 fn scope_bytes(scope: &IdemScope) -> Vec<u8> {
     let mut out = Vec::with_capacity(6 + scope.tenant.len() + scope.route.len() + scope.key.len());
     for part in [&scope.tenant, &scope.route, &scope.key] {
@@ -97,9 +110,9 @@ impl IdemStore {
         }
     }
 
-    /// Applies `cmd` (log entry `index`, log time `now_ms`). An entry at or below the marker was
-    /// already applied before a restart: nothing is written, and the outcome (which nobody
-    /// waits for any more) says so.
+    /// Applies `cmd` (at marker position `index`, see [`slot`]; log time `now_ms`). A command at
+    /// or below the marker was already applied before a restart: nothing is written, and the
+    /// outcome (which nobody waits for any more) says so.
     pub(crate) fn apply(
         &self,
         index: u64,
@@ -222,7 +235,8 @@ impl IdemStore {
                 encode("idempotency record", rec)?,
             );
         }
-        self.commit(batch, index)
+        // Everything of entry `index` is in `entries`.
+        self.commit(batch, slot(index, (SLOTS - 1) as usize))
     }
 }
 
@@ -377,7 +391,7 @@ mod tests {
         follower.apply(1, &claim("stale", 1), 0).unwrap();
         follower.replace_all(&entries, 3).unwrap();
         assert_eq!(follower.get(&scope("stale")).unwrap(), None);
-        assert_eq!(follower.applied_marker().unwrap(), 3);
+        assert_eq!(follower.applied_marker().unwrap(), slot(3, 1_023));
         for (scope, rec) in &entries {
             assert_eq!(follower.get(scope).unwrap().as_ref(), Some(rec));
         }

@@ -18,7 +18,7 @@ use openraft::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::idempotency::{IdemEntry, IdemStore};
+use super::idempotency::{slot, IdemEntry, IdemStore};
 use super::{blocking, decode, encode, Db, EffectSink, StoreError};
 use crate::machine::{Command, Effect, IdemRecord, IdemScope, LockMachine, MachineImage, Response};
 use crate::raft::{NodeInfo, TypeConfig};
@@ -241,7 +241,7 @@ impl StateMachineStore {
                 // records (a crash inside an install) is it set from the snapshot.
                 let index = payload.last_applied.map_or(0, |id| id.index);
                 if let Some(at) = payload.idempotency_index {
-                    if idem.applied_marker()? < index {
+                    if idem.applied_marker()? < slot(index, 0) {
                         idem.replace_all(&payload.idempotency, at.max(index))?;
                     }
                 }
@@ -281,7 +281,7 @@ impl StateMachineStore {
     fn apply_entries(
         &self,
         entries: impl IntoIterator<Item = Entry<TypeConfig>>,
-    ) -> Result<Vec<Response>, StoreError> {
+    ) -> Result<Vec<Vec<Response>>, StoreError> {
         let mut responses = Vec::new();
         let mut effects: Vec<(u64, Vec<Effect>)> = Vec::new();
         {
@@ -289,15 +289,15 @@ impl StateMachineStore {
             for entry in entries {
                 st.last_applied = Some(entry.log_id);
                 let response = match entry.payload {
-                    EntryPayload::Blank => Response::Noop,
+                    EntryPayload::Blank => Vec::new(),
                     EntryPayload::Membership(m) => {
                         st.last_membership = StoredMembership::new(Some(entry.log_id), m);
-                        Response::Noop
+                        Vec::new()
                     }
-                    EntryPayload::Normal(proposal) => {
+                    EntryPayload::Normal(batch) => {
                         let index = entry.log_id.index;
-                        let (response, fx) =
-                            st.machine.apply(&proposal, entry.log_id.leader_id.term);
+                        let (mut response, fx) =
+                            st.machine.apply_batch(&batch, entry.log_id.leader_id.term);
                         if !fx.is_empty() {
                             effects.push((index, fx));
                         }
@@ -305,16 +305,21 @@ impl StateMachineStore {
                         // just reached, under the same lock, so a snapshot sees both at one
                         // index.
                         let now = st.machine.now_ms();
-                        match &proposal.cmd {
-                            Command::Idem(cmd) => {
-                                Response::Idem(self.shared.idem.apply(index, cmd, now)?)
+                        for (pos, cmd) in batch.cmds.iter().enumerate() {
+                            let at = slot(index, pos);
+                            match cmd {
+                                Command::Idem(cmd) => {
+                                    if let Some(r) = response.get_mut(pos) {
+                                        *r = Response::Idem(self.shared.idem.apply(at, cmd, now)?);
+                                    }
+                                }
+                                Command::Tick { max_items } => {
+                                    self.shared.idem.purge(at, now, *max_items)?;
+                                }
+                                _ => {}
                             }
-                            Command::Tick { max_items } => {
-                                self.shared.idem.purge(index, now, *max_items)?;
-                                response
-                            }
-                            _ => response,
                         }
+                        response
                     }
                 };
                 responses.push(response);
@@ -386,7 +391,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok((st.last_applied, st.last_membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError<u64>>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<Response>>, StorageError<u64>>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,

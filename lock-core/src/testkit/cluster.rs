@@ -10,7 +10,8 @@ use tempfile::TempDir;
 use tokio::net::TcpListener;
 
 use super::{eventually, ApiClient};
-use crate::node::{NodeConfig, Policy};
+use crate::net::PeerSecret;
+use crate::node::{MemberAddrs, NodeConfig, Policy};
 use crate::server::{self, NodeHandle};
 use crate::wire::{AcquireRequest, ClusterStatus};
 
@@ -20,6 +21,10 @@ use crate::wire::{AcquireRequest, ClusterStatus};
 pub struct TestCluster {
     pub nodes: BTreeMap<u64, Option<NodeHandle>>,
     pub addrs: BTreeMap<u64, String>,
+    /// Each node's peer listener.
+    pub peer_addrs: BTreeMap<u64, String>,
+    /// The cluster's peer secret.
+    pub secret: PeerSecret,
     pub policy: Policy,
     dir: TempDir,
     http: reqwest::Client,
@@ -34,14 +39,18 @@ impl TestCluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut listeners = BTreeMap::new();
         let mut addrs = BTreeMap::new();
+        let mut peer_addrs = BTreeMap::new();
         for id in 1..=n {
-            let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let (l, p) = bind_pair().await;
             addrs.insert(id, l.local_addr().expect("addr").to_string());
-            listeners.insert(id, l);
+            peer_addrs.insert(id, p.local_addr().expect("addr").to_string());
+            listeners.insert(id, (l, p));
         }
         let mut cluster = TestCluster {
             nodes: BTreeMap::new(),
             addrs,
+            peer_addrs,
+            secret: PeerSecret::new(&PeerSecret::generate()).expect("secret"),
             policy,
             dir,
             http: reqwest::Client::builder()
@@ -49,8 +58,8 @@ impl TestCluster {
                 .build()
                 .expect("client"),
         };
-        for (id, l) in listeners {
-            let h = server::start(cluster.config(id), l, std::future::pending())
+        for (id, (l, p)) in listeners {
+            let h = server::start(cluster.config(id), l, p, std::future::pending())
                 .await
                 .expect("start node");
             cluster.nodes.insert(id, Some(h));
@@ -60,10 +69,22 @@ impl TestCluster {
     }
 
     pub fn config(&self, id: u64) -> NodeConfig {
+        let members = self
+            .addrs
+            .iter()
+            .map(|(id, api)| {
+                let addrs = MemberAddrs {
+                    api: api.clone(),
+                    peer: self.peer_addrs[id].clone(),
+                };
+                (*id, addrs)
+            })
+            .collect();
         let mut c = NodeConfig::new(
             id,
             self.dir.path().join(format!("node{id}")),
-            self.addrs.clone(),
+            members,
+            self.secret.clone(),
         );
         c.policy = self.policy.clone();
         c.enable_fault_injection = true;
@@ -185,20 +206,16 @@ impl TestCluster {
 
     /// Starts a stopped node again on its old address and data dir.
     pub async fn restart(&mut self, id: u64) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let listener = loop {
-            match TcpListener::bind(&self.addrs[&id]).await {
-                Ok(l) => break l,
-                Err(e) if Instant::now() < deadline => {
-                    eprintln!("rebind {}: {e}; retrying", self.addrs[&id]);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => panic!("rebind {}: {e}", self.addrs[&id]),
-            }
-        };
-        let handle = server::start(self.config(id), listener, std::future::pending())
-            .await
-            .unwrap_or_else(|e| panic!("restart node {id}: {e}"));
+        let listener = rebind(&self.addrs[&id]).await;
+        let peer_listener = rebind(&self.peer_addrs[&id]).await;
+        let handle = server::start(
+            self.config(id),
+            listener,
+            peer_listener,
+            std::future::pending(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("restart node {id}: {e}"));
         self.nodes.insert(id, Some(handle));
     }
 
@@ -232,13 +249,15 @@ impl TestCluster {
     /// The node is registered so `get`/`post`/`node` work with its id; returns its address.
     pub async fn start_joining(&mut self, id: u64) -> String {
         assert!(!self.addrs.contains_key(&id), "node {id} already exists");
-        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let (l, p) = bind_pair().await;
         let addr = l.local_addr().expect("addr").to_string();
+        let peer_addr = p.local_addr().expect("addr").to_string();
         let config = self.config(id);
-        let h = server::start(config, l, std::future::pending())
+        let h = server::start(config, l, p, std::future::pending())
             .await
             .expect("start joining node");
         self.addrs.insert(id, addr.clone());
+        self.peer_addrs.insert(id, peer_addr);
         self.nodes.insert(id, Some(h));
         addr
     }
@@ -250,6 +269,7 @@ impl TestCluster {
             h.shutdown().await;
         }
         self.addrs.remove(&id);
+        self.peer_addrs.remove(&id);
     }
 
     /// A client for tasks that run beside the test (see [`ApiClient`]).
@@ -288,5 +308,27 @@ impl TestCluster {
         )
         .await;
         target
+    }
+}
+
+/// An API and a peer listener on OS-chosen ports.
+async fn bind_pair() -> (TcpListener, TcpListener) {
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let p = TcpListener::bind("127.0.0.1:0").await.expect("bind peer");
+    (l, p)
+}
+
+/// Binds `addr` again after its node stopped (the old socket may linger for a moment).
+async fn rebind(addr: &str) -> TcpListener {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(l) => return l,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("rebind {addr}: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("rebind {addr}: {e}"),
+        }
     }
 }

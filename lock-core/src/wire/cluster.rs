@@ -22,6 +22,9 @@ pub struct Member {
     pub id: u64,
     /// `host:port` of the member's API.
     pub addr: String,
+    /// `host:port` of the member's peer listener.
+    #[serde(default)]
+    pub peer_addr: String,
     /// False for a learner.
     pub voter: bool,
 }
@@ -71,6 +74,9 @@ pub struct AddMemberRequest {
     pub node_id: u64,
     /// `host:port` where the new node's API listens.
     pub addr: String,
+    /// `host:port` where the new node's peer listener listens.
+    #[serde(default)]
+    pub peer_addr: String,
     /// How long the new node may take to catch up with the leader's log before the add is
     /// refused (default 20 s, at most 10 min).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -72,6 +72,8 @@ error_codes! {
     /// A peer link is cut by an injected fault.
     Partitioned = ("partitioned", 503),
     Internal = ("internal", 500),
+    /// A call on the peer port without a valid tag made with the cluster's peer secret.
+    PeerUnauthenticated = ("peer_unauthenticated", 401),
     /// Fencing proxy: a protected write without `Fence-Token`.
     FencingTokenRequired = ("fencing_token_required", 428),
     /// Fencing proxy: a newer token was issued or admitted for the resource.

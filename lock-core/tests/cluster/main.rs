@@ -6,6 +6,7 @@
 //! - `client`: the Rust client library, with faults between it and the cluster.
 //! - `faults`: the invariants under leader kills, partitions, clock skew, whole-cluster restarts
 //!   and follower catch-up.
+//! - `replication`: command batching, the authenticated peer port, snapshot catch-up.
 //!
 //! Each test starts its own cluster and reads as linear phases, a `phase` line each in the
 //! output; comments name the invariant a phase checks. Waits poll observable state with
@@ -14,3 +15,4 @@
 mod api;
 mod client;
 mod faults;
+mod replication;

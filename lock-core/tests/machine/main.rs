@@ -14,6 +14,7 @@ mod world;
 
 mod acquire;
 mod admit;
+mod batch;
 mod epoch_barrier;
 mod failover;
 mod histories;

@@ -26,11 +26,14 @@ fn log_id(term: u64, index: u64) -> LogId<u64> {
 fn normal(term: u64, index: u64, now_ms: u64, cmd: Command) -> Entry<TypeConfig> {
     Entry {
         log_id: log_id(term, index),
-        payload: EntryPayload::Normal(Proposal {
-            now_ms,
-            failover_grace_ms: 2_000,
-            cmd,
-        }),
+        payload: EntryPayload::Normal(
+            Proposal {
+                now_ms,
+                failover_grace_ms: 2_000,
+                cmd,
+            }
+            .into(),
+        ),
     }
 }
 
@@ -46,6 +49,7 @@ fn membership() -> Membership<u64, NodeInfo> {
         .map(|id| {
             let info = NodeInfo {
                 api_addr: format!("127.0.0.1:{}", 7000 + id),
+                peer_addr: format!("127.0.0.1:{}", 7100 + id),
             };
             (id, info)
         })
@@ -133,11 +137,12 @@ async fn reopen_restores_vote_committed_log_snapshot_and_machine() -> Result<()>
         responses.len() == 7,
         "one response per entry: {responses:?}"
     );
-    ensure!(matches!(&responses[2], Response::Granted(g) if g.fencing_token == 1));
-    ensure!(responses[3] == Response::Queued { position: 1 });
-    ensure!(responses[4] == Response::Released(true));
+    // Each entry is a batch of one command: one response each.
+    ensure!(matches!(&responses[2][..], [Response::Granted(g)] if g.fencing_token == 1));
+    ensure!(responses[3] == [Response::Queued { position: 1 }]);
+    ensure!(responses[4] == [Response::Released(true)]);
     // The release handed db:1 to "b" (token 2), so db:2's first lease gets token 3.
-    ensure!(matches!(&responses[6], Response::Granted(g) if g.fencing_token == 3));
+    ensure!(matches!(&responses[6][..], [Response::Granted(g)] if g.fencing_token == 3));
     let handed: Vec<u64> = effects
         .lock()
         .map_err(|_| anyhow::anyhow!("poisoned"))?

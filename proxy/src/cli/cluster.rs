@@ -18,7 +18,7 @@ const MEMBERSHIP_SLACK: Duration = Duration::from_secs(10);
 Examples:
   fencegate cluster status
   fencegate cluster status -e 10.0.1.10:7001 -o json
-  fencegate cluster add --id 4 --addr 10.0.4.10:7001
+  fencegate cluster add --id 4 --addr 10.0.4.10:7001 --peer-addr 10.0.4.10:7101
   fencegate cluster remove --id 3")]
 pub struct ClusterArgs {
     #[command(flatten)]
@@ -35,14 +35,20 @@ enum ClusterCmd {
     Status,
     /// Add a node: it joins as a learner, catches up, then becomes a voter. Start the new node
     /// first (with `initial_members` listing the current members).
-    #[command(after_help = "Example:\n  fencegate cluster add --id 4 --addr 10.0.4.10:7001")]
+    #[command(
+        after_help = "Example:\n  fencegate cluster add --id 4 --addr 10.0.4.10:7001 --peer-addr 10.0.4.10:7101"
+    )]
     Add {
         /// Id of the new node (unique in the cluster, never reused).
         #[arg(long)]
         id: u64,
-        /// `host:port` where the new node's API listens, as the other nodes reach it.
+        /// `host:port` where the new node's API listens, as clients reach it.
         #[arg(long)]
         addr: String,
+        /// `host:port` of the new node's peer listener (`peer_listen`), as the other nodes
+        /// reach it.
+        #[arg(long)]
+        peer_addr: String,
         /// How long the new node may take to catch up with the leader's log before the add
         /// is refused and the learner removed again (at most 10m).
         #[arg(long, value_parser = parse_duration, default_value = "20s")]
@@ -92,12 +98,15 @@ pub async fn cluster(args: ClusterArgs) -> Result<(), CliError> {
         ClusterCmd::Add {
             id,
             addr,
+            peer_addr,
             catch_up_timeout,
         } => {
             super::parse_endpoint(&addr).map_err(CliError::usage)?;
+            super::parse_endpoint(&peer_addr).map_err(CliError::usage)?;
             let body = AddMemberRequest {
                 node_id: id,
                 addr,
+                peer_addr,
                 catch_up_timeout_ms: Some(
                     catch_up_timeout.as_millis().try_into().unwrap_or(u64::MAX),
                 ),

@@ -70,7 +70,7 @@ async fn a_fourth_node_joins_serves_reads_and_is_removed() {
         .post(
             f[1],
             "/v1/cluster/members/add",
-            json!({ "node_id": 4, "addr": addr4 }),
+            json!({ "node_id": 4, "addr": addr4, "peer_addr": c.peer_addrs[&4] }),
         )
         .await;
     assert_eq!(s, 200, "{r}");
@@ -152,7 +152,12 @@ async fn add_of_an_unreachable_node_is_refused_and_changes_no_voter() {
         .post(
             follower,
             "/v1/cluster/members/add",
-            json!({ "node_id": 4, "addr": dead_addr, "catch_up_timeout_ms": 1500 }),
+            json!({
+                "node_id": 4,
+                "addr": dead_addr,
+                "peer_addr": dead_addr,
+                "catch_up_timeout_ms": 1500
+            }),
         )
         .await;
     assert_eq!(got.0, 409, "{}", got.1);
@@ -191,7 +196,7 @@ async fn add_of_a_live_node_waits_for_catch_up_then_promotes() {
         .post(
             leader,
             "/v1/cluster/members/add",
-            json!({ "node_id": 4, "addr": addr4 }),
+            json!({ "node_id": 4, "addr": addr4, "peer_addr": c.peer_addrs[&4] }),
         )
         .await;
     assert_eq!(code, 200, "{body}");

@@ -5,6 +5,7 @@
 //! sleeps are "until wall-clock time T", where the passage of time itself is what a test is
 //! about (lease expiry).
 
+mod clock;
 mod failover;
 mod leader_kill;
 mod partition;

@@ -1,0 +1,225 @@
+//! Peer authentication: every node-to-node request carries an HMAC-SHA256 made with the
+//! cluster's shared secret.
+//!
+//! The tag header holds `{unix_ms}.{nonce}.{head_mac}.{body_mac}` (hex):
+//!
+//! - `head_mac = HMAC(secret, "fencegate-peer-v1" | from | unix_ms | nonce | path)` is checked
+//!   from the headers alone, so a caller without the secret is refused before its body is read;
+//! - `body_mac = HMAC(secret, head_mac | body)` binds the body to that header, so a captured
+//!   header cannot carry another body.
+//!
+//! A tag is accepted for [`MAX_SKEW_MS`] around the receiver's clock. Within that window a
+//! recorded request could be sent again; that is harmless because raft tolerates duplicated
+//! messages and every forwarded command is idempotent or deduplicated by its request id for far
+//! longer than the window. The secret authenticates, it does not encrypt: peer traffic belongs
+//! on a private network.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The header carrying a peer request's authentication tag.
+pub const AUTH_HEADER: &str = "x-fencegate-peer-auth";
+
+/// How far a tag's timestamp may be from the receiver's clock.
+pub const MAX_SKEW_MS: u64 = 60_000;
+
+/// The shortest secret accepted (bytes).
+pub const MIN_SECRET_LEN: usize = 16;
+
+const DOMAIN: &[u8] = b"fencegate-peer-v1";
+
+/// The cluster's shared peer secret. Its `Debug` never shows the bytes.
+#[derive(Clone)]
+pub struct PeerSecret(Arc<[u8]>);
+
+impl fmt::Debug for PeerSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PeerSecret(..)")
+    }
+}
+
+/// Why a secret or a tag was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthError {
+    #[error("the peer secret must be at least {MIN_SECRET_LEN} bytes")]
+    SecretTooShort,
+    #[error("no peer authentication tag")]
+    Missing,
+    #[error("malformed peer authentication tag")]
+    Malformed,
+    #[error("peer authentication tag is more than {MAX_SKEW_MS} ms from this node's clock")]
+    Stale,
+    #[error("peer authentication tag does not match (wrong cluster secret?)")]
+    BadMac,
+}
+
+impl PeerSecret {
+    /// A secret from its text (surrounding whitespace, such as a file's last newline, is
+    /// not part of it).
+    pub fn new(text: &str) -> Result<Self, AuthError> {
+        let bytes = text.trim().as_bytes();
+        if bytes.len() < MIN_SECRET_LEN {
+            return Err(AuthError::SecretTooShort);
+        }
+        Ok(PeerSecret(bytes.into()))
+    }
+
+    /// A fresh random secret (256 bits, hex), as `fencegate dev` uses.
+    pub fn generate() -> String {
+        hex(&rand::random::<[u8; 32]>())
+    }
+
+    fn mac(&self) -> HmacSha256 {
+        // HMAC takes a key of any length; this cannot fail.
+        HmacSha256::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!())
+    }
+
+    fn head_mac(&self, from: &str, unix_ms: u64, nonce: &str, path: &str) -> HmacSha256 {
+        let mut mac = self.mac();
+        for part in [
+            DOMAIN,
+            from.as_bytes(),
+            &unix_ms.to_be_bytes(),
+            nonce.as_bytes(),
+        ] {
+            mac.update(&(part.len() as u64).to_be_bytes());
+            mac.update(part);
+        }
+        mac.update(path.as_bytes());
+        mac
+    }
+
+    fn body_mac(&self, head: &[u8], body: &[u8]) -> HmacSha256 {
+        let mut mac = self.mac();
+        mac.update(head);
+        mac.update(body);
+        mac
+    }
+
+    /// The tag for a request from node `from` to `path` with `body`.
+    pub fn sign(&self, from: &str, path: &str, body: &[u8]) -> String {
+        let unix_ms = now_ms();
+        let nonce = hex(&rand::random::<[u8; 12]>());
+        let head = self
+            .head_mac(from, unix_ms, &nonce, path)
+            .finalize()
+            .into_bytes();
+        let body = self.body_mac(&head, body).finalize().into_bytes();
+        format!("{unix_ms}.{nonce}.{}.{}", hex(&head), hex(&body))
+    }
+
+    /// Checks the header part of `tag`; on success returns what [`Self::verify_body`] needs.
+    pub fn verify_head(&self, from: &str, path: &str, tag: &str) -> Result<HeadOk, AuthError> {
+        let mut parts = tag.split('.');
+        let (Some(ms), Some(nonce), Some(head), Some(body), None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
+            return Err(AuthError::Malformed);
+        };
+        let unix_ms: u64 = ms.parse().map_err(|_| AuthError::Malformed)?;
+        let head = unhex(head).ok_or(AuthError::Malformed)?;
+        let body_mac = unhex(body).ok_or(AuthError::Malformed)?;
+        if now_ms().abs_diff(unix_ms) > MAX_SKEW_MS {
+            return Err(AuthError::Stale);
+        }
+        self.head_mac(from, unix_ms, nonce, path)
+            .verify_slice(&head)
+            .map_err(|_| AuthError::BadMac)?;
+        Ok(HeadOk { head, body_mac })
+    }
+
+    /// Checks that `body` is the one the verified header was made for.
+    pub fn verify_body(&self, ok: &HeadOk, body: &[u8]) -> Result<(), AuthError> {
+        self.body_mac(&ok.head, body)
+            .verify_slice(&ok.body_mac)
+            .map_err(|_| AuthError::BadMac)
+    }
+}
+
+/// A tag whose header part was verified.
+pub struct HeadOk {
+    head: Vec<u8>,
+    body_mac: Vec<u8>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret() -> PeerSecret {
+        PeerSecret::new("0123456789abcdef-test").expect("secret")
+    }
+
+    #[test]
+    fn a_signed_request_verifies_and_nothing_else_does() {
+        let s = secret();
+        let tag = s.sign("2", "/raft/vote", b"body");
+        let ok = s.verify_head("2", "/raft/vote", &tag).expect("head");
+        assert_eq!(s.verify_body(&ok, b"body"), Ok(()));
+        assert_eq!(s.verify_body(&ok, b"other"), Err(AuthError::BadMac));
+        assert!(matches!(
+            s.verify_head("3", "/raft/vote", &tag),
+            Err(AuthError::BadMac)
+        ));
+        assert!(matches!(
+            s.verify_head("2", "/raft/append", &tag),
+            Err(AuthError::BadMac)
+        ));
+        let other = PeerSecret::new("another-secret-of-16").expect("secret");
+        assert!(matches!(
+            other.verify_head("2", "/raft/vote", &tag),
+            Err(AuthError::BadMac)
+        ));
+    }
+
+    #[test]
+    fn malformed_stale_and_short_are_refused() {
+        let s = secret();
+        for tag in ["", "1.2.3", "x.n.00.00", "1.n.0g.00", "1.n.00.00.00"] {
+            assert!(matches!(
+                s.verify_head("1", "/p", tag),
+                Err(AuthError::Malformed)
+            ));
+        }
+        assert!(matches!(
+            s.verify_head("1", "/p", "1000.n.00.00"),
+            Err(AuthError::Stale)
+        ));
+        assert_eq!(
+            PeerSecret::new("short\n").err(),
+            Some(AuthError::SecretTooShort)
+        );
+        assert_eq!(PeerSecret::generate().len(), 64);
+    }
+}

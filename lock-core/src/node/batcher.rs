@@ -1,0 +1,119 @@
+//! The leader's command batching: commands that arrive while a raft write is in flight wait
+//! in a queue, and the next write carries all of them as one log entry.
+//!
+//! There is no timer. An idle leader writes a lone command at once; under load every write
+//! carries what queued up during the previous one, so batches grow with the load and the
+//! per-entry costs (a log record, an fsync share, a replication message, a wake-up per
+//! waiter) are paid once per batch instead of once per command. One write is in flight at a
+//! time; the log store's group commit already overlaps its fsync with the replication of the
+//! same entry.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use openraft::error::{ClientWriteError, RaftError};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Node, ProposeError};
+use crate::machine::{Batch, Command, Response};
+
+/// The most commands one log entry carries. It bounds an entry (and so an append message)
+/// while leaving batches large enough that the queue drains in one write at any load seen.
+pub const MAX_BATCH: usize = 512;
+
+type Reply = oneshot::Sender<Result<Response, ProposeError>>;
+
+/// The sending side, held by the node; the receiving side runs in [`run`].
+#[derive(Clone)]
+pub struct BatchQueue {
+    tx: mpsc::UnboundedSender<(Command, Reply)>,
+}
+
+pub struct BatchReceiver {
+    rx: mpsc::UnboundedReceiver<(Command, Reply)>,
+}
+
+pub fn queue() -> (BatchQueue, BatchReceiver) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (BatchQueue { tx }, BatchReceiver { rx })
+}
+
+impl BatchQueue {
+    /// Queues `cmd` for the next write and waits for its own response.
+    pub async fn submit(&self, cmd: Command) -> Result<Response, ProposeError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send((cmd, reply))
+            .map_err(|_| ProposeError::Stopped("the write queue is closed".to_string()))?;
+        answer
+            .await
+            .map_err(|_| ProposeError::Stopped("the write queue is closed".to_string()))?
+    }
+}
+
+/// Takes whatever is queued (up to [`MAX_BATCH`]), writes it as one entry, hands each
+/// command its response, and repeats.
+pub async fn run(node: Arc<Node>, mut queue: BatchReceiver) {
+    let mut cmds = Vec::with_capacity(MAX_BATCH);
+    let mut replies: Vec<Reply> = Vec::with_capacity(MAX_BATCH);
+    while let Some((cmd, reply)) = queue.rx.recv().await {
+        cmds.push(cmd);
+        replies.push(reply);
+        while cmds.len() < MAX_BATCH {
+            match queue.rx.try_recv() {
+                Ok((cmd, reply)) => {
+                    cmds.push(cmd);
+                    replies.push(reply);
+                }
+                Err(_) => break,
+            }
+        }
+        let n = cmds.len();
+        let answers = write(&node, std::mem::take(&mut cmds)).await;
+        node.metrics.batch_commands.observe(n as f64);
+        match answers {
+            Ok(responses) if responses.len() == n => {
+                for (reply, resp) in replies.drain(..).zip(responses) {
+                    let _ = reply.send(Ok(resp));
+                }
+            }
+            Ok(responses) => {
+                let e = ProposeError::Stopped(format!(
+                    "{} responses for {n} commands",
+                    responses.len()
+                ));
+                for reply in replies.drain(..) {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+            Err(e) => {
+                for reply in replies.drain(..) {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// One raft write of `cmds`, stamped now. Bounded by the write timeout: a write that cannot
+/// reach a quorum must not hold up the queue behind it (it may still commit later, which is
+/// why every command is safe to retry).
+async fn write(node: &Node, cmds: Vec<Command>) -> Result<Vec<Response>, ProposeError> {
+    let batch = Batch::new(node.now_ms(), node.config.policy.failover_grace_ms, cmds);
+    let started = Instant::now();
+    let timeout = Duration::from_millis(node.config.policy.write_timeout_ms);
+    match tokio::time::timeout(timeout, node.raft.client_write(batch)).await {
+        Err(_) => Err(ProposeError::NoQuorum),
+        Ok(Ok(resp)) => {
+            node.metrics
+                .commit_seconds
+                .observe(started.elapsed().as_secs_f64());
+            Ok(resp.data)
+        }
+        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+            Err(ProposeError::NotLeader(f.leader_id))
+        }
+        Ok(Err(RaftError::APIError(e))) => Err(ProposeError::Stopped(e.to_string())),
+        Ok(Err(RaftError::Fatal(f))) => Err(ProposeError::Stopped(f.to_string())),
+    }
+}
