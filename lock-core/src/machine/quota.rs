@@ -292,6 +292,16 @@ impl QuotaLedger {
             })
             .count()
             + created.len();
+        if remaining > 0 && chains >= MAX_CHAINS && created.len() >= 2 {
+            // Short of its target with no chain to spare: let the smallest chain lapse instead
+            // of renewing it, so that the next request can grow by a single larger lease once
+            // it has expired. Without this a proxy holding several small chains could never
+            // reach its target, since a chain never grows.
+            if let Some(pos) = (0..created.len()).min_by_key(|&i| created[i].rate_milli) {
+                let lapsed = created.remove(pos);
+                self.leases.remove(&lapsed.lease_id);
+            }
+        }
         if remaining > 0 && chains < MAX_CHAINS {
             let until = now.saturating_add(spec.lease_ms);
             let (free_rate, free_burst) = self.free(&spec, &req.tenant, now, until);
