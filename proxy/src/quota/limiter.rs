@@ -162,6 +162,17 @@ impl QuotaLimiter {
     async fn lessor(self: Arc<Self>, spec: QuotaSpec, tenant: String, pool: Arc<Pool>) {
         let lease_ms = spec.lease_ms;
         let mut reported_at = self.now_ms();
+        // This proxy's config is the definition it enforces: write it to the ledger if the
+        // ledger's differs (a changed config file takes effect when its proxy next leases).
+        let known = self
+            .node
+            .machine
+            .read(|m| m.quotas().spec(&spec.name).cloned());
+        if known.as_ref() != Some(&spec) {
+            if let Err(e) = self.node.propose(Command::QuotaDefine(spec.clone())).await {
+                tracing::warn!(quota = %spec.name, error = %e, "quota define failed");
+            }
+        }
         loop {
             let now = self.now_ms();
             let (renew, demand_milli, quiet) = {
