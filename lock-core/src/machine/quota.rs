@@ -253,14 +253,21 @@ impl QuotaLedger {
         let mut remaining = target;
         let mut created = Vec::new();
         let mut next_id = req.request_id.0;
+        let lapse = self.chain_to_lapse(req, target, now);
         for id in &req.renew {
+            if Some(*id) == lapse {
+                continue;
+            }
             let Some(old) = self.leases.get(id).cloned() else {
                 continue;
             };
             let has_successor = self.leases.values().any(|l| l.follows == Some(*id));
+            // Only a lease that counts now is renewed: renewing a successor that has not
+            // started yet would book capacity ever further ahead at today's share.
             if old.proxy != req.proxy
                 || old.quota != req.quota
                 || old.tenant != req.tenant
+                || old.activates_at_ms > now
                 || has_successor
             {
                 continue;
@@ -292,16 +299,6 @@ impl QuotaLedger {
             })
             .count()
             + created.len();
-        if remaining > 0 && chains >= MAX_CHAINS && created.len() >= 2 {
-            // Short of its target with no chain to spare: let the smallest chain lapse instead
-            // of renewing it, so that the next request can grow by a single larger lease once
-            // it has expired. Without this a proxy holding several small chains could never
-            // reach its target, since a chain never grows.
-            if let Some(pos) = (0..created.len()).min_by_key(|&i| created[i].rate_milli) {
-                let lapsed = created.remove(pos);
-                self.leases.remove(&lapsed.lease_id);
-            }
-        }
         if remaining > 0 && chains < MAX_CHAINS {
             let until = now.saturating_add(spec.lease_ms);
             let (free_rate, free_burst) = self.free(&spec, &req.tenant, now, until);
@@ -318,6 +315,27 @@ impl QuotaLedger {
             target_milli: target,
             now_ms: now,
         })
+    }
+
+    /// A proxy holding its maximum of chains but less than its target lets its smallest chain
+    /// lapse instead of renewing it, so that a later request can grow by one larger lease
+    /// once it has expired. Without this a proxy holding several small chains could never
+    /// reach its target, since a chain never grows.
+    fn chain_to_lapse(&self, req: &QuotaRequest, target: u64, now: u64) -> Option<LeaseId> {
+        let current: Vec<&QuotaLease> = self
+            .pool(&req.quota, &req.tenant)
+            .filter(|l| l.proxy == req.proxy && l.activates_at_ms <= now && now < l.expires_at_ms)
+            .collect();
+        let held: u64 = current.iter().map(|l| l.rate_milli).sum();
+        if current.len() < MAX_CHAINS || held >= target {
+            return None;
+        }
+        current
+            .iter()
+            .filter(|l| req.renew.contains(&l.lease_id))
+            .filter(|l| !self.leases.values().any(|x| x.follows == Some(l.lease_id)))
+            .min_by_key(|l| (l.rate_milli, l.lease_id))
+            .map(|l| l.lease_id)
     }
 
     #[allow(clippy::too_many_arguments)]

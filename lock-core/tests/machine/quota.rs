@@ -109,6 +109,63 @@ fn capacity_moves_only_after_the_old_lease_ends() {
     m.quotas().check_conservation(T0).expect("conserved");
 }
 
+/// Renews every chain head of `proxy` without a successor, reporting `demand`.
+fn renew_all(m: &mut LockMachine, now: u64, proxy: u64, id: u128, demand: u64) -> QuotaGrant {
+    let q = m.quotas();
+    let heads: Vec<LeaseId> = q
+        .leases()
+        .filter(|l| l.proxy == proxy && l.expires_at_ms > now)
+        .filter(|l| !q.leases().any(|x| x.follows == Some(l.lease_id)))
+        .map(|l| l.lease_id)
+        .collect();
+    leased(apply(m, now, 1, request(proxy, "t", id, heads, demand)))
+}
+
+fn held_now(m: &LockMachine, proxy: u64, now: u64) -> (u64, usize) {
+    let live: Vec<&QuotaLease> = m
+        .quotas()
+        .leases()
+        .filter(|l| l.proxy == proxy && l.activates_at_ms <= now && l.expires_at_ms > now)
+        .collect();
+    (live.iter().map(|l| l.rate_milli).sum(), live.len())
+}
+
+/// Capacity freed in small steps reaches a hot proxy as small chains; at its limit of three,
+/// short of its target, it lets the smallest lapse and grows by one larger lease — it reaches
+/// its target although no chain ever grows.
+#[test]
+fn a_proxy_at_its_chain_limit_consolidates_to_reach_its_target() {
+    let mut m = defined();
+    let mut id = 0u128;
+    let mut max_chains = 0;
+    // Proxy 2 first holds everything, then cools in steps (successors 90, 80, 70, 60, then
+    // ~1); proxy 1 stays hot (demand 100/s) and asks every quarter lease.
+    for step in 0..64u64 {
+        let now = T0 + step * LEASE_MS / 4;
+        let demand2 = match now - T0 {
+            0..2_000 => 900,
+            2_000..4_000 => 400,
+            4_000..6_000 => 234,
+            6_000..8_000 => 150,
+            _ => 1,
+        };
+        id += 1 << 8;
+        renew_all(&mut m, now, 2, id, demand2);
+        if step > 0 {
+            id += 1 << 8;
+            renew_all(&mut m, now, 1, id, 100);
+        }
+        let (_, chains) = held_now(&m, 1, now);
+        max_chains = max_chains.max(chains);
+        assert!(chains <= 3, "at most three chains, not {chains}");
+        m.quotas().check_conservation(now).expect("conserved");
+    }
+    assert_eq!(max_chains, 3, "the scenario fills proxy 1's chains");
+    let (rate, _) = held_now(&m, 1, T0 + 63 * LEASE_MS / 4);
+    // Demand 100 against 1 on a pool of 100/s: proxy 1's target is about 99/s.
+    assert!(rate >= 90 * MILLI, "proxy 1 holds {rate} milli/s");
+}
+
 /// Returning a lease frees its capacity at once; returning it again changes nothing.
 #[test]
 fn return_is_idempotent_and_frees_capacity() {
