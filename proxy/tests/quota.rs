@@ -344,3 +344,48 @@ async fn t30_leader_kill_keeps_every_lease_counted() {
     assert!(admitted(&samples, None, start, Instant::now()) > 0);
     h.shutdown().await;
 }
+
+/// Emergency policy: a proxy cut off from the cluster keeps admitting after its leases end, but
+/// at most its allowance E per disconnection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_isolated_proxy_admits_at_most_its_emergency_allowance() {
+    const E: u64 = 15;
+    let h = harness(QuotaPolicy::Emergency { allowance: E }).await;
+    let leader = h.leader().await;
+    let isolated = h
+        .cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != leader)
+        .expect("a follower");
+    let load = Load::start(&h.client, &[isolated], "acme");
+    load.offer(0, 50);
+    eventually(EVENT, "the follower's proxy admits", async || {
+        load.samples()
+            .iter()
+            .any(|s| s.proxy == isolated && s.status == 200)
+    })
+    .await;
+
+    phase("isolate the follower's node; its leases run out within two lease durations");
+    h.cluster.isolate(isolated);
+    let expired = Instant::now() + Duration::from_millis(2 * LEASE_MS);
+    tokio::time::sleep(Duration::from_millis(2 * LEASE_MS + 2_000)).await;
+    let samples = load.samples();
+    load.stop();
+    let after_expiry = samples
+        .iter()
+        .filter(|s| s.sent >= expired && s.status == 200)
+        .count() as u64;
+    println!("admitted after the leases ran out: {after_expiry} (allowance {E})");
+    assert!(
+        after_expiry <= E,
+        "{after_expiry} admitted after expiry, allowance {E}"
+    );
+    assert!(
+        samples.iter().any(|s| s.sent >= expired && s.status == 429),
+        "the allowance ran out and later requests were refused"
+    );
+    h.cluster.heal();
+    h.shutdown().await;
+}
