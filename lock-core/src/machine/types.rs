@@ -186,12 +186,14 @@ pub enum Response {
     },
     Admit(AdmitOutcome),
     Idem(IdemOutcome),
+    /// Blank and membership entries.
+    Noop,
+    // Quota answers come last so that the existing variants keep their positions in binary
+    // encodings (peers of different versions during a rolling upgrade).
     QuotaDefined,
     Quota(QuotaOutcome),
     /// How many of the returned quota leases were still on the ledger.
     QuotaReturned(u32),
-    /// Blank and membership entries.
-    Noop,
 }
 
 /// The state machine's verdict on a proxy's admission request.
