@@ -549,3 +549,84 @@ fn dropped_idle_records_keep_old_tokens_stale_via_the_gc_floor() {
         AdmitOutcome::Stale { highest: 2 }
     );
 }
+
+// ---- an operator's forced release ----------------------------------------------------------
+
+fn force_release(resource: &str) -> Command {
+    Command::ForceRelease {
+        resource: resource.to_string(),
+        operator: "alice".to_string(),
+    }
+}
+
+/// A forced release ends the live lease whoever holds it and has a release's fencing
+/// consequences: the ended token is never admitted again, and while a proxy grant for it lives
+/// no newer token is issued (the waiter gets the lock, with a newer token, only at the grant's
+/// end).
+#[test]
+fn forced_release_fences_like_a_release_by_the_holder() {
+    let mut m = LockMachine::new();
+    granted(run(&mut m, T0, try_once("a", "A", 1)));
+    assert!(matches!(
+        admit_at(&mut m, T0 + 100, "a", 1, P1),
+        AdmitOutcome::Admitted { .. }
+    ));
+    let grant_end = T0 + 100 + GRANT;
+    assert_eq!(
+        run(&mut m, T0 + 150, acq("a", "B", 2, TTL, 10_000)),
+        Response::Queued { position: 1 }
+    );
+
+    assert_eq!(
+        run(&mut m, T0 + 200, force_release("a")),
+        Response::ForceReleased {
+            fencing_token: Some(1)
+        }
+    );
+    assert_eq!(m.lease("a"), None);
+    assert_eq!(reissue_at(&m, "a"), Some(grant_end));
+    assert_eq!(admit_at(&mut m, T0 + 250, "a", 1, P2), AdmitOutcome::Ended);
+    // The old holder can neither renew nor release any more.
+    assert_eq!(run(&mut m, T0 + 260, renew("a", 1)), Response::LeaseLost);
+    assert_eq!(
+        run(&mut m, T0 + 270, release("a", 1)),
+        Response::Released(false)
+    );
+    assert_eq!(m.last_token(), 1, "no token while the grant lives");
+
+    let (_, fx) = m.apply(&at(grant_end, tick()), 1);
+    assert_eq!(handed_off(&fx), vec![("B".to_string(), 2)]);
+    assert_eq!(
+        admit_at(&mut m, grant_end + 1, "a", 1, P1),
+        AdmitOutcome::Stale { highest: 2 }
+    );
+    m.check_indexes().expect("indexes");
+}
+
+/// Without a proxy grant the lock passes to the head waiter in the same command, with a
+/// newer token; forcing a free resource changes nothing and says so.
+#[test]
+fn forced_release_hands_off_at_once_without_grants_and_is_a_noop_when_free() {
+    let mut m = LockMachine::new();
+    granted(run(&mut m, T0, try_once("a", "A", 1)));
+    run(&mut m, T0 + 10, acq("a", "B", 2, TTL, 10_000));
+    let (resp, fx) = m.apply(&at(T0 + 20, force_release("a")), 1);
+    assert_eq!(
+        resp,
+        Response::ForceReleased {
+            fencing_token: Some(1)
+        }
+    );
+    assert_eq!(handed_off(&fx), vec![("B".to_string(), 2)]);
+
+    let mut idle = LockMachine::new();
+    assert_eq!(
+        run(&mut idle, T0, force_release("nothing")),
+        Response::ForceReleased {
+            fencing_token: None
+        }
+    );
+    assert_eq!(idle.last_token(), 0);
+    assert!(idle.resource("nothing").is_none(), "no record is created");
+    idle.check_indexes().expect("indexes");
+}

@@ -846,6 +846,10 @@ enum Op {
         res: usize,
         rid: u8,
     },
+    /// An operator ends whatever lease the resource has.
+    ForceRelease {
+        res: usize,
+    },
     /// A fencing proxy asks to forward writes with a token.
     Admit {
         res: usize,
@@ -906,6 +910,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (res.clone(), pick()).prop_map(|(res, pick)| Op::Renew { res, pick }),
         3 => (res.clone(), pick()).prop_map(|(res, pick)| Op::Release { res, pick }),
         2 => (res.clone(), 0..REQUEST_IDS).prop_map(|(res, rid)| Op::Cancel { res, rid }),
+        1 => res.clone().prop_map(|res| Op::ForceRelease { res }),
         3 => (
             res,
             prop_oneof![3 => Just(TokenPick::Current), 1 => any::<u64>().prop_map(TokenPick::Any)],
@@ -1083,6 +1088,21 @@ impl Model {
                 proxy,
                 grant_ms,
             } => Response::Admit(self.admit(resource, *fencing_token, *proxy, *grant_ms, &mut fx)),
+            // An operator's forced release ends whatever lease is live, like its holder's release.
+            Command::ForceRelease { resource, .. } => {
+                self.settle(resource, &mut fx);
+                let token = self
+                    .res
+                    .get(resource)
+                    .and_then(|r| r.lease.as_ref())
+                    .map(|l| l.token);
+                if token.is_some() {
+                    self.free(resource, &mut fx);
+                }
+                Response::ForceReleased {
+                    fencing_token: token,
+                }
+            }
             Command::Tick { max_items } => self.tick(*max_items as usize, &mut fx),
         };
         (resp, fx)
@@ -1520,6 +1540,10 @@ impl World {
                 resource: RESOURCE_NAMES[*res].to_string(),
                 request_id: format!("req-{rid}"),
             },
+            Op::ForceRelease { res } => Command::ForceRelease {
+                resource: RESOURCE_NAMES[*res].to_string(),
+                operator: "ops".to_string(),
+            },
             Op::Admit {
                 res,
                 token,
@@ -1773,7 +1797,8 @@ impl World {
             // unless that command released it.
             for (resource, (id, _, exp_before)) in &before.leases {
                 let released = matches!(&p.cmd,
-                    Command::Release { resource: r, lease_id } if r == resource && lease_id == id);
+                    Command::Release { resource: r, lease_id } if r == resource && lease_id == id)
+                    || matches!(&p.cmd, Command::ForceRelease { resource: r, .. } if r == resource);
                 if *exp_before > before.now && !released {
                     prop_assert_eq!(self.m.lease(resource).map(|l| l.lease_id), Some(*id));
                 }

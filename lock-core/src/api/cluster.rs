@@ -6,13 +6,14 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use openraft::ServerState;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::admin::check_admin_if_configured;
 use super::{parse_json, ApiError};
 use crate::net::PeerError;
 use crate::node::Node;
@@ -24,6 +25,10 @@ use crate::wire::{
 
 /// `GET /v1/cluster`: this node's view of the cluster (not linearizable: it is a status page).
 pub async fn status(State(node): State<Arc<Node>>) -> Json<ClusterStatus> {
+    Json(cluster_status(&node))
+}
+
+pub(super) fn cluster_status(node: &Node) -> ClusterStatus {
     let m = node.raft.metrics().borrow().clone();
     let membership = m.membership_config.membership();
     let voters: BTreeSet<u64> = membership.voter_ids().collect();
@@ -35,7 +40,7 @@ pub async fn status(State(node): State<Arc<Node>>) -> Json<ClusterStatus> {
             voter: voters.contains(id),
         })
         .collect();
-    Json(ClusterStatus {
+    ClusterStatus {
         node_id: node.id,
         leader_id: m.current_leader,
         term: m.current_term,
@@ -47,10 +52,10 @@ pub async fn status(State(node): State<Arc<Node>>) -> Json<ClusterStatus> {
         purged_index: m.purged.map(|l| l.index),
         millis_since_quorum_ack: m.millis_since_quorum_ack,
         locks: node.machine.read(|s| s.stats()),
-    })
+    }
 }
 
-fn role(state: ServerState) -> Role {
+pub(super) fn role(state: ServerState) -> Role {
     match state {
         ServerState::Leader => Role::Leader,
         ServerState::Follower => Role::Follower,
@@ -63,10 +68,11 @@ fn role(state: ServerState) -> Role {
 /// Membership changes run on the leader; a follower relays the call there and hands back
 /// the leader's answer as it is — an error the leader gives (400, 409) is the caller's answer,
 /// not a 503 about reaching the leader.
-async fn relay_to_leader<B: Serialize>(
+pub(super) async fn relay_to_leader<B: Serialize>(
     node: &Node,
     path: &str,
     body: &B,
+    authorization: Option<&str>,
 ) -> Result<Response, ApiError> {
     let leader = node
         .current_leader()
@@ -82,7 +88,14 @@ async fn relay_to_leader<B: Serialize>(
     };
     match node
         .peers
-        .post::<_, Value>(leader, &addr, path, body, Duration::from_secs(30))
+        .post_as::<_, Value>(
+            leader,
+            &addr,
+            path,
+            body,
+            Duration::from_secs(30),
+            authorization,
+        )
         .await
     {
         Ok(v) => Ok(Json(v).into_response()),
@@ -111,14 +124,27 @@ fn membership_error(e: impl std::fmt::Display) -> ApiError {
 }
 
 /// `POST /v1/cluster/members/add {node_id, addr}`: adds a node as a learner, waits for it to
-/// catch up, then promotes it to voter.
-pub async fn add_member(State(node): State<Arc<Node>>, body: Bytes) -> Result<Response, ApiError> {
+/// catch up, then promotes it to voter. Needs the admin credential when the node has one.
+pub async fn add_member(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let auth = check_admin_if_configured(&node, &headers)?;
     let req: AddMemberRequest = parse_json(&body)?;
+    add(&node, req, auth).await
+}
+
+pub(super) async fn add(
+    node: &Node,
+    req: AddMemberRequest,
+    authorization: Option<&str>,
+) -> Result<Response, ApiError> {
     if req.addr.is_empty() {
         return Err(ApiError::invalid("Field 'addr' must be host:port."));
     }
     if node.current_leader() != Some(node.id) {
-        return relay_to_leader(&node, "/v1/cluster/members/add", &req).await;
+        return relay_to_leader(node, "/v1/cluster/members/add", &req, authorization).await;
     }
     node.raft
         .add_learner(req.node_id, NodeInfo { api_addr: req.addr }, true)
@@ -141,13 +167,24 @@ pub async fn add_member(State(node): State<Arc<Node>>, body: Bytes) -> Result<Re
 }
 
 /// `POST /v1/cluster/members/remove {node_id}`: removes a voter (and forgets the node).
+/// Needs the admin credential when the node has one.
 pub async fn remove_member(
     State(node): State<Arc<Node>>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    let auth = check_admin_if_configured(&node, &headers)?;
     let req: RemoveMemberRequest = parse_json(&body)?;
+    remove(&node, req, auth).await
+}
+
+pub(super) async fn remove(
+    node: &Node,
+    req: RemoveMemberRequest,
+    authorization: Option<&str>,
+) -> Result<Response, ApiError> {
     if node.current_leader() != Some(node.id) {
-        return relay_to_leader(&node, "/v1/cluster/members/remove", &req).await;
+        return relay_to_leader(node, "/v1/cluster/members/remove", &req, authorization).await;
     }
     let mut voters: BTreeSet<u64> = node
         .raft

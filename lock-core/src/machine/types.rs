@@ -47,6 +47,14 @@ pub enum Command {
         proxy: u64,
         grant_ms: u64,
     },
+    /// An operator ends the resource's current lease, whoever holds it. It has exactly the
+    /// consequences of a release by the holder: the token is finished for good (the proxy
+    /// refuses it from now on), and the next holder gets a newer token only after every live
+    /// proxy grant for the old one has run out. `operator` is recorded for the audit trail.
+    ForceRelease {
+        resource: String,
+        operator: String,
+    },
     /// Expire whatever is due at the stamped time: leases, waiters, dedup records, idle
     /// resource records. Proposed by the leader's sweeper; also advances log time so a
     /// failover never credits a lease with more than one sweep interval of idle time.
@@ -103,6 +111,10 @@ pub enum Response {
     LeaseLost,
     Released(bool),
     Cancelled(bool),
+    /// The token of the lease a `ForceRelease` ended; `None` when nothing was held.
+    ForceReleased {
+        fencing_token: Option<u64>,
+    },
     Ticked {
         expired: u32,
         handed_off: u32,

@@ -67,6 +67,24 @@ impl PeerClient {
         Req: Serialize + ?Sized,
         Resp: DeserializeOwned,
     {
+        self.post_as(target, addr, path, body, timeout, None).await
+    }
+
+    /// [`post`](Self::post) carrying the caller's `Authorization` header, for operator calls
+    /// a node relays to the leader on the caller's behalf.
+    pub async fn post_as<Req, Resp>(
+        &self,
+        target: u64,
+        addr: &str,
+        path: &str,
+        body: &Req,
+        timeout: Duration,
+        authorization: Option<&str>,
+    ) -> Result<Resp, PeerError>
+    where
+        Req: Serialize + ?Sized,
+        Resp: DeserializeOwned,
+    {
         self.faults
             .outgoing(target)
             .await
@@ -75,10 +93,14 @@ impl PeerClient {
             node: target,
             source,
         };
-        let resp = self
+        let mut request = self
             .http
             .post(format!("http://{addr}{path}"))
-            .header(FROM_HEADER, self.self_id.to_string())
+            .header(FROM_HEADER, self.self_id.to_string());
+        if let Some(auth) = authorization {
+            request = request.header(reqwest::header::AUTHORIZATION, auth);
+        }
+        let resp = request
             .timeout(timeout)
             .json(body)
             .send()

@@ -9,12 +9,14 @@ mod commands;
 mod config;
 mod error;
 mod metrics;
+pub mod ops;
 mod propose;
 mod read;
 mod start;
 mod sweeper;
 mod waits;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::ServerState;
@@ -41,6 +43,8 @@ pub struct Node {
     pub metrics: Metrics,
     pub clock: Clock,
     pub advertise_addr: String,
+    /// The operators' view: audit log, activity counters, member health, metrics history.
+    pub ops: Arc<ops::OpsState>,
 }
 
 impl Node {

@@ -84,6 +84,13 @@ error_codes! {
     /// Fencing proxy: the upstream failed; the write may have landed.
     UpstreamError = ("upstream_error", 502),
     ProxyError = ("proxy_error", 500),
+    /// An operator action without the admin credential (`Authorization: Bearer <token>`).
+    Unauthorized = ("unauthorized", 401),
+    /// An operator action with a wrong credential, or on a node without an admin token.
+    Forbidden = ("forbidden", 403),
+    /// An operator action could not be completed (e.g. no other voter took over a drain);
+    /// the message says what state the cluster was left in.
+    ActionFailed = ("action_failed", 409),
 }
 
 impl fmt::Display for ErrorCode {

@@ -22,6 +22,7 @@ pub use read::{get, list};
 
 use super::ApiError;
 use crate::machine::{LeaseId, Response};
+use crate::node::ops::LockCallRecord;
 use crate::node::Node;
 use crate::wire::{validate_resource, ErrorCode};
 
@@ -90,14 +91,38 @@ fn record(node: &Node, op: &str, started: Instant, error: Option<&ApiError>) {
         .inc();
 }
 
-/// One audit line per lock call that reached the state machine.
-fn audit(op: &str, resource: &str, lease: Option<&LeaseId>, token: Option<u64>, outcome: &str) {
-    // A digest, not the lease id: the id is a bearer capability and logs are widely readable.
-    let digest = lease.map(|l| format!("{:016x}", (l.0 >> 64) as u64 ^ l.0 as u64));
-    tracing::info!(
-        target: "fencegate::audit",
-        op, resource, lease = digest.as_deref(), token, outcome
-    );
+/// One audit line per lock call that reached the state machine (written by the node's audit
+/// log, which never sees the lease id itself, only its digest).
+struct Audit<'a> {
+    op: &'a str,
+    resource: &'a str,
+    lease: Option<&'a LeaseId>,
+    token: Option<u64>,
+    caller: Option<String>,
+}
+
+impl Audit<'_> {
+    fn record(self, node: &Node, outcome: &str, took: Option<Instant>) {
+        node.record_lock_call(LockCallRecord {
+            op: self.op,
+            resource: self.resource,
+            lease: self.lease,
+            token: self.token,
+            caller: self.caller,
+            outcome,
+            took_ms: took.map(|t| t.elapsed().as_millis() as u64),
+        });
+    }
+}
+
+/// The holder name of a lease, as this node last applied it: the audit's caller for renew and
+/// release, whose bodies carry only the lease id.
+fn holder_of(node: &Node, resource: &str, lease_id: &LeaseId) -> Option<String> {
+    node.machine.read(|m| {
+        m.lease(resource)
+            .filter(|l| l.lease_id == *lease_id)
+            .and_then(|l| l.holder.clone())
+    })
 }
 
 fn lock_held(retry_after_ms: u64, message: &str) -> ApiError {

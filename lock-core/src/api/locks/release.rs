@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{audit, required_lease, unexpected};
+use super::{required_lease, unexpected, Audit};
 use crate::api::{parse_json, ApiError};
 use crate::machine::{Command, Response};
 use crate::node::Node;
@@ -19,15 +19,22 @@ pub(super) async fn release(
         resource: resource.to_string(),
         lease_id,
     };
+    // Read before the release: afterwards the lease (and its holder's name) is gone.
+    let (caller, token) = node.machine.read(|m| {
+        m.lease(resource)
+            .filter(|l| l.lease_id == lease_id)
+            .map_or((None, None), |l| (l.holder.clone(), Some(l.fencing_token)))
+    });
     match node.propose(cmd).await? {
         Response::Released(released) => {
-            audit(
-                "release",
+            Audit {
+                op: "release",
                 resource,
-                Some(&lease_id),
-                None,
-                if released { "released" } else { "not_held" },
-            );
+                lease: Some(&lease_id),
+                token: token.filter(|_| released),
+                caller,
+            }
+            .record(node, if released { "released" } else { "not_held" }, None);
             Ok(ReleaseResponse { released })
         }
         other => Err(unexpected(other)),
