@@ -62,6 +62,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             .with_context(|| format!("bind {addr} (is another fencegate running?)"))?;
         listeners.push(listener);
     }
+    // The credential for the admin UI's actions: fresh on every start, printed below.
+    let admin_token = format!("{:032x}", rand::random::<u128>());
     let mut running = Vec::new();
     for ((id, _), listener) in members.iter().zip(listeners) {
         let mut config = NodeConfig::new(
@@ -70,6 +72,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             members.clone(),
         );
         config.enable_fault_injection = args.enable_fault_injection;
+        config.admin_token = Some(admin_token.clone());
         let handle = lock_core::server::start(config, listener, stopped(stop_rx.clone())).await?;
         let proxy_addr = format!("127.0.0.1:{}", args.proxy_ports[*id as usize - 1]);
         let proxy_listener = std::net::TcpListener::bind(&proxy_addr)
@@ -95,6 +98,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         println!("  node {id}: API http://{addr}  proxy http://127.0.0.1:{p}");
     }
     println!("  admin UI: http://{api}/ui   metrics: http://{api}/metrics");
+    println!("  admin token (for the UI's operator actions): {admin_token}");
     println!("  demo store: http://{store_addr}  (GET /kv/KEY, GET /log)");
     println!();
     println!("Try it: take the lock, write through the proxy with its token, release:");

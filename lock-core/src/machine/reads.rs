@@ -37,7 +37,7 @@ impl LockMachine {
     }
 
     /// One page of [`list`](Self::list): the entries after the name `after` (exclusive), and
-    /// the cursor for the next page when the page is full. The scan starts at the cursor in
+    /// the cursor for the next page when more entries follow. The scan starts at the cursor in
     /// the ordered map, so a page costs the same at the end of 100k resources as at the start.
     pub fn list_after(
         &self,
@@ -52,7 +52,9 @@ impl LockMachine {
             _ => Bound::Included(prefix.to_string()),
         };
         let now = now_ms.max(self.now_ms);
-        let page: Vec<LockView> = self
+        // One more than asked tells whether a next page exists, so the last page never
+        // points at an empty one.
+        let mut page: Vec<LockView> = self
             .resources
             .range((start, Bound::Unbounded))
             .take_while(|(name, _)| name.starts_with(prefix))
@@ -60,12 +62,15 @@ impl LockMachine {
                 let live = r.lease.as_ref().is_some_and(|l| l.expires_at_ms > now);
                 live || !r.waiters.is_empty()
             })
-            .take(limit)
+            .take(limit.saturating_add(1))
             .map(|(name, _)| self.view(name, now_ms))
             .collect();
-        let next = (page.len() == limit)
-            .then(|| page.last().map(|v| v.resource.clone()))
-            .flatten();
+        let next = if page.len() > limit {
+            page.truncate(limit);
+            page.last().map(|v| v.resource.clone())
+        } else {
+            None
+        };
         (page, next)
     }
 
