@@ -262,7 +262,7 @@ function lineChart(title, series, unit) {
   const all = series.flatMap((s) => s.points);
   const t0 = all.length ? Math.min(...all.map((p) => p[0])) : 0;
   const t1 = all.length ? Math.max(...all.map((p) => p[0])) : 1;
-  const vmax = Math.max(1e-9, ...all.map((p) => p[1]));
+  const vmax = Math.max(0, ...all.map((p) => p[1])) || 1;
   const x = (t) => L + ((t - t0) / Math.max(1, t1 - t0)) * (W - L - R);
   const y = (v) => H - B - (v / vmax) * (H - B - T);
   const ns = "http://www.w3.org/2000/svg";
@@ -281,12 +281,22 @@ function lineChart(title, series, unit) {
   add("line", { x1: L, y1: T, x2: L, y2: H - B, class: "axis" });
   add("text", { x: L - 4, y: T + 10, "text-anchor": "end", class: "tick" }, vmax.toPrecision(3));
   add("text", { x: L - 4, y: H - B, "text-anchor": "end", class: "tick" }, "0");
-  add("text", { x: L, y: H - 4, class: "tick" }, fmtTime(t0));
-  add("text", { x: W - R, y: H - 4, "text-anchor": "end", class: "tick" }, fmtTime(t1));
+  if (all.length) {
+    add("text", { x: L, y: H - 4, class: "tick" }, fmtTime(t0));
+    add("text", { x: W - R, y: H - 4, "text-anchor": "end", class: "tick" }, fmtTime(t1));
+  } else {
+    add("text", { x: (L + W) / 2, y: H / 2, "text-anchor": "middle", class: "tick" }, "no data yet");
+  }
   for (const e of state.series.elections) {
     if (e.at_ms < t0 || e.at_ms > t1) continue;
     add("line", { x1: x(e.at_ms), y1: T, x2: x(e.at_ms), y2: H - B, class: "election" });
-    add("text", { x: x(e.at_ms) + 3, y: T + 10, class: "tick" }, `election → node ${e.leader_id}`);
+    // Labels near the right edge grow leftwards, so they stay inside the chart.
+    const right = x(e.at_ms) > (L + W) / 2;
+    add(
+      "text",
+      { x: x(e.at_ms) + (right ? -3 : 3), y: T + 10, "text-anchor": right ? "end" : "start", class: "tick" },
+      `election → node ${e.leader_id}`,
+    );
   }
   series.forEach((s, i) => {
     if (!s.points.length) return;

@@ -755,3 +755,81 @@ async fn a_killed_leader_shows_as_down_and_the_election_appears() {
     browser.screenshot("charts-election").await;
     browser.close().await;
 }
+
+/// The other operator actions over HTTP (the page calls the same endpoints): a drain asked of
+/// a follower is relayed to the leader, which steps aside until another voter leads; a
+/// snapshot is built on the node asked; a member is removed; each is audited with the
+/// operator's name on the node that answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn drain_snapshot_and_membership_actions_work_and_are_audited() {
+    use lock_core::wire::{
+        AdminRemoveMember, AuditTail, DrainResponse, MembershipResponse, SnapshotResponse,
+    };
+    let cluster = Cluster::start().await;
+    let leader = cluster.wait_leader(None).await;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    let op = OperatorRequest {
+        operator: "bob".into(),
+    };
+
+    phase("drain, asked of a follower: another voter takes over");
+    let (status, body) = cluster
+        .post(follower, "/v1/admin/drain", &op, Some(ADMIN_TOKEN))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let drained: DrainResponse = serde_json::from_str(&body).expect("drain response");
+    assert_eq!(drained.old_leader, leader);
+    assert_ne!(drained.new_leader, leader);
+    let now = cluster.wait_leader(Some(leader)).await;
+    assert_eq!(now, drained.new_leader);
+    let tail: AuditTail = cluster
+        .get(leader, "/v1/admin/audit?caller=operator:bob")
+        .await;
+    assert!(
+        tail.entries
+            .iter()
+            .any(|e| e.op == "drain" && e.outcome == "done"),
+        "{tail:?}"
+    );
+
+    phase("writes go on under the new leader");
+    cluster.acquire(leader, "kv:after-drain", "w").await;
+
+    phase("snapshot on one node");
+    let (status, body) = cluster
+        .post(follower, "/v1/admin/snapshot", &op, Some(ADMIN_TOKEN))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let snap: SnapshotResponse = serde_json::from_str(&body).expect("snapshot response");
+    assert_eq!(snap.node_id, follower);
+    let overview: ClusterOverview = cluster.get(follower, "/v1/admin/overview").await;
+    assert!(overview.status.snapshot_index.is_some());
+    assert!(overview.status.snapshot_index >= snap.snapshot_index);
+
+    phase("remove a member through the admin endpoint");
+    let gone = (1..=3)
+        .find(|id| *id != now && *id != follower)
+        .unwrap_or(leader);
+    let (status, body) = cluster
+        .post(
+            follower,
+            "/v1/admin/members/remove",
+            &AdminRemoveMember {
+                operator: "bob".into(),
+                node_id: gone,
+            },
+            Some(ADMIN_TOKEN),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let voters: MembershipResponse = serde_json::from_str(&body).expect("membership");
+    assert!(!voters.voters.contains(&gone), "{voters:?}");
+    let tail: AuditTail = cluster
+        .get(follower, "/v1/admin/audit?caller=operator:bob")
+        .await;
+    let ops: Vec<&str> = tail.entries.iter().map(|e| e.op.as_str()).collect();
+    assert!(
+        ops.contains(&"snapshot") && ops.contains(&"remove_member"),
+        "{ops:?}"
+    );
+}
