@@ -50,7 +50,11 @@ fn pages_cover_every_live_resource_once_in_order() {
         seen.extend(page.iter().map(|v| v.resource.clone()));
         match next {
             Some(cursor) => {
-                assert_eq!(Some(&cursor), seen.last(), "the cursor is the page's last name");
+                assert_eq!(
+                    Some(&cursor),
+                    seen.last(),
+                    "the cursor is the page's last name"
+                );
                 after = Some(cursor);
             }
             None => break,
@@ -62,7 +66,10 @@ fn pages_cover_every_live_resource_once_in_order() {
         .map(|i| format!("page:{i:04}"))
         .collect();
     assert_eq!(seen, want);
-    assert_eq!(pages, 9, "900 live resources, 100 a page, no empty last page");
+    assert_eq!(
+        pages, 9,
+        "900 live resources, 100 a page, no empty last page"
+    );
 
     // A cursor before the prefix starts at the prefix; one past it yields nothing.
     let (page, _) = m.list_after("page:", Some("a"), 3, now);

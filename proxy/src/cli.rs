@@ -11,6 +11,10 @@ pub struct ClusterArgs {
     /// Any node's API address.
     #[arg(long, default_value = "127.0.0.1:7001", global = true)]
     node: String,
+    /// The admin credential (`admin_token` in the node config; `fencegate dev` prints it):
+    /// membership changes need it on a node that has one.
+    #[arg(long, global = true)]
+    admin_token: Option<String>,
     #[command(subcommand)]
     cmd: ClusterCmd,
 }
@@ -72,8 +76,20 @@ enum LockCmd {
 }
 
 async fn call(method: reqwest::Method, url: String, body: Option<Value>) -> anyhow::Result<()> {
+    call_as(method, url, body, None).await
+}
+
+async fn call_as(
+    method: reqwest::Method,
+    url: String,
+    body: Option<Value>,
+    admin_token: Option<&str>,
+) -> anyhow::Result<()> {
     let client = reqwest::Client::new();
     let mut req = client.request(method, &url);
+    if let Some(token) = admin_token {
+        req = req.bearer_auth(token);
+    }
     if let Some(b) = body {
         req = req.json(&b);
     }
@@ -101,19 +117,21 @@ pub async fn cluster(args: ClusterArgs) -> anyhow::Result<()> {
         ClusterCmd::Status => call(reqwest::Method::GET, format!("{base}/v1/cluster"), None).await,
         ClusterCmd::Add { id, addr } => {
             let body = json!({ "node_id": id, "addr": addr });
-            call(
+            call_as(
                 reqwest::Method::POST,
                 format!("{base}/v1/cluster/members/add"),
                 Some(body),
+                args.admin_token.as_deref(),
             )
             .await
         }
         ClusterCmd::Remove { id } => {
             let body = json!({ "node_id": id });
-            call(
+            call_as(
                 reqwest::Method::POST,
                 format!("{base}/v1/cluster/members/remove"),
                 Some(body),
+                args.admin_token.as_deref(),
             )
             .await
         }

@@ -7,7 +7,7 @@
 //! `FENCEGATE_SCREENSHOTS=$PWD/docs/img cargo test -p proxy --test admin_ui`).
 //!
 //! Needs `chromium` and `chromedriver` (Debian packages `chromium`, `chromium-driver`;
-//! `scripts/install-build-deps.sh` installs them).
+//! `scripts/install-build-deps.sh --tests` installs them).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -237,7 +237,7 @@ impl Browser {
             .stderr(Stdio::null())
             .spawn()
             .expect(
-                "chromedriver is not installed: run scripts/install-build-deps.sh (Debian \
+                "chromedriver is not installed: run scripts/install-build-deps.sh --tests (Debian \
                  packages chromium and chromium-driver)",
             );
         let profile = tempfile::tempdir().expect("profile dir");
