@@ -833,3 +833,76 @@ async fn drain_snapshot_and_membership_actions_work_and_are_audited() {
         "{ops:?}"
     );
 }
+
+/// Lock calls are audited on the node that answered, in memory for the tail and as JSON lines
+/// in `<data_dir>/audit/audit.log`, with a lease digest and never the lease id; the admin reads
+/// refuse bad input with a clear 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_calls_are_audited_on_disk_without_lease_ids_and_bad_reads_are_400() {
+    use lock_core::wire::{AuditEntry, AuditTail, LeaseRequest};
+    let cluster = Cluster::start().await;
+
+    phase("acquire and release through node 2");
+    let lease = cluster.acquire(2, "kv:audited", "auditor").await;
+    let (status, body) = cluster
+        .post(
+            2,
+            "/v1/locks/kv:audited/release",
+            &LeaseRequest {
+                lease_id: Some(lease.lease_id),
+            },
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+
+    phase("the tail and the file hold both calls, with the digest, never the id");
+    let tail: AuditTail = cluster.get(2, "/v1/admin/audit?resource=kv:audited").await;
+    let ops: Vec<(&str, &str)> = tail
+        .entries
+        .iter()
+        .map(|e| (e.op.as_str(), e.outcome.as_str()))
+        .collect();
+    assert_eq!(ops, [("acquire", "granted"), ("release", "released")]);
+    for e in &tail.entries {
+        assert_eq!(e.lease_digest, Some(lease.lease_id.digest()));
+        assert_eq!(e.token, Some(lease.fencing_token));
+        assert_eq!(e.caller.as_deref(), Some("auditor"));
+        assert_eq!(e.node_id, 2);
+    }
+    let file = cluster._dir.path().join("node2/audit/audit.log");
+    let text = std::fs::read_to_string(&file).expect("audit file");
+    assert!(
+        !text.contains(&lease.lease_id.to_string()),
+        "lease id in the audit log"
+    );
+    let on_disk: Vec<AuditEntry> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON entry per line"))
+        .filter(|e: &AuditEntry| e.resource.as_deref() == Some("kv:audited"))
+        .collect();
+    assert_eq!(on_disk, tail.entries);
+    // Another node answered none of these calls.
+    let tail: AuditTail = cluster.get(1, "/v1/admin/audit?resource=kv:audited").await;
+    assert!(tail.entries.is_empty(), "{tail:?}");
+
+    phase("bad reads are 400 with the usual error body");
+    for path in [
+        "/v1/admin/hot?limit=0",
+        "/v1/admin/hot?limit=100000",
+        "/v1/admin/audit?limit=ten",
+        "/v1/admin/series?since=yesterday",
+        "/v1/admin/resources/bad%20name",
+        "/v1/locks?limit=0",
+    ] {
+        let r = cluster
+            .http
+            .get(cluster.url(1, path))
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(r.status().as_u16(), 400, "{path}");
+        let body: ErrorBody = r.json().await.expect("error body");
+        assert_eq!(body.error.as_str(), "invalid_request", "{path}");
+    }
+}
