@@ -207,10 +207,12 @@ async function refreshResource() {
   );
   replaceRows(
     $("#resource-events tbody"),
-    d.events
-      .slice()
-      .reverse()
-      .map((e) => el("tr", {}, el("td", {}, fmtTime(e.at_ms)), el("td", {}, e.kind), el("td", {}, dash(e.fencing_token)), el("td", {}, e.outcome))),
+    d.events.length
+      ? d.events
+          .slice()
+          .reverse()
+          .map((e) => el("tr", {}, el("td", {}, fmtTime(e.at_ms)), el("td", {}, e.kind), el("td", {}, dash(e.fencing_token)), el("td", {}, e.outcome)))
+      : [el("tr", {}, el("td", { colSpan: 4, class: "empty" }, "This node has seen no calls or fence decisions for this resource; other nodes keep their own."))],
   );
 }
 

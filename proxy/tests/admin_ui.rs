@@ -841,12 +841,17 @@ async fn drain_snapshot_and_membership_actions_work_and_are_audited() {
 async fn lock_calls_are_audited_on_disk_without_lease_ids_and_bad_reads_are_400() {
     use lock_core::wire::{AuditEntry, AuditTail, LeaseRequest};
     let cluster = Cluster::start().await;
+    let leader = cluster.wait_leader(None).await;
+    // A follower answers: it forwards both calls and audits them itself, though it may not
+    // have applied the grant yet when the release arrives.
+    let f = (1..=3).find(|id| *id != leader).expect("a follower");
+    let other = (1..=3).find(|id| *id != f).expect("another node");
 
-    phase("acquire and release through node 2");
-    let lease = cluster.acquire(2, "kv:audited", "auditor").await;
+    phase("acquire and release through a follower");
+    let lease = cluster.acquire(f, "kv:audited", "auditor").await;
     let (status, body) = cluster
         .post(
-            2,
+            f,
             "/v1/locks/kv:audited/release",
             &LeaseRequest {
                 lease_id: Some(lease.lease_id),
@@ -857,7 +862,7 @@ async fn lock_calls_are_audited_on_disk_without_lease_ids_and_bad_reads_are_400(
     assert_eq!(status, 200, "{body}");
 
     phase("the tail and the file hold both calls, with the digest, never the id");
-    let tail: AuditTail = cluster.get(2, "/v1/admin/audit?resource=kv:audited").await;
+    let tail: AuditTail = cluster.get(f, "/v1/admin/audit?resource=kv:audited").await;
     let ops: Vec<(&str, &str)> = tail
         .entries
         .iter()
@@ -868,9 +873,9 @@ async fn lock_calls_are_audited_on_disk_without_lease_ids_and_bad_reads_are_400(
         assert_eq!(e.lease_digest, Some(lease.lease_id.digest()));
         assert_eq!(e.token, Some(lease.fencing_token));
         assert_eq!(e.caller.as_deref(), Some("auditor"));
-        assert_eq!(e.node_id, 2);
+        assert_eq!(e.node_id, f);
     }
-    let file = cluster._dir.path().join("node2/audit/audit.log");
+    let file = cluster._dir.path().join(format!("node{f}/audit/audit.log"));
     let text = std::fs::read_to_string(&file).expect("audit file");
     assert!(
         !text.contains(&lease.lease_id.to_string()),
@@ -883,7 +888,9 @@ async fn lock_calls_are_audited_on_disk_without_lease_ids_and_bad_reads_are_400(
         .collect();
     assert_eq!(on_disk, tail.entries);
     // Another node answered none of these calls.
-    let tail: AuditTail = cluster.get(1, "/v1/admin/audit?resource=kv:audited").await;
+    let tail: AuditTail = cluster
+        .get(other, "/v1/admin/audit?resource=kv:audited")
+        .await;
     assert!(tail.entries.is_empty(), "{tail:?}");
 
     phase("bad reads are 400 with the usual error body");

@@ -115,14 +115,33 @@ impl Audit<'_> {
     }
 }
 
-/// The holder name of a lease, as this node last applied it: the audit's caller for renew and
-/// release, whose bodies carry only the lease id.
-fn holder_of(node: &Node, resource: &str, lease_id: &LeaseId) -> Option<String> {
-    node.machine.read(|m| {
-        m.lease(resource)
-            .filter(|l| l.lease_id == *lease_id)
-            .and_then(|l| l.holder.clone())
-    })
+/// The holder name and token of a lease, for the audit of renew and release (their bodies
+/// carry only the lease id). Read from this node's state; a node that has not applied the grant
+/// yet (a follower right after the acquire) first catches up with a read barrier, so the line
+/// names the lease's holder rather than nobody. The barrier gets a short bound of its own: the
+/// audit must not delay the call itself by more than a moment (e.g. on a node without quorum).
+const AUDIT_CATCH_UP: std::time::Duration = std::time::Duration::from_millis(200);
+
+async fn lease_facts(
+    node: &Node,
+    resource: &str,
+    lease_id: &LeaseId,
+) -> (Option<String>, Option<u64>) {
+    let lookup = || {
+        node.machine.read(|m| {
+            m.lease(resource)
+                .filter(|l| l.lease_id == *lease_id)
+                .map(|l| (l.holder.clone(), l.fencing_token))
+        })
+    };
+    if let Some((holder, token)) = lookup() {
+        return (holder, Some(token));
+    }
+    let barrier = tokio::time::timeout(AUDIT_CATCH_UP, node.read_barrier()).await;
+    if !matches!(barrier, Ok(Ok(()))) {
+        return (None, None);
+    }
+    lookup().map_or((None, None), |(holder, token)| (holder, Some(token)))
 }
 
 fn lock_held(retry_after_ms: u64, message: &str) -> ApiError {

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{required_lease, unexpected, Audit};
+use super::{lease_facts, required_lease, unexpected, Audit};
 use crate::api::{parse_json, ApiError};
 use crate::machine::{Command, Response};
 use crate::node::Node;
@@ -20,11 +20,7 @@ pub(super) async fn release(
         lease_id,
     };
     // Read before the release: afterwards the lease (and its holder's name) is gone.
-    let (caller, token) = node.machine.read(|m| {
-        m.lease(resource)
-            .filter(|l| l.lease_id == lease_id)
-            .map_or((None, None), |l| (l.holder.clone(), Some(l.fencing_token)))
-    });
+    let (caller, token) = lease_facts(node, resource, &lease_id).await;
     match node.propose(cmd).await? {
         Response::Released(released) => {
             Audit {

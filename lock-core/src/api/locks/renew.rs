@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{holder_of, required_lease, unexpected, Audit};
+use super::{lease_facts, required_lease, unexpected, Audit};
 use crate::api::{parse_json, ApiError};
 use crate::machine::{Command, Response};
 use crate::node::Node;
@@ -19,12 +19,13 @@ pub(super) async fn renew(
         resource: resource.to_string(),
         lease_id,
     };
+    let (caller, _) = lease_facts(node, resource, &lease_id).await;
     let audit = |token| Audit {
         op: "renew",
         resource,
         lease: Some(&lease_id),
         token,
-        caller: holder_of(node, resource, &lease_id),
+        caller: caller.clone(),
     };
     match node.propose(cmd).await? {
         Response::Renewed(g) => {

@@ -90,9 +90,11 @@ pub(in crate::node) async fn run(node: Arc<Node>) {
                             error: None,
                         }
                     }
+                    // Keeps the time of the last answer; what it said no longer holds.
                     Err(e) => {
                         p.up = false;
                         p.ready = false;
+                        p.leader_id = None;
                         p.error = Some(e);
                     }
                 });
