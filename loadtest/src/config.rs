@@ -1,6 +1,6 @@
 //! Command-line flags, profiles and the resolved workload.
 //!
-//! Every figure of SPEC §2 is a flag. A profile (`seed`, `smoke`) fills in the flags the user
+//! Every figure of the seed workload is a flag. A profile (`seed`, `smoke`) fills in the flags the user
 //! did not give; an explicit flag always wins.
 
 use std::path::PathBuf;
@@ -13,7 +13,8 @@ use serde::Serialize;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Profile {
-    /// SPEC §2: 100k resources, 20k active locks, 2,000 acquires/s, renew every 10 s, TTL 30 s.
+    /// The seed workload: 100k resources, 20k active locks, 2,000 acquires/s, renew every
+    /// 10 s, TTL 30 s.
     Seed,
     /// A small, fast run for CI (< 30 s including cluster start): a scaled-down seed workload.
     Smoke,
@@ -53,8 +54,10 @@ impl std::fmt::Display for System {
 /// Flags shared by `run` and `compare`.
 #[derive(Args, Clone, Debug)]
 pub struct RunArgs {
-    /// Defaults for the workload flags not given explicitly.
-    #[arg(long, value_enum, default_value = "seed")]
+    /// Defaults for the workload flags not given explicitly. The default is the short smoke
+    /// run; `--profile seed` is the full seed workload (100k resources, 2,000 acquires/s),
+    /// which overloads a small machine.
+    #[arg(long, value_enum, default_value = "smoke")]
     pub profile: Profile,
     #[arg(long, value_enum, default_value = "steady")]
     pub scenario: Scenario,
@@ -84,7 +87,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub etcd_script: Option<PathBuf>,
 
-    // ---- workload (SPEC §2) --------------------------------------------------------------
+    // ---- workload --------------------------------------------------------------------------
     /// Number of lockable resources.
     #[arg(long)]
     pub resources: Option<u32>,

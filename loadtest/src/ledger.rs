@@ -1,13 +1,13 @@
-//! The client-side safety checker: every lease the harness was granted, checked against
-//! SPEC §3 as far as a client can see it.
+//! The client-side safety checker: every lease the harness was granted, checked against the
+//! service's safety promises as far as a client can see them.
 //!
-//! - invariant 2: every grant carries a fencing token no other grant had (duplicates are
+//! - fencing tokens: every grant carries a token no other grant had (duplicates are
 //!   reported), and the tokens of successive grants on one resource increase;
 //! - lease ids are unique per grant;
 //! - a *lost lease*: the server says a lease is gone (`lease_lost` on renew, `released: false`
 //!   on release) although, by the client's conservative clock (the send time of the last
 //!   successful acquire/renew plus the TTL), it was still valid. That is a committed lease
-//!   the service forgot, the failure a leader change must never cause (invariants 1, 7).
+//!   the service forgot: a leader change must never shorten a lease.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;

@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::cluster::{node_status, rss_mib};
+use crate::cluster::process::rss_mib;
+use crate::cluster::status::{self, READ_TIMEOUT};
 use crate::config::System;
 use crate::stats::Recorder;
 
@@ -32,8 +33,32 @@ pub struct Sample {
     pub last_token: Option<u64>,
 }
 
-/// PIDs of local server processes by node index (updated when a node restarts).
-pub type Pids = Arc<Mutex<BTreeMap<usize, u32>>>;
+/// PIDs of local server processes by node index, shared with whoever stops and restarts
+/// them.
+#[derive(Clone, Default)]
+pub struct Pids(Arc<Mutex<BTreeMap<usize, u32>>>);
+
+impl Pids {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<usize, u32>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn replace(&self, pids: BTreeMap<usize, u32>) {
+        *self.lock() = pids;
+    }
+
+    /// Node `idx` is down (`None`) or runs as `pid`.
+    pub fn set(&self, idx: usize, pid: Option<u32>) {
+        match pid {
+            Some(pid) => self.lock().insert(idx, pid),
+            None => self.lock().remove(&idx),
+        };
+    }
+
+    fn snapshot(&self) -> BTreeMap<usize, u32> {
+        self.lock().clone()
+    }
+}
 
 pub struct Poller {
     stop: watch::Sender<bool>,
@@ -64,11 +89,8 @@ impl Poller {
                 }
                 let s = sample(system, &http, &bases, &pids, &rec).await;
                 if let Some(prev) = samples.last() {
-                    for (node, idx) in &s.snapshot_index {
-                        let was = prev.snapshot_index.get(node);
-                        if was != Some(idx) && (was.is_some() || prev.commits.contains_key(node)) {
-                            rec.event(format!("snapshot node {} @{idx}", node + 1));
-                        }
+                    for (node, idx) in snapshots_taken(prev, &s) {
+                        rec.event(format!("snapshot node {} @{idx}", node + 1));
                     }
                     if prev.leader.is_some() && s.leader.is_some() && prev.leader != s.leader {
                         rec.event(format!("leader is now node {}", s.leader.unwrap_or(0)));
@@ -122,33 +144,42 @@ async fn sample(
             }
         }
         if system == System::Fencegate {
-            if let Ok(st) = node_status(http, b).await {
+            if let Ok(st) = status::fetch(http, b, READ_TIMEOUT).await {
                 if let Some(x) = st.snapshot_index {
                     s.snapshot_index.insert(i, x);
                 }
                 if let Some(x) = st.purged_index {
                     s.purged_index.insert(i, x);
                 }
-                if st.leader_id.is_some() && st.leader_id == Some(st.node_id) {
-                    s.leader = st.leader_id;
-                    s.active_locks = Some(st.active_locks);
-                    s.resources = Some(st.resources);
-                    s.dedup_records = Some(st.dedup_records);
-                    s.last_token = Some(st.last_token);
+                if st.is_leader() {
+                    s.leader = Some(st.node_id);
+                    s.active_locks = Some(st.locks.active_locks);
+                    s.resources = Some(st.locks.resources);
+                    s.dedup_records = Some(st.locks.dedup_records);
+                    s.last_token = Some(st.locks.last_token);
                 }
             }
         }
     }
-    let pids: Vec<(usize, u32)> = pids
-        .lock()
-        .map(|p| p.iter().map(|(k, v)| (*k, *v)).collect())
-        .unwrap_or_default();
-    for (i, pid) in pids {
+    for (i, pid) in pids.snapshot() {
         if let Some(r) = rss_mib(pid) {
             s.rss_mib.insert(i, r);
         }
     }
     s
+}
+
+/// The snapshots nodes took between two samples: (node index, snapshot index). A node's
+/// first snapshot shows as none -> some (unless the node was down at `prev`).
+pub fn snapshots_taken<'a>(
+    prev: &'a Sample,
+    cur: &'a Sample,
+) -> impl Iterator<Item = (usize, u64)> + 'a {
+    cur.snapshot_index.iter().filter_map(move |(node, idx)| {
+        let was = prev.snapshot_index.get(node);
+        (was != Some(idx) && (was.is_some() || prev.commits.contains_key(node)))
+            .then_some((*node, *idx))
+    })
 }
 
 /// The value of an unlabelled-or-single-series metric in Prometheus text format (summed if

@@ -199,7 +199,7 @@ pub struct Summary {
 /// Everything needed to draw the run.
 pub struct Artifacts<'a> {
     pub summary: &'a Summary,
-    pub cdf: Vec<Series>,
+    pub cdf: &'a [Series],
     pub timeline: &'a [Second],
     pub samples: &'a [Sample],
 }
@@ -384,7 +384,7 @@ pub fn write_out(dir: &Path, a: &Artifacts<'_>) -> anyhow::Result<()> {
         plot::latency_cdf(
             &dir.join("latency_cdf.svg"),
             &format!("{title}: latency by percentile (measured window)"),
-            &a.cdf,
+            a.cdf,
         )?;
     }
     let mut tput: Vec<Series> = Op::ALL

@@ -6,22 +6,24 @@
 //! previous response before the next arrival, and every operation's latency is measured from
 //! the moment the schedule said it should start (see `stats`).
 //!
-//! Model (SPEC §2): with arrival rate λ and mean hold h, Little's law gives λ·h active locks,
+//! Model: with arrival rate λ and mean hold h, Little's law gives λ·h active locks,
 //! so the hold defaults to `active_locks / rate` (10 s at the seed: 20,000 / 2,000/s), drawn
 //! uniformly from [h/2, 3h/2]. A holder renews every `renew_interval` (±jitter), its first
 //! renewal at a uniformly random phase of the interval — clients' renewal timers are not
 //! aligned with their acquisitions — so renewals run at `active / interval` (2,000/s at the
-//! seed), as §2 states.
+//! seed, the renewal load the service is sized for).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lock_core::wire::ErrorCode;
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
 use tokio::time::sleep_until;
 
 use crate::backend::{Backend, Call};
+use crate::cluster::ProxySpec;
 use crate::config::Workload;
 use crate::ledger::Ledger;
 use crate::stats::{Op, Outcome, Recorder};
@@ -32,9 +34,9 @@ const HELD: u64 = u64::MAX;
 /// Safety cap on concurrently running cycles (beyond it arrivals are dropped and counted).
 const MAX_ACTIVE_CYCLES: u64 = 500_000;
 /// After a hold with fenced writes the service defers reissuing the resource while the
-/// proxy's admission grant may live (`grant_ms`, 2 s in the clusters the harness starts):
-/// the harness leaves such a resource alone for this long so acquires stay uncontended.
-const REISSUE_HOLD_MS: u64 = 2_500;
+/// proxy's admission grant may live: the harness leaves such a resource alone a little longer
+/// than the grant of the clusters it starts, so acquires stay uncontended.
+const REISSUE_HOLD_MS: u64 = ProxySpec::LOAD.grant_ms + 500;
 /// A lease is reported lost only if the server dropped it with more than this left on the
 /// client's conservative clock (absorbs ms rounding of TTLs).
 const LOST_MARGIN: Duration = Duration::from_millis(10);
@@ -266,10 +268,10 @@ async fn cycle(ctx: &Ctx, intended: Instant, n: u64, rate: f64, seed: u64) {
     let grant = match &call.result {
         Ok(g) => {
             ctx.finish(Op::Acquire, intended, &call, Outcome::Ok, true);
-            ctx.ledger.grant(res, g.lease_num, g.token, !hot);
+            ctx.ledger.grant(res, g.lease_num(), g.token, !hot);
             g.clone()
         }
-        Err(f) if f.definite && (f.code == "lock_held" || f.code == "too_many_waiters") => {
+        Err(f) if f.definite && is_conflict(&f.code) => {
             ctx.finish(
                 Op::Acquire,
                 intended,
@@ -353,7 +355,7 @@ async fn cycle(ctx: &Ctx, intended: Instant, n: u64, rate: f64, seed: u64) {
                             Op::Renew,
                             at,
                             &call,
-                            Outcome::Failed("lease_lost".into()),
+                            Outcome::Failed(ErrorCode::LeaseLost.to_string()),
                             true,
                         );
                         ctx.ledger.lease_gone(
@@ -434,6 +436,13 @@ async fn cycle(ctx: &Ctx, intended: Instant, n: u64, rate: f64, seed: u64) {
             ctx.taint(res, hot);
         }
     }
+}
+
+/// A definite refusal that is part of a contended workload, not an error.
+fn is_conflict(code: &str) -> bool {
+    [ErrorCode::LockHeld, ErrorCode::TooManyWaiters]
+        .iter()
+        .any(|c| c.as_str() == code)
 }
 
 fn ctx_hold(w: &Workload, rate: f64, rng: &mut impl Rng) -> Duration {

@@ -1,6 +1,6 @@
 //! CI runs the load harness: `fencegate-loadtest run --profile smoke` against a 3-node cluster
 //! of real `fencegate node` processes that the harness starts itself, then checks what it
-//! reports (SPEC §3.1, §3.2: no lost or duplicate lease, tokens increase per resource).
+//! reports: no lost or duplicate lease, tokens increase per resource.
 //!
 //! The test builds nothing itself when it can avoid it: `cargo test --workspace` has already
 //! built the workspace's binaries next to this test's target directory.
@@ -94,8 +94,8 @@ fn smoke_profile_grants_leases_and_loses_none() {
     );
     assert!(n(&s, &["invariants", "grants"]) > 0);
 
-    // SPEC §3.1/§3.2: every grant has its own token and lease id, tokens increase per
-    // resource, and no lease the client still held was dropped by the service.
+    // Every grant has its own token and lease id, tokens increase per resource, and no
+    // lease the client still held was dropped by the service.
     assert_eq!(n(&s, &["invariants", "duplicate_tokens"]), 0, "{s:#}");
     assert_eq!(n(&s, &["invariants", "duplicate_leases"]), 0, "{s:#}");
     assert_eq!(n(&s, &["invariants", "non_monotonic_tokens"]), 0, "{s:#}");
@@ -111,8 +111,8 @@ fn smoke_profile_grants_leases_and_loses_none() {
 fn leader_kill_mid_run_loses_no_lease_and_recovers() {
     let s = run_profile("leader-kill");
 
-    // The fault happened and the cluster came back (SPEC §9: killing the leader mid-load
-    // loses no committed lease and issues no duplicate lease; tokens stay monotonic).
+    // The fault happened and the cluster came back: killing the leader mid-load loses no
+    // committed lease and issues no duplicate lease; tokens stay monotonic.
     let k = &s["leader_kill"];
     assert!(k.is_object(), "no leader-kill report: {s:#}");
     assert!(k["new_leader_after_ms"].is_u64(), "no new leader: {k:#}");

@@ -68,3 +68,7 @@ pub mod raft;
 pub mod server;
 #[cfg(feature = "server")]
 pub mod store;
+
+// Above everything: fixtures for integration tests (an in-process cluster, network faults).
+#[cfg(feature = "testkit")]
+pub mod testkit;

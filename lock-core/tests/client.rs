@@ -1,8 +1,6 @@
 //! The client library on real 3-node clusters (issue 3; SPEC §3, §4). Each test reads as
 //! phases; faults between client and cluster come from `TcpRelay` (tests/support).
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,9 +9,9 @@ use axum::http::{HeaderMap, StatusCode};
 use lock_core::client::{
     backoff_delay, renew_delay, AcquireOptions, Client, ClientOptions, Error, LostReason,
 };
+use lock_core::testkit::{eventually, phase, TcpRelay, TestCluster};
 use rand::SeedableRng;
 use reqwest::Method;
-use support::{eventually, phase, TcpRelay, TestCluster};
 
 const SEC: Duration = Duration::from_secs(1);
 

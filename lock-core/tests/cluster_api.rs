@@ -5,13 +5,11 @@
 //! has to wait for something (an expiry, a waiter joining a queue) it polls the linearizable
 //! `GET /v1/locks/{resource}` for the event instead of sleeping a fixed time.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use lock_core::testkit::{phase, TestCluster};
 use serde_json::{json, Value};
-use support::{phase, TestCluster};
 use tokio::task::JoinHandle;
 
 // ---- helpers ----------------------------------------------------------------------------

@@ -5,16 +5,14 @@
 //! checks. Waits poll observable state with deadlines; the only sleeps are "until wall-clock
 //! time T", where the passage of time itself is what a test is about (lease expiry).
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use lock_core::node::Policy;
+use lock_core::testkit::{eventually, phase, ApiClient, TestCluster};
 use serde_json::{json, Value};
-use support::{eventually, phase, ApiClient, TestCluster};
 
 /// Deadline for elections, catch-up and similar events (generous: CI machines are slow).
 const EVENT: Duration = Duration::from_secs(15);
@@ -346,11 +344,7 @@ async fn t20_leader_killed_mid_stream() {
         eventually(
             EVENT,
             &format!("node {id} last_token >= {max_token}"),
-            async || {
-                c.cluster_status(id).await["locks"]["last_token"]
-                    .as_u64()
-                    .is_some_and(|t| t >= max_token)
-            },
+            async || c.cluster_status(id).await.locks.last_token >= max_token,
         )
         .await;
     }
@@ -807,8 +801,9 @@ async fn t60_crashed_follower_catches_up() {
         EVENT,
         "the follower installs the leader's snapshot",
         async || {
-            c.cluster_status(f).await["snapshot_index"]
-                .as_u64()
+            c.cluster_status(f)
+                .await
+                .snapshot_index
                 .is_some_and(|i| i >= snapshot_index)
         },
     )

@@ -23,6 +23,10 @@ pub struct ProxyConfig {
     pub unsafe_no_fencing: bool,
 }
 
+/// Longest admission grant: how long a release waits at most for a proxy that cannot confirm
+/// it stopped forwarding the released token.
+pub const MAX_GRANT_MS: u64 = 5_000;
+
 fn default_grant_ms() -> u64 {
     2_000
 }
@@ -46,8 +50,16 @@ impl ProxyConfig {
         }
     }
 
-    /// Checks what serde cannot: timeouts against the grant.
+    /// Checks what serde cannot: the grant's bound and timeouts against the grant.
     pub fn validate(&self) -> Result<(), String> {
+        // A release answers once the proxies confirmed its revocation, and waits at most this
+        // long for a proxy that cannot confirm; the grant must be over by then.
+        if self.grant_ms > MAX_GRANT_MS {
+            return Err(format!(
+                "grant_ms ({}) must be at most {MAX_GRANT_MS}",
+                self.grant_ms
+            ));
+        }
         for r in &self.routes {
             // Room for the 100 ms clock margin, the send slack and a commit round trip.
             if r.upstream_timeout_ms == 0 || r.upstream_timeout_ms + 500 > self.grant_ms {

@@ -12,6 +12,12 @@ use tokio::sync::watch;
 use crate::signal::{shutdown_signal, stopped};
 
 #[derive(clap::Args)]
+#[command(after_help = "\
+Data survives restarts: run it again with the same --data-dir to continue where it stopped.
+
+Examples:
+  fencegate dev
+  fencegate dev --data-dir /tmp/fg --api-ports 17001,17002,17003 --proxy-ports 18001,18002,18003")]
 pub struct DevArgs {
     /// Root of the nodes' data directories (node1/, node2/, node3/ inside).
     #[arg(long, default_value = "./fencegate-data")]
@@ -65,7 +71,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     // The credential for the admin UI's actions: fresh on every start, printed below.
     let admin_token = format!("{:032x}", rand::random::<u128>());
     let mut running = Vec::new();
-    for ((id, _), listener) in members.iter().zip(listeners) {
+    // Highest id first: node 1 initialises the cluster and asks the others for votes at once,
+    // so it starts last, when they already serve. Otherwise its first requests wait on a
+    // node still opening its store, time out, and openraft logs them as errors.
+    for ((id, _), listener) in members.iter().zip(listeners).rev() {
         let mut config = NodeConfig::new(
             *id,
             args.data_dir.join(format!("node{id}")),

@@ -12,16 +12,22 @@
 //!   timeout; the service abandons it unfinished otherwise (a trickling body), so no T-write
 //!   is still being delivered, or waited on, after the grant.
 //! - The state machine never issues a token newer than T for R while a grant for T lives:
-//!   expiry needs no wait (grants end with the lease), a release defers the next grant until
-//!   the grants ran out. So when a newer token exists, every T-write forwarded under a grant
-//!   has completed or hit the upstream timeout: the epoch barrier.
+//!   expiry needs no wait (grants end with the lease); a release revokes the grants. Each proxy
+//!   holding one learns it from the committed log (`Effect::Revoke`), stops forwarding T at
+//!   once, waits until its T-writes in flight to the upstream have completed, and confirms
+//!   with `RevokeAck`; the next lease is granted when every proxy confirmed (one or two
+//!   commits), or at the latest when the grants run out (a proxy that cannot answer). So when
+//!   a newer token exists, every T-write forwarded under a grant has completed or hit the
+//!   upstream timeout: the epoch barrier.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lock_core::machine::{AdmitOutcome, Command, Response};
-use lock_core::node::{Node, ProposeError};
+use lock_core::node::{Node, ProposeError, Revocation};
+use tokio::sync::{broadcast, Notify};
 
 use crate::verdict::{fast_verdict, grant_from_outcome, FastVerdict, LocalGrant, Rejection};
 
@@ -41,14 +47,84 @@ const ADMIT_ATTEMPTS: usize = 3;
 const REFRESH_AHEAD: Duration = Duration::from_millis(300);
 /// Grants kept before expired ones are swept.
 const SWEEP_AT: usize = 100_000;
+/// How long a revoked token is remembered so that an admission racing the revocation cannot
+/// store a grant for it again (far longer than any admission round trip).
+const REVOKED_MEMORY: Duration = Duration::from_secs(30);
 
 pub struct FenceGate {
     node: Arc<Node>,
     grant_ms: u64,
-    grants: parking_lot::Mutex<HashMap<String, LocalGrant>>,
+    /// Grants, revoked tokens and in-flight counts under one lock: a write is counted in
+    /// flight only while a grant is checked valid under it, and a revocation removes the
+    /// grant under it, so once a revocation saw the count it can only go down.
+    state: parking_lot::Mutex<GateState>,
     /// Resources with a background grant refresh in flight.
     refreshing: parking_lot::Mutex<std::collections::HashSet<String>>,
     stripes: Vec<tokio::sync::Mutex<()>>,
+}
+
+#[derive(Default)]
+struct GateState {
+    grants: HashMap<String, LocalGrant>,
+    /// Per resource, the highest token revoked here and when.
+    revoked: HashMap<String, (u64, Instant)>,
+    inflight: HashMap<String, Arc<InFlight>>,
+}
+
+impl GateState {
+    fn inflight(&mut self, resource: &str) -> InFlightGuard {
+        let counter = self
+            .inflight
+            .entry(resource.to_string())
+            .or_insert_with(|| Arc::new(InFlight::default()))
+            .clone();
+        counter.count.fetch_add(1, Ordering::AcqRel);
+        InFlightGuard(counter)
+    }
+
+    fn is_revoked(&self, resource: &str, token: u64) -> bool {
+        self.revoked.get(resource).is_some_and(|(t, _)| token <= *t)
+    }
+
+    fn sweep(&mut self) {
+        let now = Instant::now();
+        self.grants.retain(|_, g| g.deadline > now);
+        self.revoked
+            .retain(|_, (_, at)| now.duration_since(*at) < REVOKED_MEMORY);
+        self.inflight
+            .retain(|_, c| c.count.load(Ordering::Acquire) > 0);
+    }
+}
+
+/// Writes forwarded for one resource and not finished yet.
+#[derive(Default)]
+struct InFlight {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+impl InFlight {
+    async fn drained(&self) {
+        loop {
+            let idle = self.idle.notified();
+            if self.count.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+}
+
+/// Held by a forwarded write until it has finished (answered, failed or abandoned): a
+/// revocation confirms only after every such write for the resource is gone.
+pub struct InFlightGuard(Arc<InFlight>);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
 }
 
 /// How a request was admitted, for metrics.
@@ -59,7 +135,6 @@ pub enum Admission {
 }
 
 /// A write the gate lets through.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Admitted {
     pub how: Admission,
     /// The whole request (headers and every body byte) must have been sent to the upstream
@@ -67,29 +142,33 @@ pub struct Admitted {
     /// request rather than complete it (a trickling body would otherwise reach the store after
     /// the grant, and so possibly after a newer token's writes).
     pub send_by: Instant,
+    /// Keep until the write has finished.
+    pub in_flight: InFlightGuard,
 }
 
 impl Admitted {
-    /// `Forward` from `fast_verdict` implies a local grant.
-    fn fast(local: Option<LocalGrant>, upstream_timeout: Duration) -> Self {
-        match local {
-            Some(g) => Admitted::under(Admission::FastPath, &g, upstream_timeout),
-            None => Admitted {
-                how: Admission::FastPath,
-                send_by: Instant::now(),
-            },
-        }
-    }
-
-    fn under(how: Admission, grant: &LocalGrant, upstream_timeout: Duration) -> Self {
+    fn under(
+        how: Admission,
+        grant: &LocalGrant,
+        upstream_timeout: Duration,
+        in_flight: InFlightGuard,
+    ) -> Self {
         Admitted {
             how,
             send_by: grant
                 .deadline
                 .checked_sub(upstream_timeout)
                 .unwrap_or_else(Instant::now),
+            in_flight,
         }
     }
+}
+
+/// The fast-path decision under the state lock; a `Forward` is counted in flight at once.
+enum Local {
+    Forward(Admitted),
+    Reject(Rejection),
+    Consult,
 }
 
 impl FenceGate {
@@ -97,14 +176,100 @@ impl FenceGate {
         FenceGate {
             node,
             grant_ms,
-            grants: parking_lot::Mutex::new(HashMap::new()),
+            state: parking_lot::Mutex::new(GateState::default()),
             refreshing: parking_lot::Mutex::new(std::collections::HashSet::new()),
             stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
         }
     }
 
-    fn local(&self, resource: &str) -> Option<LocalGrant> {
-        self.grants.lock().get(resource).copied()
+    /// Decides on the local grant alone, counting a forwarded write in flight under the same
+    /// lock a revocation takes.
+    fn decide_locally(
+        &self,
+        resource: &str,
+        token: u64,
+        need: Duration,
+        upstream_timeout: Duration,
+    ) -> Local {
+        let mut st = self.state.lock();
+        let grant = st.grants.get(resource).copied();
+        match fast_verdict(grant.as_ref(), token, Instant::now(), need) {
+            FastVerdict::Forward => match grant {
+                Some(g) => {
+                    let guard = st.inflight(resource);
+                    Local::Forward(Admitted::under(
+                        Admission::FastPath,
+                        &g,
+                        upstream_timeout,
+                        guard,
+                    ))
+                }
+                None => Local::Consult,
+            },
+            FastVerdict::Reject(r) => Local::Reject(r),
+            FastVerdict::Consult => Local::Consult,
+        }
+    }
+
+    /// Serves the revocations of this node's grants, from the committed log, until the node
+    /// goes away. Each one: forget the grant (new writes with the token are refused from now
+    /// on), wait for the token's writes in flight to finish, then confirm to the cluster.
+    pub async fn serve_revocations(self: Arc<Self>) {
+        let mut revocations = self.node.revocations.subscribe();
+        loop {
+            match revocations.recv().await {
+                Ok(r) if r.proxies.contains(&self.node.id) => {
+                    let gate = self.clone();
+                    tokio::spawn(async move { gate.revoke(r).await });
+                }
+                Ok(_) => {}
+                // Missed some: those grants simply run out; the next lease waits for that.
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "fencing proxy fell behind on revocations");
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    }
+
+    async fn revoke(&self, r: Revocation) {
+        let in_flight = {
+            let mut st = self.state.lock();
+            let at = Instant::now();
+            let seen = st.revoked.entry(r.resource.clone()).or_insert((0, at));
+            *seen = (seen.0.max(r.fencing_token), at);
+            // Keep the token as a floor (lower tokens stay refused locally); its deadline has
+            // passed, so the token itself must ask the cluster, which answers that it ended.
+            let floor = LocalGrant {
+                token: r.fencing_token,
+                deadline: at,
+            };
+            match st.grants.get_mut(&r.resource) {
+                Some(g) if g.token > r.fencing_token => {}
+                Some(g) => *g = floor,
+                None => {
+                    st.grants.insert(r.resource.clone(), floor);
+                }
+            }
+            st.inflight.get(&r.resource).cloned()
+        };
+        if let Some(writes) = in_flight {
+            // Bounded anyway: each write is abandoned at its send-by and answered by its
+            // upstream timeout; this is a backstop against a stuck connection.
+            let bound = Duration::from_millis(self.grant_ms) * 2;
+            if tokio::time::timeout(bound, writes.drained()).await.is_err() {
+                tracing::warn!(resource = %r.resource, "writes still in flight after a revocation; its grant will run out instead");
+                return;
+            }
+        }
+        let ack = Command::RevokeAck {
+            resource: r.resource.clone(),
+            fencing_token: r.fencing_token,
+            proxy: self.node.id,
+        };
+        if let Err(e) = self.node.propose(ack).await {
+            tracing::debug!(resource = %r.resource, error = %e, "revocation not confirmed; the grant will run out instead");
+        }
     }
 
     /// Decides whether a write with `token` for `resource` may be forwarded now.
@@ -116,22 +281,19 @@ impl FenceGate {
     ) -> Result<Admitted, Rejection> {
         // Forward only with the upstream timeout plus some time to send the request left.
         let need = upstream_timeout + SEND_SLACK;
-        let local = self.local(resource);
-        match fast_verdict(local.as_ref(), token, Instant::now(), need) {
-            FastVerdict::Forward => {
+        match self.decide_locally(resource, token, need, upstream_timeout) {
+            Local::Forward(admitted) => {
                 // Renew the grant in the background before it runs low, so a steady stream of
                 // writes never waits for a commit.
-                if fast_verdict(local.as_ref(), token, Instant::now(), need + REFRESH_AHEAD)
-                    == FastVerdict::Consult
-                {
+                let left = admitted.send_by.saturating_duration_since(Instant::now());
+                if left < SEND_SLACK + REFRESH_AHEAD {
                     self.refresh_in_background(resource, token, upstream_timeout);
                 }
-                return Ok(Admitted::fast(local, upstream_timeout));
+                Ok(admitted)
             }
-            FastVerdict::Reject(r) => return Err(r),
-            FastVerdict::Consult => {}
+            Local::Reject(r) => Err(r),
+            Local::Consult => self.consult(resource, token, upstream_timeout, need).await,
         }
-        self.consult(resource, token, upstream_timeout, need).await
     }
 
     fn refresh_in_background(self: &Arc<Self>, resource: &str, token: u64, timeout: Duration) {
@@ -142,8 +304,10 @@ impl FenceGate {
         let resource = resource.to_string();
         tokio::spawn(async move {
             let fresh = timeout + SEND_SLACK + REFRESH_AHEAD;
-            if let Err(e) = gate.consult(&resource, token, timeout, fresh).await {
-                tracing::debug!(resource, ?e, "background grant refresh failed");
+            match gate.consult(&resource, token, timeout, fresh).await {
+                // Nothing is forwarded by a refresh; its in-flight count ends here.
+                Ok(refreshed) => drop(refreshed.in_flight),
+                Err(e) => tracing::debug!(resource, ?e, "background grant refresh failed"),
             }
             gate.refreshing.lock().remove(&resource);
         });
@@ -166,11 +330,10 @@ impl FenceGate {
             return Err(Rejection::NoQuorum);
         };
         // Someone may have refreshed the grant while we queued for the stripe.
-        let local = self.local(resource);
-        match fast_verdict(local.as_ref(), token, Instant::now(), need) {
-            FastVerdict::Forward => return Ok(Admitted::fast(local, upstream_timeout)),
-            FastVerdict::Reject(r) => return Err(r),
-            FastVerdict::Consult => {}
+        match self.decide_locally(resource, token, need, upstream_timeout) {
+            Local::Forward(admitted) => return Ok(admitted),
+            Local::Reject(r) => return Err(r),
+            Local::Consult => {}
         }
         let cmd = Command::Admit {
             resource: resource.to_string(),
@@ -199,13 +362,23 @@ impl FenceGate {
                 self.remember_floor(resource, *highest);
             }
             let grant = grant?;
-            self.remember(resource, grant);
-            if Instant::now() + need <= grant.deadline {
-                return Ok(Admitted::under(
-                    Admission::Consensus,
-                    &grant,
-                    upstream_timeout,
-                ));
+            {
+                let mut st = self.state.lock();
+                // A revocation applied on this node while the admission was committed wins:
+                // the cluster ended the lease after admitting it.
+                if st.is_revoked(resource, token) {
+                    return Err(Rejection::Ended { presented: token });
+                }
+                remember(&mut st, resource, grant);
+                if Instant::now() + need <= grant.deadline {
+                    let guard = st.inflight(resource);
+                    return Ok(Admitted::under(
+                        Admission::Consensus,
+                        &grant,
+                        upstream_timeout,
+                        guard,
+                    ));
+                }
             }
             // The grant cannot cover a forwarded request until its upstream timeout. If even an
             // instant round trip could not have (the cluster capped the grant at the lease's
@@ -225,28 +398,27 @@ impl FenceGate {
         Err(Rejection::NoQuorum)
     }
 
-    fn remember(&self, resource: &str, grant: LocalGrant) {
-        let mut grants = self.grants.lock();
-        if grants.len() >= SWEEP_AT {
-            let now = Instant::now();
-            grants.retain(|_, g| g.deadline > now);
-        }
-        match grants.get_mut(resource) {
-            Some(g) if g.token > grant.token => {}
-            Some(g) => *g = grant,
-            None => {
-                grants.insert(resource.to_string(), grant);
-            }
-        }
-    }
-
     /// Records that `highest` was admitted, so lower tokens are refused locally from now on.
     fn remember_floor(&self, resource: &str, highest: u64) {
         let floor = LocalGrant {
             token: highest,
             deadline: Instant::now(),
         };
-        self.remember(resource, floor);
+        remember(&mut self.state.lock(), resource, floor);
+    }
+}
+
+/// Stores a grant unless a newer token's is already known.
+fn remember(st: &mut GateState, resource: &str, grant: LocalGrant) {
+    if st.grants.len() >= SWEEP_AT {
+        st.sweep();
+    }
+    match st.grants.get_mut(resource) {
+        Some(g) if g.token > grant.token => {}
+        Some(g) => *g = grant,
+        None => {
+            st.grants.insert(resource.to_string(), grant);
+        }
     }
 }
 

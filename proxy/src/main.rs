@@ -1,25 +1,43 @@
-//! `fencegate`: the node, the embedded local cluster (`dev`) and an operator CLI.
+//! `fencegate`: the node, the embedded local cluster (`dev`) and the operator CLI.
 
 mod cli;
 mod demo;
 mod dev;
+mod logging;
 mod node;
 mod signal;
 
-use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+use clap::{CommandFactory, Parser, Subcommand};
 
 // glibc malloc's arena locks showed up under proxy load (many small, short-lived allocations
 // across worker threads); mimalloc's thread-local heaps avoid them.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+const AFTER_HELP: &str = "\
+Client commands find the cluster through --endpoints or FENCEGATE_ENDPOINTS (comma-separated
+host:port or http(s)://host:port; default: the three nodes of `fencegate dev`).
+
+Examples:
+  fencegate dev                                   # a local 3-node cluster with proxy and UI
+  fencegate node --config /etc/fencegate/node1.toml
+  fencegate lock run kv:report -- ./make-report.sh
+  fencegate member list -e 10.0.1.10:7001
+  fencegate completion bash > /etc/bash_completion.d/fencegate";
+
 #[derive(Parser)]
 #[command(
     name = "fencegate",
     version,
-    about = "Fenced locks and an enforcing write proxy"
+    about = "Fenced locks and an enforcing write proxy",
+    after_help = AFTER_HELP,
+    after_long_help = format!("{AFTER_HELP}\n\n{}", cli::EXIT_CODES_HELP),
 )]
 struct Args {
+    #[command(flatten)]
+    log: logging::LogArgs,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -28,37 +46,158 @@ struct Args {
 enum Cmd {
     /// Start a complete local system: 3 raft nodes, their fencing proxies and the demo store.
     Dev(dev::DevArgs),
-    /// Run one production node from a config file (see docs/operations.md).
-    Node {
-        #[arg(long)]
-        config: std::path::PathBuf,
-    },
+    /// Run one production node from a config file (examples in docs/deploy/).
+    Node(node::NodeArgs),
     /// Run the bundled demo store alone (a key-value store that cannot check tokens).
+    #[command(after_help = "Example:\n  fencegate demo-store --listen 127.0.0.1:9000")]
     DemoStore {
+        /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:9000")]
         listen: String,
     },
     /// Cluster status and membership changes.
     Cluster(cli::ClusterArgs),
-    /// Acquire, renew, release or inspect a lock.
+    /// The cluster's members.
+    Member(cli::MemberArgs),
+    /// Run a command under a lock; acquire, renew, release, inspect and watch locks.
     Lock(cli::LockArgs),
+    /// Print fencegate's version.
+    #[command(after_help = "Example:\n  fencegate version -o json")]
+    Version {
+        /// Output format [default: table when stdout is a terminal, json otherwise].
+        #[arg(long, short = 'o', value_enum)]
+        output: Option<cli::Format>,
+    },
+    /// Print a shell completion script.
+    #[command(after_help = "\
+Examples:
+  fencegate completion bash > /etc/bash_completion.d/fencegate
+  fencegate completion zsh > \"${fpath[1]}/_fencegate\"
+  fencegate completion fish > ~/.config/fish/completions/fencegate.fish")]
+    Completion {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(serde::Serialize)]
+struct Version {
+    name: &'static str,
+    version: &'static str,
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                "info,openraft=error,lsm_tree=warn,fjall=warn,fencegate::audit=warn".into()
-            }),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match Args::parse().cmd {
-        Cmd::Dev(args) => dev::run(args).await,
-        Cmd::Node { config } => node::run(&config).await,
-        Cmd::DemoStore { listen } => demo::run(&listen).await,
-        Cmd::Cluster(args) => cli::cluster(args).await,
-        Cmd::Lock(args) => cli::lock(args).await,
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let serves = matches!(args.cmd, Cmd::Dev(_) | Cmd::Node(_) | Cmd::DemoStore { .. });
+    if !serves {
+        die_on_closed_stdout();
+    }
+    if let Err(e) = logging::init(&args.log, if serves { "info" } else { "warn" }) {
+        return cli::CliError::usage(e).report();
+    }
+    match args.cmd {
+        Cmd::Dev(a) => served(dev::run(a).await),
+        Cmd::Node(a) => served(node::run(&a.config).await),
+        Cmd::DemoStore { listen } => served(demo::run(&listen).await),
+        Cmd::Cluster(a) => done(cli::cluster(a).await),
+        Cmd::Member(a) => done(cli::member(a).await),
+        Cmd::Lock(a) => cli::lock(a).await.unwrap_or_else(|e| e.report()),
+        Cmd::Version { output } => {
+            let v = Version {
+                name: "fencegate",
+                version: env!("CARGO_PKG_VERSION"),
+            };
+            match cli::output_format(output) {
+                cli::Format::Json => cli::json_pretty(&v),
+                cli::Format::Table => println!("{} {}", v.name, v.version),
+            }
+            ExitCode::SUCCESS
+        }
+        Cmd::Completion { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Args::command(),
+                "fencegate",
+                &mut std::io::stdout(),
+            );
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// `fencegate lock list | head -1` should end quietly, like any Unix tool, instead of
+/// panicking on the closed pipe. Rust ignores SIGPIPE by default, which servers need (a peer
+/// closing a socket must not kill a node), so only the client commands restore it.
+fn die_on_closed_stdout() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: SIG_DFL installs no handler code, so nothing can run in signal context; setting
+    // a disposition is process-wide and atomic, whatever threads exist.
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
+}
+
+fn done(result: Result<(), cli::CliError>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => e.report(),
+    }
+}
+
+/// A server's start-up failure (port in use, unreadable config) is an operator error: one
+/// line with its causes, no backtrace.
+fn served(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(cli::exit::FAILURE)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every command's help is complete: it explains itself, shows an example, and never
+    /// points at documents users do not have.
+    #[test]
+    fn every_command_has_help_with_an_example_and_no_spec_reference() {
+        fn walk(cmd: &mut clap::Command, path: String, seen: &mut usize) {
+            let help = cmd.render_long_help().to_string();
+            for forbidden in ["SPEC", "§"] {
+                assert!(
+                    !help.contains(forbidden),
+                    "`{path} --help` cites {forbidden}"
+                );
+            }
+            // clap's generated `help` subcommand mirrors the tree; it is not ours to describe.
+            if cmd.get_name() == "help" {
+                return;
+            }
+            {
+                assert!(cmd.get_about().is_some(), "`{path}` has no description");
+                assert!(help.contains("Example"), "`{path} --help` has no example");
+                for arg in cmd.get_arguments() {
+                    if arg.get_id() != "help" && arg.get_id() != "version" {
+                        assert!(
+                            arg.get_help().is_some() || arg.get_long_help().is_some(),
+                            "`{path}`: --{} has no help",
+                            arg.get_id()
+                        );
+                    }
+                }
+            }
+            *seen += 1;
+            for sub in cmd.get_subcommands_mut() {
+                let sub_path = format!("{path} {}", sub.get_name());
+                walk(sub, sub_path, seen);
+            }
+        }
+        let mut cmd = Args::command();
+        cmd.build();
+        let mut seen = 0;
+        walk(&mut cmd, "fencegate".into(), &mut seen);
+        assert!(seen > 20, "only {seen} commands walked");
     }
 }

@@ -39,6 +39,7 @@ pub fn start(
         Routes::new(config.routes.clone()).map_err(|e| ProxyError::Config(e.to_string()))?;
     let metrics = ProxyMetrics::new(&node.metrics.registry);
     let gate = Arc::new(FenceGate::new(node, config.grant_ms));
+    let revocations = tokio::spawn(gate.clone().serve_revocations());
     let proxy =
         FenceProxy::new(routes, gate, metrics).with_unsafe_no_fencing(config.unsafe_no_fencing);
     if config.unsafe_no_fencing {
@@ -60,6 +61,8 @@ pub fn start(
     Ok(tokio::spawn(async move {
         // pingora stops a service through a watch channel. Bridging the caller's future to it
         // here, in the service's own task, leaves nothing behind when the task is aborted.
+        // The revocation listener lives exactly as long as this task, even if it is aborted.
+        let _revocations = AbortOnDrop(revocations);
         let (stop_tx, stop_rx) = watch::channel(false);
         let serve = service.start_service(Some(fds), stop_rx, 1);
         tokio::pin!(serve);
@@ -71,4 +74,12 @@ pub fn start(
             }
         }
     }))
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

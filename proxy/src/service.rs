@@ -12,10 +12,11 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 use serde_json::{json, Value};
 
-use crate::gate::{Admission, FenceGate};
+use crate::gate::{Admission, FenceGate, InFlightGuard};
 use crate::metrics::ProxyMetrics;
 use crate::route::Routes;
 use crate::verdict::{check_resource_header, parse_token, Rejection};
+use lock_core::wire::{FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
 
 pub struct FenceProxy {
     routes: Routes,
@@ -33,6 +34,9 @@ pub struct Ctx {
     /// For an admitted protected write: when the request must have reached the upstream in
     /// full (see `gate::Admitted::send_by`).
     send_by: Option<Instant>,
+    /// Counts this write in flight for its resource until the request is over (a revocation
+    /// of its token waits for it).
+    in_flight: Option<InFlightGuard>,
 }
 
 impl FenceProxy {
@@ -79,6 +83,7 @@ impl ProxyHttp for FenceProxy {
             started: Instant::now(),
             outcome: "forwarded",
             send_by: None,
+            in_flight: None,
         }
     }
 
@@ -113,33 +118,47 @@ impl ProxyHttp for FenceProxy {
         let upstream_timeout = Duration::from_millis(route.config.upstream_timeout_ms);
         let checked = async {
             lock_core::wire::validate_resource(&m.resource).map_err(Rejection::BadResource)?;
+            for name in [FENCE_TOKEN_HEADER, FENCE_RESOURCE_HEADER] {
+                if req.headers.get_all(name).iter().count() > 1 {
+                    return Err(Rejection::DuplicateHeader(name));
+                }
+            }
             check_resource_header(
-                req.headers.get("fence-resource").map(|v| v.as_bytes()),
+                req.headers.get(FENCE_RESOURCE_HEADER).map(|v| v.as_bytes()),
                 &m.resource,
             )?;
-            let token = parse_token(req.headers.get("fence-token").map(|v| v.as_bytes()))?;
+            let token = parse_token(req.headers.get(FENCE_TOKEN_HEADER).map(|v| v.as_bytes()))?;
             self.gate.admit(&m.resource, token, upstream_timeout).await
         }
         .await;
+        // The same fields as the lock calls' audit lines (a proxied write has no lease id).
+        let audit = |outcome: &str| {
+            let token = parse_token(req.headers.get(FENCE_TOKEN_HEADER).map(|v| v.as_bytes()));
+            tracing::info!(
+                target: "fencegate::audit",
+                op = "proxy_write",
+                resource = %m.resource,
+                lease = None::<&str>,
+                token = token.ok(),
+                outcome,
+            );
+        };
         match checked {
             Ok(admitted) => {
                 ctx.send_by = Some(admitted.send_by);
+                ctx.in_flight = Some(admitted.in_flight);
                 let reason = match admitted.how {
                     Admission::FastPath => "fast_path",
                     Admission::Consensus => "consensus",
                 };
                 self.decide("forwarded", reason);
+                audit("forwarded");
                 Ok(false)
             }
             Err(rejection) => {
                 ctx.outcome = "rejected";
                 self.decide("rejected", rejection.code());
-                tracing::info!(
-                    target: "fencegate::audit",
-                    op = "proxy_write",
-                    resource = %m.resource,
-                    outcome = rejection.code(),
-                );
+                audit(rejection.code());
                 respond_json(session, rejection.status(), &rejection.body()).await?;
                 Ok(true)
             }

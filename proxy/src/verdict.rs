@@ -19,6 +19,9 @@ pub enum Rejection {
     BadResource(String),
     /// 400: `Fence-Resource` names another resource than the one derived from the path.
     ResourceMismatch { header: String, derived: String },
+    /// 400: a fence header appears more than once (a store reading another copy than the one
+    /// checked would see another token).
+    DuplicateHeader(&'static str),
     /// 412: a larger token was issued or admitted for the resource.
     Stale { presented: u64, highest: u64 },
     /// 412: the token's lease has ended (or ends before the upstream timeout could elapse).
@@ -35,7 +38,8 @@ impl Rejection {
             Rejection::TokenRequired => 428,
             Rejection::MalformedToken
             | Rejection::BadResource(_)
-            | Rejection::ResourceMismatch { .. } => 400,
+            | Rejection::ResourceMismatch { .. }
+            | Rejection::DuplicateHeader(_) => 400,
             Rejection::Stale { .. } | Rejection::Ended { .. } | Rejection::Unknown { .. } => 412,
             Rejection::NoQuorum => 503,
         }
@@ -48,6 +52,7 @@ impl Rejection {
             Rejection::MalformedToken => "malformed_fencing_token",
             Rejection::BadResource(_) => "invalid_resource",
             Rejection::ResourceMismatch { .. } => "fence_resource_mismatch",
+            Rejection::DuplicateHeader(_) => "duplicate_fence_header",
             Rejection::Stale { .. } | Rejection::Ended { .. } => "stale_fencing_token",
             Rejection::Unknown { .. } => "unknown_fencing_token",
             Rejection::NoQuorum => "no_quorum",
@@ -76,6 +81,9 @@ impl Rejection {
                 "This route is fenced: send the lease's token in a Fence-Token header.".into()
             }
             Rejection::MalformedToken => "Fence-Token must be a decimal unsigned integer.".into(),
+            Rejection::DuplicateHeader(name) => {
+                format!("Send exactly one {name} header; this request has several.")
+            }
             Rejection::BadResource(why) => format!("The path maps to an invalid resource: {why}"),
             Rejection::ResourceMismatch { header, derived } => {
                 format!("Fence-Resource is '{header}' but this path is fenced on '{derived}'.")

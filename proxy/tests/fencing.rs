@@ -343,12 +343,45 @@ async fn t30_no_quorum_is_503_and_nothing_is_forwarded() {
     h.shutdown().await;
 }
 
-/// SPEC §5 epoch barrier: A's write is in flight (the store applies it 700 ms late, inside the
-/// route's 1 s upstream timeout) when A releases; B's lease is deferred until A's grant ends,
-/// so B's write reaches the store only after A's. The store's log proves the order.
+/// A fence header sent twice is refused: a store that reads another copy than the one the
+/// proxy checked would see another token. Nothing is forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t21_duplicate_fence_headers_are_refused() {
+    let h = FenceHarness::start().await;
+    let c = h.client.clone();
+    let a = h.acquire("kv:d", "A", 30_000, 0).await;
+
+    phase("two Fence-Token headers (the valid one first) and two Fence-Resource headers");
+    let twice_token = Write::put("d", a.token, "twice").header("fence-token", 1);
+    let twice_resource = Write::put("d", a.token, "twice")
+        .header("fence-resource", "kv:d")
+        .header("fence-resource", "kv:other");
+    for w in [twice_token, twice_resource] {
+        let r = c.send(1, &w).await;
+        assert_eq!(
+            (r.status, r.code()),
+            (400, "duplicate_fence_header"),
+            "{}",
+            r.body
+        );
+    }
+
+    phase("nothing reached the store; a single header still works");
+    assert!(c.store_log().await.is_empty());
+    let r = c.put(1, "d", a.token, "once").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    h.shutdown().await;
+}
+
+/// The epoch barrier with revocation: A's write is in flight (the store applies it 700 ms
+/// late, inside the route's 1 s upstream timeout) when A releases. The proxy stops forwarding
+/// A's token at once but confirms the revocation only after that write completed; until then
+/// the lock is not reissued (a try-once acquire gets 409 `lock_revoking`), and A's release
+/// answers only then. So B's write reaches the store after A's. The store's log proves the
+/// order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t40_epoch_barrier_newer_write_waits_for_in_flight_older_write() {
-    let h = FenceHarness::start().await;
+    let h = Arc::new(FenceHarness::start().await);
     let c = h.client.clone();
     let a = h.acquire("kv:e", "A", 30_000, 0).await;
 
@@ -361,18 +394,43 @@ async fn t40_epoch_barrier_newer_write_waits_for_in_flight_older_write() {
     wait_for_grant(&h, "kv:e", a.token).await;
 
     phase("A releases at once, while its write is still in flight");
-    h.release(&a).await;
+    let release = tokio::spawn({
+        let h = h.clone();
+        let a = a.clone();
+        async move { h.release(&a).await }
+    });
+    eventually(
+        Duration::from_secs(5),
+        "the release is applied",
+        async || h.lock_view("kv:e").await["held"] == json!(false),
+    )
+    .await;
 
-    phase("the lock is not reissued while A's grant lives: try-once gets 409 with retry_after");
+    phase("the lock is not reissued while A's write is in flight: 409 lock_revoking");
     let (s, v) = h.try_acquire("kv:e", "C").await;
-    assert_eq!((s, v["error"].as_str()), (409, Some("lock_held")), "{v}");
-    let retry = v["retry_after_ms"].as_u64().expect("retry_after_ms");
-    assert!(
-        retry > 0 && retry <= h.config().grant_ms,
-        "retry_after_ms {retry} should be the rest of A's grant"
+    if !release.is_finished() {
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (409, Some("lock_revoking")),
+            "{v}"
+        );
+        let retry = v["retry_after_ms"].as_u64().expect("retry_after_ms");
+        assert!(
+            retry > 0 && retry <= h.config().grant_ms,
+            "retry_after_ms {retry} should be at most the rest of A's grant"
+        );
+    }
+
+    phase("A's release answers once its in-flight write has completed at the store");
+    release.await.expect("release task");
+    let values: Vec<String> = c.store_log().await.into_iter().map(|w| w.value).collect();
+    assert_eq!(
+        values,
+        ["A-slow"],
+        "A's write completed before the release answered"
     );
 
-    phase("B waits for the lock (handed over when A's grant ends) and writes");
+    phase("B acquires and writes");
     let b = h.acquire("kv:e", "B", 30_000, 10_000).await;
     let rb = c.put(2, "e", b.token, "B-1").await;
     assert_eq!(rb.status, 200, "{}", rb.body);
@@ -388,6 +446,40 @@ async fn t40_epoch_barrier_newer_write_waits_for_in_flight_older_write() {
     let values: Vec<&str> = log.iter().map(|w| w.value.as_str()).collect();
     assert_eq!(values, ["A-slow", "B-1"], "{log:#?}");
     assert_eq!(c.store_value("e").await.as_deref(), Some("B-1"));
+    match Arc::try_unwrap(h) {
+        Ok(h) => h.shutdown().await,
+        Err(_) => panic!("harness still shared"),
+    }
+}
+
+/// Active revocation: after a proxied write and a release, the released token is refused by
+/// every proxy as soon as the release answered, and the next holder gets the lock at once —
+/// not when the proxy's grant would have run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t43_release_after_a_proxied_write_fences_the_token_and_hands_off_at_once() {
+    let h = FenceHarness::start().await;
+    let c = h.client.clone();
+
+    phase("A acquires kv:h, writes through proxy 1 (its grant lives for grant_ms), releases");
+    let a = h.acquire("kv:h", "A", 30_000, 0).await;
+    let r = c.put(1, "h", a.token, "A-1").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    h.release(&a).await;
+
+    phase("A's token is refused by every proxy from now on, including the one it wrote through");
+    h.assert_refused_everywhere("h", a.token, "stale_fencing_token")
+        .await;
+
+    phase("a try-once acquire right after the release is granted (no wait for the grant)");
+    let (s, v) = h.try_acquire("kv:h", "B").await;
+    assert_eq!(s, 200, "the lock should be free at once: {v}");
+    let b_token = v["fencing_token"].as_u64().expect("token");
+    assert!(b_token > a.token);
+    let r = c.put(2, "h", b_token, "B-1").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    let values: Vec<String> = c.store_log().await.into_iter().map(|w| w.value).collect();
+    assert_eq!(values, ["A-1", "B-1"]);
     h.shutdown().await;
 }
 

@@ -13,10 +13,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use lock_core::wire::{
+    classify, AcquireRequest, AcquireResponse, ClusterStatus, ErrorBody, Failure, LeaseId,
+    LeaseRequest, LockView, ReleaseResponse, RenewResponse, StoreLogEntry, FENCE_TOKEN_HEADER,
+};
 use rand::Rng;
-use serde_json::{json, Value};
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::Serialize;
+use serde_json::Value;
 
-use super::history::{EventType, History};
+use super::history::{EventType, History, LockCall, ReadCall, Trouble, WriteCall, WriteRole};
 
 /// One node's endpoints.
 #[derive(Clone, Debug)]
@@ -26,12 +33,33 @@ pub struct Endpoint {
     pub proxy: String,
 }
 
-/// What a call came to.
+/// What a call came to, for the client that made it (the history has the details).
 #[derive(Clone, Debug)]
-pub enum Outcome {
-    Ok(Value),
-    Fail(Value),
+pub enum Outcome<T> {
+    /// It happened; the answer.
+    Ok(T),
+    /// It did not happen, or its answer is of no use: no point retrying.
+    Fail,
+    /// No connection could be made: nothing was sent, another node may do.
+    Unreachable,
+    /// Unknown whether it happened: retry with the same ids.
     Info,
+}
+
+impl<T> Outcome<T> {
+    /// The answer turned into what the caller wants; one it cannot use is a `Fail`.
+    fn and_then<U>(self, f: impl FnOnce(T) -> Option<U>) -> Outcome<U> {
+        match self {
+            Outcome::Ok(v) => f(v).map_or(Outcome::Fail, Outcome::Ok),
+            Outcome::Fail => Outcome::Fail,
+            Outcome::Unreachable => Outcome::Unreachable,
+            Outcome::Info => Outcome::Info,
+        }
+    }
+}
+
+fn json<T: DeserializeOwned>(body: Bytes) -> Option<T> {
+    serde_json::from_slice(&body).ok()
 }
 
 /// The drop-responses nemesis: while on, some lock calls lose their answer. Half of them are
@@ -126,51 +154,82 @@ impl Client {
         request_id: &str,
         ttl_ms: u64,
         wait_timeout_ms: u64,
-    ) -> Outcome {
-        let body = json!({
-            "request_id": request_id,
-            "holder": process,
-            "ttl_ms": ttl_ms,
-            "wait_timeout_ms": wait_timeout_ms,
-        });
-        let mut inv = body.clone();
-        inv["resource"] = json!(resource);
+    ) -> Outcome<AcquireResponse> {
+        let inv = LockCall {
+            resource: resource.to_string(),
+            body: AcquireRequest {
+                request_id: request_id.to_string(),
+                holder: Some(process.to_string()),
+                ttl_ms: Some(ttl_ms),
+                wait_timeout_ms: Some(wait_timeout_ms),
+            },
+        };
         // A long poll may legitimately take its wait plus the server's slack (cancel and
         // release of an abandoned wait, each bounded by the 2 s write timeout).
         let timeout = Duration::from_millis(wait_timeout_ms + 8_000);
         let url = format!("{}/v1/locks/{resource}/acquire", self.endpoint(node).api);
-        self.call(process, "acquire", node, Kind::Lock, inv, timeout, |h| {
-            h.post(url).json(&body)
+        self.call(process, "acquire", node, Kind::Lock, &inv, timeout, |h| {
+            h.post(url).json(&inv.body)
         })
         .await
+        .and_then(json)
     }
 
-    /// `POST /v1/locks/{resource}/renew` (or `release`).
-    pub async fn lease_call(
+    /// `POST /v1/locks/{resource}/renew`.
+    pub async fn renew(
+        &self,
+        process: &str,
+        node: u64,
+        resource: &str,
+        lease_id: LeaseId,
+    ) -> Outcome<RenewResponse> {
+        self.lease_call(process, "renew", node, resource, lease_id)
+            .await
+            .and_then(json)
+    }
+
+    /// `POST /v1/locks/{resource}/release`.
+    pub async fn release(
+        &self,
+        process: &str,
+        node: u64,
+        resource: &str,
+        lease_id: LeaseId,
+    ) -> Outcome<ReleaseResponse> {
+        self.lease_call(process, "release", node, resource, lease_id)
+            .await
+            .and_then(json)
+    }
+
+    async fn lease_call(
         &self,
         process: &str,
         f: &'static str,
         node: u64,
         resource: &str,
-        lease_id: &str,
-    ) -> Outcome {
-        let body = json!({ "lease_id": lease_id });
-        let inv = json!({ "resource": resource, "lease_id": lease_id });
+        lease_id: LeaseId,
+    ) -> Outcome<Bytes> {
+        let inv = LockCall {
+            resource: resource.to_string(),
+            body: LeaseRequest {
+                lease_id: Some(lease_id),
+            },
+        };
         let url = format!("{}/v1/locks/{resource}/{f}", self.endpoint(node).api);
         self.call(
             process,
             f,
             node,
             Kind::Lock,
-            inv,
+            &inv,
             Duration::from_secs(4),
-            |h| h.post(url).json(&body),
+            |h| h.post(url).json(&inv.body),
         )
         .await
     }
 
-    /// `PUT /kv/{key}` through node `node`'s fencing proxy with `Fence-Token: token`.
-    /// `role` marks the write in the history (`normal`, `zombie`, `foreign`).
+    /// `PUT /kv/{key}` through node `node`'s fencing proxy with the fence token `token`.
+    /// `role` marks the write in the history.
     pub async fn write(
         &self,
         process: &str,
@@ -178,73 +237,94 @@ impl Client {
         key: &str,
         token: u64,
         value: &str,
-        role: &str,
-    ) -> Outcome {
-        let inv = json!({
-            "resource": format!("kv:{key}"),
-            "key": key,
-            "token": token,
-            "value": value,
-            "role": role,
-        });
+        role: WriteRole,
+    ) -> Outcome<()> {
+        let inv = WriteCall {
+            resource: format!("kv:{key}"),
+            key: key.to_string(),
+            token,
+            value: value.to_string(),
+            role,
+        };
         let url = format!("{}/kv/{key}", self.endpoint(node).proxy);
-        let body = value.to_string();
         self.call(
             process,
             "write",
             node,
             Kind::Write,
-            inv,
+            &inv,
             Duration::from_secs(4),
             |h| {
                 h.put(url)
-                    .header("Fence-Token", token.to_string())
-                    .body(body)
+                    .header(FENCE_TOKEN_HEADER, token.to_string())
+                    .body(value.to_string())
             },
         )
         .await
+        .and_then(|_| Some(()))
     }
 
     /// `GET /kv/{key}` straight from the store (what a zombie looks at before waking up).
-    pub async fn read_kv(&self, process: &str, key: &str) -> Outcome {
+    pub async fn read_kv(&self, process: &str, key: &str) -> Outcome<String> {
         let url = format!("{}/kv/{key}", self.store);
         self.call(
             process,
             "read_kv",
             0,
             Kind::Read,
-            json!({ "key": key }),
+            &ReadCall::Key(key.to_string()),
             Duration::from_secs(2),
             |h| h.get(url),
         )
         .await
+        .and_then(|body| Some(String::from_utf8_lossy(&body).into_owned()))
     }
 
     /// `GET /v1/locks/{resource}` (linearizable) under the history function name `f`.
-    pub async fn read_lock(&self, process: &str, f: &str, node: u64, resource: &str) -> Outcome {
+    pub async fn read_lock(
+        &self,
+        process: &str,
+        f: &str,
+        node: u64,
+        resource: &str,
+    ) -> Outcome<LockView> {
         let url = format!("{}/v1/locks/{resource}", self.endpoint(node).api);
         self.call(
             process,
             f,
             node,
             Kind::Read,
-            json!({ "resource": resource }),
+            &ReadCall::Resource(resource.to_string()),
             Duration::from_secs(4),
             |h| h.get(url),
         )
         .await
+        .and_then(json)
     }
 
-    /// Any GET, recorded under `f` (the final cluster views and the store's log).
-    pub async fn get(&self, process: &str, f: &str, node: Option<u64>, url: String) -> Outcome {
+    /// `GET /v1/cluster` of node `node`, recorded as `final_cluster`.
+    pub async fn final_cluster(&self, process: &str, node: u64) -> Outcome<ClusterStatus> {
+        let url = format!("{}/v1/cluster", self.endpoint(node).api);
+        self.get(process, "final_cluster", node, url)
+            .await
+            .and_then(json)
+    }
+
+    /// `GET /log` of the store, recorded as `store_log`.
+    pub async fn store_log(&self, process: &str) -> Outcome<Vec<StoreLogEntry>> {
+        let url = format!("{}/log", self.store);
+        self.get(process, "store_log", 0, url).await.and_then(json)
+    }
+
+    async fn get(&self, process: &str, f: &str, node: u64, url: String) -> Outcome<Bytes> {
         self.call(
             process,
             f,
-            node.unwrap_or(0),
+            node,
             Kind::Read,
-            json!({ "url": url }),
+            &ReadCall::Url(url.clone()),
             Duration::from_secs(10),
-            |h| h.get(url.clone()),
+            |h| h.get(url),
         )
         .await
     }
@@ -271,6 +351,7 @@ impl Client {
         }
     }
 
+    /// Sends one request and records it: the invocation `inv` before, the completion after.
     #[allow(clippy::too_many_arguments)]
     async fn call(
         &self,
@@ -278,13 +359,13 @@ impl Client {
         f: &str,
         node: u64,
         kind: Kind,
-        inv: Value,
+        inv: &impl Serialize,
         timeout: Duration,
         build: impl FnOnce(&reqwest::Client) -> reqwest::RequestBuilder,
-    ) -> Outcome {
+    ) -> Outcome<Bytes> {
         let drop = self.drop_mode(kind);
         let node_field = (node != 0).then_some(node);
-        let pending = self.hist.invoke(process, f, node_field, inv);
+        let pending = self.hist.invoke(process, f, node_field, recorded(inv));
         let req = build(&self.http).timeout(timeout);
         let exchange = async move {
             let resp = req.send().await?;
@@ -297,70 +378,93 @@ impl Client {
                 Ok(r) => r,
                 Err(_) => {
                     self.drops.abandoned.fetch_add(1, Ordering::Relaxed);
-                    let v = json!({ "error": "abandoned", "after_ms": after.as_millis() as u64 });
-                    self.hist.complete(pending, EventType::Info, v);
+                    let trouble = Trouble {
+                        after_ms: Some(after.as_millis() as u64),
+                        ..Trouble::new(Trouble::ABANDONED)
+                    };
+                    self.hist
+                        .complete(pending, EventType::Info, recorded(&trouble));
                     return Outcome::Info;
                 }
             },
             _ => exchange.await,
         };
-        let (kind_out, value) = match result {
-            Err(e) if e.is_connect() => (
-                EventType::Fail,
-                json!({ "error": "connect", "message": e.to_string() }),
-            ),
-            Err(e) => (
-                EventType::Info,
-                json!({
-                    "error": if e.is_timeout() { "timeout" } else { "transport" },
-                    "message": e.to_string(),
-                }),
-            ),
-            Ok((status, bytes)) => {
-                let body: Value = serde_json::from_slice(&bytes)
-                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
-                let class = classify(kind, status);
-                if class == EventType::Ok {
-                    if drop == Drop::Lose {
-                        self.drops.dropped.fetch_add(1, Ordering::Relaxed);
-                        (
-                            EventType::Info,
-                            json!({ "error": "response_dropped", "status": status, "body": body }),
-                        )
-                    } else {
-                        (EventType::Ok, body)
-                    }
+        let (event, value, outcome) = match result {
+            Err(e) => {
+                let (error, event, outcome) = if e.is_connect() {
+                    (Trouble::CONNECT, EventType::Fail, Outcome::Unreachable)
+                } else if e.is_timeout() {
+                    (Trouble::TIMEOUT, EventType::Info, Outcome::Info)
                 } else {
-                    let code = body.get("error").cloned().unwrap_or(Value::Null);
-                    (
-                        class,
-                        json!({ "status": status, "error": code, "body": body }),
-                    )
+                    (Trouble::TRANSPORT, EventType::Info, Outcome::Info)
+                };
+                let trouble = Trouble {
+                    message: Some(e.to_string()),
+                    ..Trouble::new(error)
+                };
+                (event, recorded(&trouble), outcome)
+            }
+            Ok((status, bytes)) => {
+                let body = answer_body(&bytes);
+                match sort(kind, status, &bytes) {
+                    EventType::Ok if drop == Drop::Lose => {
+                        self.drops.dropped.fetch_add(1, Ordering::Relaxed);
+                        let trouble = Trouble {
+                            status: Some(status),
+                            body: Some(body),
+                            ..Trouble::new(Trouble::RESPONSE_DROPPED)
+                        };
+                        (EventType::Info, recorded(&trouble), Outcome::Info)
+                    }
+                    EventType::Ok => (EventType::Ok, body, Outcome::Ok(bytes)),
+                    event => {
+                        let trouble = Trouble {
+                            status: Some(status),
+                            body: Some(body),
+                            ..Trouble::new(ErrorBody::from_answer(status, &bytes).error.as_str())
+                        };
+                        let outcome = match event {
+                            EventType::Fail => Outcome::Fail,
+                            _ => Outcome::Info,
+                        };
+                        (event, recorded(&trouble), outcome)
+                    }
                 }
             }
         };
-        self.hist.complete(pending, kind_out, value.clone());
-        match kind_out {
-            EventType::Ok => Outcome::Ok(value),
-            EventType::Fail => Outcome::Fail(value),
-            _ => Outcome::Info,
-        }
+        self.hist.complete(pending, event, value);
+        outcome
     }
 }
 
+/// A record for the history (every type recorded serializes to a JSON object).
+fn recorded(v: &impl Serialize) -> Value {
+    serde_json::to_value(v).unwrap_or_default()
+}
+
+/// An answer's body as the history keeps it: its JSON, or its text.
+fn answer_body(bytes: &[u8]) -> Value {
+    serde_json::from_slice(bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into()))
+}
+
 /// Whether an HTTP answer means the call happened, did not, or may have.
-fn classify(kind: Kind, status: u16) -> EventType {
-    match (kind, status) {
-        (_, 200..=299) => EventType::Ok,
-        // The lock API: 503 `no_quorum` may still commit later (docs/api.md), as may any
-        // other server error; 4xx answers are definite.
-        (Kind::Lock, 500..=599) => EventType::Info,
-        (Kind::Lock, _) => EventType::Fail,
+fn sort(kind: Kind, status: u16, body: &[u8]) -> EventType {
+    let success = (200..300).contains(&status);
+    match kind {
+        // The lock API's rule: 503 `no_quorum` may still commit later (docs/api.md), as may
+        // any other server error; other answers are definite. A success that is not JSON
+        // still happened: the checker reports the garbled answer.
+        Kind::Lock => match classify::<IgnoredAny>(status, body) {
+            Ok(_) => EventType::Ok,
+            Err(Failure::Definite { .. }) => EventType::Fail,
+            Err(Failure::Uncertain(_)) if success => EventType::Ok,
+            Err(Failure::Uncertain(_)) => EventType::Info,
+        },
+        _ if success => EventType::Ok,
         // The proxy: a rejection (400/404/412/428) and 503 `no_quorum` forward nothing
         // (docs/fencing.md); 502/504 "may or may not have reached the upstream".
-        (Kind::Write, 502 | 504) => EventType::Info,
-        (Kind::Write, 500..=599) if status != 503 => EventType::Info,
-        (Kind::Write, _) => EventType::Fail,
-        (Kind::Read, _) => EventType::Fail,
+        Kind::Write if (500..600).contains(&status) && status != 503 => EventType::Info,
+        Kind::Write | Kind::Read => EventType::Fail,
     }
 }

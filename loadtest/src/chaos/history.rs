@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -48,6 +49,134 @@ pub struct Event {
     pub node: Option<u64>,
     #[serde(default)]
     pub value: Value,
+}
+
+/// A recorded value read as `T`, if it is one.
+pub fn value_as<T: DeserializeOwned>(value: &Value) -> Option<T> {
+    T::deserialize(value).ok()
+}
+
+// ---- what the clients record --------------------------------------------------------------
+
+/// The invocation of a lock call: the resource and the request body as sent.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LockCall<B> {
+    pub resource: String,
+    #[serde(flatten)]
+    pub body: B,
+}
+
+/// Why a protected write was sent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WriteRole {
+    /// By a holder, within its lease by its own clock.
+    #[default]
+    Normal,
+    /// By a holder that stalled past its lease: late.
+    Zombie,
+    /// With a token that was issued for another resource.
+    Foreign,
+    /// By a holder right after its release was acknowledged: must never land.
+    #[serde(rename = "after_release")]
+    AfterRelease,
+}
+
+impl WriteRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WriteRole::Normal => "normal",
+            WriteRole::Zombie => "zombie",
+            WriteRole::Foreign => "foreign",
+            WriteRole::AfterRelease => "after_release",
+        }
+    }
+}
+
+/// The invocation of a protected write through a fencing proxy.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WriteCall {
+    pub resource: String,
+    pub key: String,
+    pub token: u64,
+    /// Unique per write (see [`written_value`]).
+    pub value: String,
+    #[serde(default)]
+    pub role: WriteRole,
+}
+
+/// The invocation of a read: `{"resource": …}`, `{"key": …}` or `{"url": …}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadCall {
+    /// `GET /v1/locks/{resource}` on a node.
+    Resource(String),
+    /// `GET /kv/{key}` on the store.
+    Key(String),
+    /// Any other GET (the final cluster views, the store's log).
+    Url(String),
+}
+
+/// The value of a `fail` or `info` completion: why, and the answer if one came.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Trouble {
+    /// The answer's error code (`lock_core::wire::ErrorCode`), or one of the client's own:
+    /// [`Trouble::CONNECT`], [`Trouble::TIMEOUT`], [`Trouble::TRANSPORT`],
+    /// [`Trouble::ABANDONED`], [`Trouble::RESPONSE_DROPPED`].
+    pub error: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// How long after sending an abandoned request was given up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_ms: Option<u64>,
+    /// The answer's body: for `response_dropped`, the answer the client threw away.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<Value>,
+}
+
+impl Trouble {
+    /// No connection could be made: nothing was sent.
+    pub const CONNECT: &'static str = "connect";
+    pub const TIMEOUT: &'static str = "timeout";
+    pub const TRANSPORT: &'static str = "transport";
+    /// The client hung up while the server may still have been deciding.
+    pub const ABANDONED: &'static str = "abandoned";
+    /// The answer came and was thrown away (the drop-responses nemesis).
+    pub const RESPONSE_DROPPED: &'static str = "response_dropped";
+
+    pub fn new(error: impl Into<String>) -> Self {
+        Trouble {
+            error: error.into(),
+            status: None,
+            message: None,
+            after_ms: None,
+            body: None,
+        }
+    }
+}
+
+/// What the checker reads of a nemesis note: the kind of fault a `start` note begins, and the
+/// clock offset a note sets.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct FaultNote {
+    pub kind: Option<String>,
+    pub offset_ms: Option<i64>,
+}
+
+/// The value a client writes: unique, and naming the token it was written with, so that a
+/// store entry can be traced back to its write: `w3:t41:n7`.
+pub fn written_value(process: &str, token: u64, seq: u64) -> String {
+    format!("{process}:t{token}:n{seq}")
+}
+
+/// The token in a value made by [`written_value`]: `w3:t41:n7` → 41.
+pub fn token_in_value(value: &str) -> Option<u64> {
+    value
+        .split(':')
+        .find_map(|p| p.strip_prefix('t'))
+        .and_then(|t| t.parse().ok())
 }
 
 /// An invoked, not yet completed operation.

@@ -1,5 +1,6 @@
-//! `fencegate-loadtest chaos`: a Jepsen-style test of SPEC §3 under faults, shipped as a
-//! command (issue 6; the design and results are in docs/verification.md).
+//! `fencegate-loadtest chaos`: a Jepsen-style test of the lock service's and the fencing
+//! proxy's safety under faults, shipped as a command (the design and results are in
+//! docs/verification.md).
 //!
 //! ```text
 //! fencegate-loadtest chaos --duration-s 60 --out /tmp/chaos            # mixed faults, must pass
@@ -9,8 +10,8 @@
 //! ```
 //!
 //! One run: start three `fencegate node` processes with proxies and a demo store
-//! ([`cluster`]); run honest workers and zombies ([`workers`]) through the raw HTTP clients
-//! that record every invocation and completion ([`client`], [`history`]); let the
+//! ([`crate::cluster`]); run honest workers and zombies ([`workers`]) through the raw HTTP
+//! clients that record every invocation and completion ([`client`], [`history`]); let the
 //! [`nemesis`] break things one at a time; heal, let the clients stop, read the final state
 //! and the store's log; then check the history, one function per invariant ([`checker`]).
 //! Exit status 0 only if no check found a violation and nothing else went wrong (a node
@@ -18,12 +19,11 @@
 
 mod checker;
 mod client;
-mod cluster;
 mod history;
 mod nemesis;
+mod verdict;
 mod workers;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -31,14 +31,35 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use serde_json::{json, Value};
+use lock_core::wire::AcquireRequest;
+use serde_json::json;
 use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
 
 use client::{Client, DropSwitch, Endpoint, Outcome};
-use cluster::ChaosCluster;
-use history::History;
+use history::{value_as, EventType, History, LockCall};
 use nemesis::{Fault, Nemesis};
+use verdict::{RunSetup, Verdict};
 use workers::Workload;
+
+use crate::cluster::process::find_fencegate_bin;
+use crate::cluster::{ClusterSpec, LocalCluster, ProxySpec};
+
+/// The chaos cluster: fault injection on, a proxy per node. A short grant keeps hand-offs on
+/// contended keys quick (a release defers the next lease by at most one grant,
+/// docs/fencing.md).
+fn cluster_spec(unsafe_no_fencing: bool) -> ClusterSpec {
+    ClusterSpec {
+        tmp_prefix: "fencegate-chaos-",
+        log_env: "FENCEGATE_CHAOS_NODE_LOG",
+        proxies: Some(ProxySpec {
+            grant_ms: 1_500,
+            upstream_timeout_ms: 1_000,
+            unsafe_no_fencing,
+        }),
+        fault_injection: true,
+    }
+}
 
 /// Which faults the nemesis may inject.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -135,46 +156,10 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     if let Some(out) = &args.out {
         std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
     }
-    let bin = crate::cluster::find_fencegate_bin(args.fencegate_bin.as_deref())?;
-    // A fresh cluster every run: old raft state would carry another run's membership.
-    let data_dir = match (&args.data_dir, &args.out) {
-        (Some(d), _) => {
-            if d.read_dir().is_ok_and(|mut e| e.next().is_some()) {
-                bail!("--data-dir {} is not empty", d.display());
-            }
-            Some(d.clone())
-        }
-        (None, Some(out)) => {
-            let d = out.join("cluster");
-            if d.exists() {
-                std::fs::remove_dir_all(&d).with_context(|| format!("clear {}", d.display()))?;
-            }
-            Some(d)
-        }
-        (None, None) => None,
-    };
-    let mode = if args.unsafe_no_fencing {
-        "UNSAFE (fencing off)"
-    } else {
-        "fenced"
-    };
-    eprintln!(
-        "chaos: {}s, {} workers + {} zombies on {} keys, {mode}, faults: {}, seed {seed}",
-        args.duration_s,
-        args.workers,
-        args.zombies,
-        args.keys,
-        if faults.is_empty() {
-            "none".to_string()
-        } else {
-            faults
-                .iter()
-                .map(|f| f.name())
-                .collect::<Vec<_>>()
-                .join(",")
-        }
-    );
-    let cluster = ChaosCluster::start(bin.clone(), data_dir, args.unsafe_no_fencing)?;
+    let bin = find_fencegate_bin(args.fencegate_bin.as_deref())?;
+    let data_dir = fresh_data_dir(&args)?;
+    announce(&args, &faults, seed);
+    let cluster = LocalCluster::start(bin.clone(), data_dir, cluster_spec(args.unsafe_no_fencing))?;
     eprintln!("chaos: cluster starting in {}", cluster.dir.display());
     let leader = cluster.wait_ready(Duration::from_secs(60)).await?;
     eprintln!("chaos: cluster ready, leader {leader}");
@@ -200,41 +185,12 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
             "fencegate_bin": bin.display().to_string(),
         }),
     );
-    let endpoints: Vec<Endpoint> = cluster
-        .nodes
-        .iter()
-        .map(|n| Endpoint {
-            id: n.id,
-            api: n.api.clone(),
-            proxy: n.proxy.clone(),
-        })
-        .collect();
-    let store = cluster.store.clone();
     let drops = Arc::new(DropSwitch::default());
-    let client = Client::new(endpoints, store.clone(), hist.clone(), drops.clone())?;
+    let client = client_of(&cluster, &hist, &drops)?;
     let cluster = Arc::new(Mutex::new(cluster));
 
     let stop_clients = Arc::new(AtomicBool::new(false));
-    let workload = Arc::new(Workload {
-        client: client.clone(),
-        keys: (0..args.keys.max(1)).map(|i| format!("k{i}")).collect(),
-        stop: stop_clients.clone(),
-    });
-    let mut clients = Vec::new();
-    for i in 0..args.workers {
-        clients.push(tokio::spawn(workers::worker(
-            workload.clone(),
-            i,
-            seed.wrapping_add(1 + i as u64),
-        )));
-    }
-    for i in 0..args.zombies {
-        clients.push(tokio::spawn(workers::zombie(
-            workload.clone(),
-            i,
-            seed.wrapping_add(1_000 + i as u64),
-        )));
-    }
+    let clients = spawn_clients(&args, &client, &stop_clients, seed);
     let stop_nemesis = Arc::new(AtomicBool::new(false));
     let nemesis = Nemesis::new(
         cluster.clone(),
@@ -245,37 +201,14 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
         seed.wrapping_add(7),
     );
     let nemesis = tokio::spawn(nemesis.run());
-
-    // The run.
-    let started = Instant::now();
-    let until = started + Duration::from_secs(args.duration_s);
-    let mut next_report = started + Duration::from_secs(15);
-    while Instant::now() < until {
-        tokio::time::sleep(Duration::from_secs(1).min(until - Instant::now())).await;
-        if Instant::now() >= next_report {
-            next_report += Duration::from_secs(15);
-            eprintln!("chaos: {}s …", started.elapsed().as_secs());
-        }
-    }
+    wait_out(Duration::from_secs(args.duration_s)).await;
 
     // Heal, then let the clients finish what they are doing.
     eprintln!("chaos: healing and stopping the clients");
     stop_nemesis.store(true, Ordering::SeqCst);
     let nemesis = nemesis.await.context("nemesis task")?;
     stop_clients.store(true, Ordering::SeqCst);
-    // Every call is bounded (at most a long poll plus 8 s): a client still busy after 60 s
-    // means a request hung, which the API promises never happens (SPEC §4).
-    let mut problems = Vec::new();
-    for c in clients {
-        let abort = c.abort_handle();
-        if tokio::time::timeout(Duration::from_secs(60), c)
-            .await
-            .is_err()
-        {
-            abort.abort();
-            problems.push("a client did not finish its request within 60 s (a hang)".to_string());
-        }
-    }
+    let mut problems = join_clients(clients).await;
     hist.note("harness", "clients-stopped", None, json!({}));
 
     // The final state, read after the cluster recovered.
@@ -299,11 +232,10 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let events = hist.events();
     let m = checker::model(&events);
     let results = checker::check_all(&m);
-    let mut crashes = nemesis.crashes.clone();
-    crashes.extend(cluster.lock().await.crashed());
-    problems.extend(crashes.iter().cloned());
-    let verdict = verdict(&args, seed, &faults, &m, &results, &problems, &drops);
-    print_summary(&verdict, &results);
+    problems.extend(nemesis.crashes.iter().cloned());
+    problems.extend(cluster.lock().await.crashed());
+    let verdict = run_verdict(&args, seed, &faults, &m, &results, problems, &drops);
+    verdict.print(&results);
     if let Some(out) = &args.out {
         std::fs::write(
             out.join("verdict.json"),
@@ -314,33 +246,147 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
             out.display()
         );
     }
-    if verdict["valid"] != json!(true) {
+    if !verdict.valid {
         bail!(
             "chaos: {} violation(s){}",
-            verdict["violations_total"],
-            if problems.is_empty() {
+            verdict.violations_total,
+            if verdict.problems.is_empty() {
                 String::new()
             } else {
-                format!(", {} other problem(s)", problems.len())
+                format!(", {} other problem(s)", verdict.problems.len())
             }
         );
     }
     Ok(())
 }
 
+/// Where the nodes keep their data: `--data-dir` (which must be empty), else OUT/cluster
+/// (cleared), else a temp dir. A fresh cluster every run: old raft state would carry another
+/// run's membership.
+fn fresh_data_dir(args: &ChaosArgs) -> anyhow::Result<Option<PathBuf>> {
+    Ok(match (&args.data_dir, &args.out) {
+        (Some(d), _) => {
+            if d.read_dir().is_ok_and(|mut e| e.next().is_some()) {
+                bail!("--data-dir {} is not empty", d.display());
+            }
+            Some(d.clone())
+        }
+        (None, Some(out)) => {
+            let d = out.join("cluster");
+            if d.exists() {
+                std::fs::remove_dir_all(&d).with_context(|| format!("clear {}", d.display()))?;
+            }
+            Some(d)
+        }
+        (None, None) => None,
+    })
+}
+
+fn announce(args: &ChaosArgs, faults: &[Fault], seed: u64) {
+    let mode = if args.unsafe_no_fencing {
+        "UNSAFE (fencing off)"
+    } else {
+        "fenced"
+    };
+    let faults = if faults.is_empty() {
+        "none".to_string()
+    } else {
+        let names: Vec<&str> = faults.iter().map(|f| f.name()).collect();
+        names.join(",")
+    };
+    eprintln!(
+        "chaos: {}s, {} workers + {} zombies on {} keys, {mode}, faults: {faults}, seed {seed}",
+        args.duration_s, args.workers, args.zombies, args.keys,
+    );
+}
+
+/// The recording client of the cluster's nodes, proxies and store.
+fn client_of(
+    cluster: &LocalCluster,
+    hist: &Arc<History>,
+    drops: &Arc<DropSwitch>,
+) -> anyhow::Result<Client> {
+    let endpoints: Vec<Endpoint> = cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            Ok(Endpoint {
+                id: n.id,
+                api: n.api.clone(),
+                proxy: n.proxy.clone().context("a chaos node runs a proxy")?,
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let store = cluster
+        .store
+        .clone()
+        .context("the chaos cluster runs a demo store")?;
+    Client::new(endpoints, store, hist.clone(), drops.clone())
+}
+
+/// The honest workers and the zombies, each with its own seed, until `stop`.
+fn spawn_clients(
+    args: &ChaosArgs,
+    client: &Client,
+    stop: &Arc<AtomicBool>,
+    seed: u64,
+) -> Vec<JoinHandle<()>> {
+    let workload = Arc::new(Workload {
+        client: client.clone(),
+        keys: (0..args.keys.max(1)).map(|i| format!("k{i}")).collect(),
+        stop: stop.clone(),
+    });
+    let workers = (0..args.workers).map(|i| {
+        let seed = seed.wrapping_add(1 + i as u64);
+        tokio::spawn(workers::worker(workload.clone(), i, seed))
+    });
+    let zombies = (0..args.zombies).map(|i| {
+        let seed = seed.wrapping_add(1_000 + i as u64);
+        tokio::spawn(workers::zombie(workload.clone(), i, seed))
+    });
+    workers.chain(zombies).collect()
+}
+
+/// The run itself: the clients and the nemesis at work, a progress line every 15 s.
+async fn wait_out(duration: Duration) {
+    let started = Instant::now();
+    let until = started + duration;
+    let mut next_report = started + Duration::from_secs(15);
+    while Instant::now() < until {
+        tokio::time::sleep(Duration::from_secs(1).min(until - Instant::now())).await;
+        if Instant::now() >= next_report {
+            next_report += Duration::from_secs(15);
+            eprintln!("chaos: {}s …", started.elapsed().as_secs());
+        }
+    }
+}
+
+/// Waits for the stopped clients. Every call is bounded (at most a long poll plus 8 s): a
+/// client still busy after 60 s means a request hung, which the API promises never happens.
+async fn join_clients(clients: Vec<JoinHandle<()>>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for c in clients {
+        let abort = c.abort_handle();
+        if tokio::time::timeout(Duration::from_secs(60), c)
+            .await
+            .is_err()
+        {
+            abort.abort();
+            problems.push("a client did not finish its request within 60 s (a hang)".to_string());
+        }
+    }
+    problems
+}
+
 /// After the run: a linearizable read of every resource the clients touched, each node's
 /// cluster view (once they have caught up with each other), and the store's log.
-async fn read_final_state(client: &Client, cluster: &Arc<Mutex<ChaosCluster>>) {
+async fn read_final_state(client: &Client, cluster: &Arc<Mutex<LocalCluster>>) {
     let events = client.history().events();
     let mut resources: Vec<String> = events
         .iter()
-        .filter(|e| e.f == "acquire")
-        .filter_map(|e| {
-            e.value
-                .get("resource")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        })
+        .filter(|e| e.f == "acquire" && e.kind == EventType::Invoke)
+        .filter_map(|e| value_as::<LockCall<AcquireRequest>>(&e.value))
+        .map(|call| call.resource)
         .collect();
     resources.sort();
     resources.dedup();
@@ -356,124 +402,54 @@ async fn read_final_state(client: &Client, cluster: &Arc<Mutex<ChaosCluster>>) {
     }
     // Wait until the replicas have applied the same prefix, then record their views.
     for _ in 0..50 {
-        let views = cluster.lock().await.views().await;
+        let views = cluster.lock().await.statuses().await;
         let applied: Vec<u64> = views.iter().map(|v| v.last_applied).collect();
         if views.len() == ids.len() && applied.windows(2).all(|w| w[0] == w[1]) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    for n in client.nodes.iter() {
-        client
-            .get(
-                "final",
-                "final_cluster",
-                Some(n.id),
-                format!("{}/v1/cluster", n.api),
-            )
-            .await;
+    for id in ids {
+        client.final_cluster("final", id).await;
     }
-    client
-        .get("final", "store_log", None, format!("{}/log", client.store))
-        .await;
+    client.store_log("final").await;
 }
 
+/// The verdict of a run: what the checks found, how the run was set up, what the nemesis
+/// did (every enabled fault kind is listed, also one that never came up).
 #[allow(clippy::too_many_arguments)]
-fn verdict(
+fn run_verdict(
     args: &ChaosArgs,
     seed: u64,
     faults: &[Fault],
     m: &checker::Model,
     results: &[checker::CheckResult],
-    problems: &[String],
+    problems: Vec<String>,
     drops: &DropSwitch,
-) -> Value {
-    let total: u64 = results.iter().map(|r| r.violations).sum();
-    let mut by_kind: BTreeMap<&str, u64> = faults.iter().map(|f| (f.name(), 0)).collect();
-    for (k, v) in &m.faults {
-        by_kind.insert(k, *v);
+) -> Verdict {
+    let mode = if args.unsafe_no_fencing {
+        "unsafe-no-fencing"
+    } else {
+        "fenced"
+    };
+    let mut verdict = Verdict::new(mode, m, results, problems);
+    verdict.run = Some(RunSetup {
+        seed,
+        duration_s: args.duration_s,
+        workers: args.workers,
+        zombies: args.zombies,
+        keys: args.keys,
+    });
+    for f in faults {
+        verdict
+            .faults
+            .by_kind
+            .entry(f.name().to_string())
+            .or_insert(0);
     }
-    let violations: BTreeMap<String, Value> = results
-        .iter()
-        .map(|r| {
-            (
-                format!("{}_{}", r.invariant, r.name),
-                json!({
-                    "invariant": r.invariant,
-                    "description": r.description,
-                    "checked": r.checked,
-                    "checked_by_kind": r.parts,
-                    "count": r.violations,
-                    "first": r.first,
-                    "examples": r.examples,
-                }),
-            )
-        })
-        .collect();
-    json!({
-        "valid": total == 0 && problems.is_empty(),
-        "mode": if args.unsafe_no_fencing { "unsafe-no-fencing" } else { "fenced" },
-        "seed": seed,
-        "duration_s": args.duration_s,
-        "workers": args.workers,
-        "zombies": args.zombies,
-        "keys": args.keys,
-        "operations": checker::stats(m),
-        "faults": {
-            "total": m.faults.values().sum::<u64>(),
-            "by_kind": by_kind,
-            "responses_dropped_after_answer": drops.dropped.load(Ordering::Relaxed),
-            "requests_abandoned_in_flight": drops.abandoned.load(Ordering::Relaxed),
-        },
-        "violations_total": total,
-        "violations": violations,
-        // Node processes that exited on their own, hung requests, no recovery after the heal.
-        "problems": problems,
-    })
-}
-
-fn print_summary(v: &Value, results: &[checker::CheckResult]) {
-    println!();
-    println!(
-        "chaos verdict: {}  ({} mode, {} client operations, {} faults)",
-        if v["valid"] == json!(true) {
-            "VALID"
-        } else {
-            "INVALID"
-        },
-        v["mode"].as_str().unwrap_or(""),
-        v["operations"]["client_operations"],
-        v["faults"]["total"],
-    );
-    if let Some(kinds) = v["faults"]["by_kind"].as_object() {
-        let s: Vec<String> = kinds.iter().map(|(k, n)| format!("{k}={n}")).collect();
-        println!("  faults: {}", s.join(" "));
-    }
-    if let Some(w) = v["operations"]["writes_by_role"].as_object() {
-        for (role, counts) in w {
-            println!("  {role} writes: {counts}");
-        }
-    }
-    for r in results {
-        println!(
-            "  [{}] {} {:<24} checked {:>7}  violations {}",
-            if r.violations == 0 { "ok" } else { "!!" },
-            r.invariant,
-            r.name,
-            r.checked,
-            r.violations
-        );
-        if let Some(first) = &r.first {
-            let s = serde_json::to_string(first).unwrap_or_default();
-            let s: String = s.chars().take(1_500).collect();
-            println!("      first: {s}");
-        }
-    }
-    if let Some(c) = v["problems"].as_array() {
-        for msg in c {
-            println!("  problem: {msg}");
-        }
-    }
+    verdict.faults.responses_dropped_after_answer = Some(drops.dropped.load(Ordering::Relaxed));
+    verdict.faults.requests_abandoned_in_flight = Some(drops.abandoned.load(Ordering::Relaxed));
+    verdict
 }
 
 /// `--recheck DIR`: the checker alone, on a recorded history.
@@ -481,17 +457,10 @@ fn recheck(dir: &Path) -> anyhow::Result<()> {
     let events = history::load(&dir.join("history.jsonl"))?;
     let m = checker::model(&events);
     let results = checker::check_all(&m);
-    let total: u64 = results.iter().map(|r| r.violations).sum();
-    let summary = json!({
-        "valid": total == 0,
-        "mode": "recheck",
-        "operations": checker::stats(&m),
-        "faults": { "total": m.faults.values().sum::<u64>(), "by_kind": m.faults },
-        "problems": [],
-    });
-    print_summary(&summary, &results);
-    if total > 0 {
-        bail!("chaos: {total} violation(s)");
+    let verdict = Verdict::new("recheck", &m, &results, Vec::new());
+    verdict.print(&results);
+    if verdict.violations_total > 0 {
+        bail!("chaos: {} violation(s)", verdict.violations_total);
     }
     Ok(())
 }

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `kill-leader` | SIGKILL the leader's process (its proxy dies with it) | restart, same data dir |
 //! | `kill-random` | SIGKILL a random node | restart |
-//! | `pause` | SIGSTOP a node (the leader half the time) for 1.2–3 s, past the 800 ms election timeout | SIGCONT |
+//! | `pause` | SIGSTOP a node (the leader half the time) for up to 3 s, at least 0.4 s past the longest election timeout | SIGCONT |
 //! | `partition-minority` | cut one random node off from both others (fault layer, both sides) | clear rules |
 //! | `partition-leader` | cut the leader off | clear rules |
 //! | `bridge` | cut only the link leader ↔ one follower; the third node still sees both | clear rules |
@@ -33,8 +33,10 @@ use serde_json::json;
 use tokio::sync::Mutex;
 
 use super::client::DropSwitch;
-use super::cluster::{ChaosCluster, ELECTION_TIMEOUT_MS};
+use lock_core::timing::ELECTION_TIMEOUT_MAX_MS;
+
 use super::history::History;
+use crate::cluster::LocalCluster;
 
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, ValueEnum, Serialize, Deserialize,
@@ -81,7 +83,7 @@ impl Fault {
         match self {
             Fault::KillLeader | Fault::KillRandom => rng.random_range(1_000..=3_000),
             // Longer than the election timeout, so the others elect a new leader.
-            Fault::Pause => rng.random_range(ELECTION_TIMEOUT_MS + 400..=3_000),
+            Fault::Pause => rng.random_range(ELECTION_TIMEOUT_MAX_MS + 400..=3_000),
             Fault::PartitionMinority | Fault::PartitionLeader | Fault::Bridge => {
                 rng.random_range(2_000..=5_000)
             }
@@ -101,7 +103,7 @@ enum Active {
 }
 
 pub struct Nemesis {
-    pub cluster: Arc<Mutex<ChaosCluster>>,
+    pub cluster: Arc<Mutex<LocalCluster>>,
     pub hist: Arc<History>,
     pub drops: Arc<DropSwitch>,
     pub kinds: Vec<Fault>,
@@ -114,7 +116,7 @@ pub struct Nemesis {
 
 impl Nemesis {
     pub fn new(
-        cluster: Arc<Mutex<ChaosCluster>>,
+        cluster: Arc<Mutex<LocalCluster>>,
         hist: Arc<History>,
         drops: Arc<DropSwitch>,
         kinds: Vec<Fault>,
@@ -409,7 +411,7 @@ impl Nemesis {
 
 /// Clears node `id`'s partition rules (keeping `offset`), retrying for up to 5 s: a node
 /// restarted a moment ago may not listen yet.
-async fn set_faults_retrying(c: &ChaosCluster, id: u64, offset: i64) -> anyhow::Result<()> {
+async fn set_faults_retrying(c: &LocalCluster, id: u64, offset: i64) -> anyhow::Result<()> {
     let mut last = None;
     for _ in 0..50 {
         match c.set_faults(id, &[], offset).await {

@@ -22,12 +22,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lock_core::wire::LeaseId;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
-use serde_json::Value;
 
 use super::client::{Client, Outcome};
+use super::history::{token_in_value, written_value, WriteRole};
 
 /// What the clients share.
 pub struct Workload {
@@ -40,7 +41,7 @@ pub struct Workload {
 /// A lease as a client knows it.
 struct Held {
     resource: String,
-    lease_id: String,
+    lease_id: LeaseId,
     token: u64,
     ttl_ms: u64,
     /// The end of the lease by this client's own clock (from sending the request).
@@ -84,21 +85,18 @@ impl Workload {
                 .acquire(process, node, resource, request_id, ttl_ms, wait_ms)
                 .await
             {
-                Outcome::Ok(body) => {
-                    let lease_id = body.get("lease_id").and_then(Value::as_str)?.to_string();
-                    let token = body.get("fencing_token").and_then(Value::as_u64)?;
+                Outcome::Ok(granted) => {
                     return Some(Held {
                         resource: resource.to_string(),
-                        lease_id,
-                        token,
+                        lease_id: granted.lease_id,
+                        token: granted.fencing_token,
                         ttl_ms,
                         // The grant may come from the first attempt whose answer was lost.
                         valid_until: first_sent + Duration::from_millis(ttl_ms),
                     });
                 }
-                Outcome::Fail(v) if v.get("error").and_then(Value::as_str) == Some("connect") => {}
-                Outcome::Fail(_) => return None,
-                Outcome::Info => {}
+                Outcome::Fail => return None,
+                Outcome::Unreachable | Outcome::Info => {}
             }
             self.pause(rng, 20, 250).await;
         }
@@ -115,7 +113,7 @@ impl Workload {
             let node = self.node(rng);
             match self
                 .client
-                .lease_call(process, "renew", node, &held.resource, &held.lease_id)
+                .renew(process, node, &held.resource, held.lease_id)
                 .await
             {
                 Outcome::Ok(_) => {
@@ -124,30 +122,30 @@ impl Workload {
                         .max(sent + Duration::from_millis(held.ttl_ms));
                     return true;
                 }
-                Outcome::Fail(v) if v.get("error").and_then(Value::as_str) == Some("connect") => {}
-                Outcome::Fail(_) => return false,
-                Outcome::Info => {}
+                Outcome::Fail => return false,
+                Outcome::Unreachable | Outcome::Info => {}
             }
             self.pause(rng, 20, 150).await;
         }
         false
     }
 
-    async fn release(&self, process: &str, rng: &mut StdRng, held: &Held) {
+    /// Releases; true if the cluster acknowledged that this call ended the lease.
+    async fn release(&self, process: &str, rng: &mut StdRng, held: &Held) -> bool {
         for _ in 0..4 {
             let node = self.node(rng);
             match self
                 .client
-                .lease_call(process, "release", node, &held.resource, &held.lease_id)
+                .release(process, node, &held.resource, held.lease_id)
                 .await
             {
-                Outcome::Ok(_) => return,
-                Outcome::Fail(v) if v.get("error").and_then(Value::as_str) == Some("connect") => {}
-                Outcome::Fail(_) => return,
-                Outcome::Info => {}
+                Outcome::Ok(r) => return r.released,
+                Outcome::Fail => return false,
+                Outcome::Unreachable | Outcome::Info => {}
             }
             self.pause(rng, 20, 150).await;
         }
+        false
     }
 
     /// A fenced write of a unique value, if the lease is still valid by the client's clock.
@@ -156,11 +154,11 @@ impl Workload {
             return false;
         }
         let key = key_of(&held.resource);
-        let value = format!("{process}:t{}:n{seq}", held.token);
+        let value = written_value(process, held.token, seq);
         let node = self.node(rng);
         matches!(
             self.client
-                .write(process, node, key, held.token, &value, "normal")
+                .write(process, node, key, held.token, &value, WriteRole::Normal)
                 .await,
             Outcome::Ok(_)
         )
@@ -169,14 +167,6 @@ impl Workload {
 
 fn key_of(resource: &str) -> &str {
     resource.strip_prefix("kv:").unwrap_or(resource)
-}
-
-/// The token in a value written by `write`: `w3:t41:n7` → 41.
-pub fn token_in_value(value: &str) -> Option<u64> {
-    value
-        .split(':')
-        .find_map(|p| p.strip_prefix('t'))
-        .and_then(|t| t.parse().ok())
 }
 
 pub async fn worker(w: Arc<Workload>, id: usize, seed: u64) {
@@ -234,8 +224,25 @@ pub async fn worker(w: Arc<Workload>, id: usize, seed: u64) {
             // Leave it: the final state must account for it.
             return;
         }
-        if rng.random_bool(0.85) {
-            w.release(&process, &mut rng, &held).await;
+        if rng.random_bool(0.85)
+            && w.release(&process, &mut rng, &held).await
+            && rng.random_bool(0.3)
+        {
+            // A holder that writes again right after its release was acknowledged (through
+            // any proxy, including the one that still had a grant): never forwarded.
+            seq += 1;
+            let value = written_value(&process, held.token, seq);
+            let node = w.node(&mut rng);
+            w.client
+                .write(
+                    &process,
+                    node,
+                    key_of(&held.resource),
+                    held.token,
+                    &value,
+                    WriteRole::AfterRelease,
+                )
+                .await;
         }
     }
 }
@@ -268,7 +275,7 @@ pub async fn zombie(w: Arc<Workload>, id: usize, seed: u64) {
         tokio::time::sleep_until((held.valid_until + Duration::from_millis(200)).into()).await;
         let give_up = Instant::now() + Duration::from_secs(8);
         while Instant::now() < give_up && !w.stopping() {
-            if let Outcome::Ok(Value::String(v)) = w.client.read_kv(&process, &key).await {
+            if let Outcome::Ok(v) = w.client.read_kv(&process, &key).await {
                 if token_in_value(&v).is_some_and(|t| t > held.token) {
                     break;
                 }
@@ -280,23 +287,31 @@ pub async fn zombie(w: Arc<Workload>, id: usize, seed: u64) {
         }
         // The delayed write with the old token.
         seq += 1;
-        let value = format!("{process}:t{}:n{seq}", held.token);
+        let value = written_value(&process, held.token, seq);
         let node = w.node(&mut rng);
         w.client
-            .write(&process, node, &key, held.token, &value, "zombie")
+            .write(&process, node, &key, held.token, &value, WriteRole::Zombie)
             .await;
         // Sometimes also a token that was never issued for the key it is sent with.
         if rng.random_bool(0.3) {
             if let Some(other) = w.keys.iter().find(|k| **k != key) {
                 seq += 1;
-                let value = format!("{process}:t{}:n{seq}", held.token);
+                let value = written_value(&process, held.token, seq);
                 let node = w.node(&mut rng);
                 w.client
-                    .write(&process, node, other, held.token, &value, "foreign")
+                    .write(
+                        &process,
+                        node,
+                        other,
+                        held.token,
+                        &value,
+                        WriteRole::Foreign,
+                    )
                     .await;
             }
         }
-        // A stale release must leave the new holder alone (SPEC §3.4).
+        // A stale release must leave the new holder alone: only the current lease id
+        // releases.
         w.release(&process, &mut rng, &held).await;
         w.pause(&mut rng, 50, 400).await;
     }

@@ -2,14 +2,14 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use openraft::ServerState;
+use openraft::{ChangeMembers, ServerState};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -72,6 +72,7 @@ pub(super) async fn relay_to_leader<B: Serialize>(
     node: &Node,
     path: &str,
     body: &B,
+    extra_time: Duration,
     authorization: Option<&str>,
 ) -> Result<Response, ApiError> {
     let leader = node
@@ -93,7 +94,7 @@ pub(super) async fn relay_to_leader<B: Serialize>(
             &addr,
             path,
             body,
-            Duration::from_secs(30),
+            Duration::from_secs(30) + extra_time,
             authorization,
         )
         .await
@@ -123,8 +124,31 @@ fn membership_error(e: impl std::fmt::Display) -> ApiError {
     )
 }
 
-/// `POST /v1/cluster/members/add {node_id, addr}`: adds a node as a learner, waits for it to
-/// catch up, then promotes it to voter. Needs the admin credential when the node has one.
+/// How close (in log entries) a learner must come to the leader's log before it is promoted.
+const CAUGHT_UP_LAG: u64 = 100;
+/// Default and largest time a learner gets to catch up before an add is refused.
+const DEFAULT_CATCH_UP: Duration = Duration::from_secs(20);
+const MAX_CATCH_UP: Duration = Duration::from_secs(600);
+/// How long the leader waits for a member's `/healthz` when judging whether a removal keeps a
+/// reachable quorum.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+fn voters(node: &Node) -> BTreeSet<u64> {
+    node.raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .collect()
+}
+
+/// `POST /v1/cluster/members/add {node_id, addr, catch_up_timeout_ms?}`: adds the node as a
+/// learner, waits until it has caught up with the leader's log, and only then makes it a
+/// voter. A node that cannot catch up in time (down, unreachable, too slow) is removed again
+/// and the call answers 409 `member_not_caught_up`: the voter set never gains a member that
+/// cannot vote.
+/// Needs the admin credential when the node has one.
 pub async fn add_member(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
@@ -143,21 +167,67 @@ pub(super) async fn add(
     if req.addr.is_empty() {
         return Err(ApiError::invalid("Field 'addr' must be host:port."));
     }
+    let catch_up = req
+        .catch_up_timeout_ms
+        .map_or(DEFAULT_CATCH_UP, Duration::from_millis);
+    if catch_up.is_zero() || catch_up > MAX_CATCH_UP {
+        return Err(ApiError::invalid(format!(
+            "catch_up_timeout_ms must be 1–{}.",
+            MAX_CATCH_UP.as_millis()
+        )));
+    }
     if node.current_leader() != Some(node.id) {
-        return relay_to_leader(node, "/v1/cluster/members/add", &req, authorization).await;
+        return relay_to_leader(
+            node,
+            "/v1/cluster/members/add",
+            &req,
+            catch_up,
+            authorization,
+        )
+        .await;
+    }
+    let mut voters = voters(node);
+    if voters.contains(&req.node_id) {
+        return Ok(Json(MembershipResponse { voters }).into_response());
     }
     node.raft
-        .add_learner(req.node_id, NodeInfo { api_addr: req.addr }, true)
+        .add_learner(
+            req.node_id,
+            NodeInfo {
+                api_addr: req.addr.clone(),
+            },
+            false,
+        )
         .await
         .map_err(membership_error)?;
-    let mut voters: BTreeSet<u64> = node
-        .raft
-        .metrics()
-        .borrow()
-        .membership_config
-        .membership()
-        .voter_ids()
-        .collect();
+    let started = Instant::now();
+    if let Err(lag) = wait_caught_up(node, req.node_id, catch_up).await {
+        // Leave no half-added member behind: a learner that never answers only costs the
+        // leader replication work, but the operator asked for a voter and did not get one.
+        if let Err(e) = node
+            .raft
+            .change_membership(ChangeMembers::RemoveNodes([req.node_id].into()), false)
+            .await
+        {
+            tracing::warn!(node = req.node_id, error = %e, "could not remove the learner again");
+        }
+        return Err(ApiError::new(
+            ErrorCode::MemberNotCaughtUp,
+            format!(
+                "Node {} at {} did not catch up with the leader's log within {} ms ({lag}); it \
+                 was not made a voter and was removed again. Check that it runs and is \
+                 reachable from the leader, then retry.",
+                req.node_id,
+                req.addr,
+                catch_up.as_millis()
+            ),
+        ));
+    }
+    tracing::info!(
+        node = req.node_id,
+        caught_up_ms = started.elapsed().as_millis() as u64,
+        "learner caught up; promoting it to voter"
+    );
     voters.insert(req.node_id);
     node.raft
         .change_membership(voters.clone(), false)
@@ -166,7 +236,47 @@ pub(super) async fn add(
     Ok(Json(MembershipResponse { voters }).into_response())
 }
 
-/// `POST /v1/cluster/members/remove {node_id}`: removes a voter (and forgets the node).
+/// Waits until the leader has replicated to `id` up to within `CAUGHT_UP_LAG` entries of its
+/// own log. On timeout, says how far behind the learner was.
+async fn wait_caught_up(node: &Node, id: u64, limit: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
+    let mut metrics = node.raft.metrics();
+    let mut last_progress = Instant::now();
+    loop {
+        let (matched, last) = {
+            let m = metrics.borrow_and_update();
+            let matched = m
+                .replication
+                .as_ref()
+                .and_then(|r| r.get(&id).cloned().flatten())
+                .map(|l| l.index);
+            (matched, m.last_log_index.unwrap_or(0))
+        };
+        if matched.is_some_and(|i| i + CAUGHT_UP_LAG >= last) {
+            return Ok(());
+        }
+        let describe = || match matched {
+            Some(i) => format!("it had {i} of the leader's {last} log entries"),
+            None => format!("it had none of the leader's {last} log entries"),
+        };
+        if last_progress.elapsed() >= Duration::from_secs(2) {
+            tracing::info!(node = id, progress = %describe(), "learner catching up");
+            last_progress = Instant::now();
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(describe());
+        }
+        // Metrics change with every replication step; the timeout keeps a silent learner from
+        // parking us past the deadline.
+        let _ = tokio::time::timeout(left.min(Duration::from_millis(500)), metrics.changed()).await;
+    }
+}
+
+/// `POST /v1/cluster/members/remove {node_id, force?}`: removes a voter or learner. A removal
+/// that would leave fewer reachable voters than a quorum of the new voter set is refused with
+/// 409 `quorum_at_risk` unless `force` is set. Removing the leader is allowed: it commits the
+/// new configuration, steps down, and the remaining voters elect a new leader.
 /// Needs the admin credential when the node has one.
 pub async fn remove_member(
     State(node): State<Arc<Node>>,
@@ -184,30 +294,73 @@ pub(super) async fn remove(
     authorization: Option<&str>,
 ) -> Result<Response, ApiError> {
     if node.current_leader() != Some(node.id) {
-        return relay_to_leader(node, "/v1/cluster/members/remove", &req, authorization).await;
+        return relay_to_leader(
+            node,
+            "/v1/cluster/members/remove",
+            &req,
+            Duration::ZERO,
+            authorization,
+        )
+        .await;
     }
-    let mut voters: BTreeSet<u64> = node
-        .raft
-        .metrics()
-        .borrow()
-        .membership_config
-        .membership()
-        .voter_ids()
-        .collect();
+    let mut voters = voters(node);
     if !voters.remove(&req.node_id) {
-        return Err(ApiError::invalid(format!(
-            "Node {} is not a voter.",
-            req.node_id
-        )));
+        let is_member = node.member_addr(req.node_id).is_some();
+        if !is_member {
+            return Err(ApiError::invalid(format!(
+                "Node {} is not a member.",
+                req.node_id
+            )));
+        }
+        node.raft
+            .change_membership(ChangeMembers::RemoveNodes([req.node_id].into()), false)
+            .await
+            .map_err(membership_error)?;
+        return Ok(Json(MembershipResponse { voters }).into_response());
     }
     if voters.is_empty() {
         return Err(ApiError::invalid("Cannot remove the last voter."));
+    }
+    if !req.force {
+        let mut reachable = 0;
+        for id in &voters {
+            if *id == node.id || probe(node.member_addr(*id)).await {
+                reachable += 1;
+            }
+        }
+        let quorum = voters.len() / 2 + 1;
+        if reachable < quorum {
+            return Err(ApiError::new(
+                ErrorCode::QuorumAtRisk,
+                format!(
+                    "Removing node {} would leave {reachable} reachable voter(s) of {}, fewer \
+                     than the quorum of {quorum}: the cluster could stop accepting writes. Bring \
+                     the other voters back first, or pass force=true.",
+                    req.node_id,
+                    voters.len()
+                ),
+            ));
+        }
     }
     node.raft
         .change_membership(voters.clone(), false)
         .await
         .map_err(membership_error)?;
     Ok(Json(MembershipResponse { voters }).into_response())
+}
+
+/// Whether a member answers `/healthz` on its API address within `PROBE_TIMEOUT`.
+async fn probe(addr: Option<String>) -> bool {
+    let Some(addr) = addr else {
+        return false;
+    };
+    let client = reqwest::Client::new();
+    client
+        .get(format!("http://{addr}/healthz"))
+        .timeout(PROBE_TIMEOUT)
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
 }
 
 pub async fn healthz() -> Json<HealthStatus> {

@@ -85,7 +85,14 @@ pub(crate) async fn acquire(
         {
             Ok(lease) => break lease,
             Err(AttemptError::Api(reply)) => {
-                let early = reply.body.error == ErrorCode::LockHeld
+                // Only this acquire's own earlier attempts cancel its request id (a dropped
+                // connection makes the server withdraw the wait), so a cancelled wait with time
+                // left is re-queued, like a wait that ended too early.
+                let ended = matches!(
+                    reply.body.error,
+                    ErrorCode::LockHeld | ErrorCode::WaitCancelled
+                );
+                let early = ended
                     && !wait.is_zero()
                     && wait_end.saturating_duration_since(Instant::now()) > EARLY_WAIT_END;
                 if !early {

@@ -16,7 +16,7 @@ pub enum Error {
     #[error("invalid request: {0}")]
     Invalid(String),
     /// Another lease holds the lock (and the caller did not wait, or the wait ran out).
-    #[error("lock '{resource}' is held by another lease; retry after {retry_after:?} or acquire with a wait_timeout")]
+    #[error("{}", lock_held_message(resource, *retry_after))]
     LockHeld {
         resource: String,
         /// The server's hint for when the current lease ends (zero after a wait ran out).
@@ -53,6 +53,20 @@ pub enum Error {
     Http(#[from] reqwest::Error),
 }
 
+/// A zero hint means a wait ran out (the server has no better estimate): suggesting "retry
+/// after 0ns or acquire with a wait_timeout" then would be wrong on both counts.
+fn lock_held_message(resource: &str, retry_after: Duration) -> String {
+    if retry_after.is_zero() {
+        format!("lock '{resource}' is held by another lease")
+    } else {
+        format!(
+            "lock '{resource}' is held by another lease; retry after {} ms or acquire with a \
+             wait_timeout",
+            retry_after.as_millis()
+        )
+    }
+}
+
 /// Why a [`LeaseGuard`](super::LeaseGuard) turned invalid. Invalidity is final: a guard never
 /// becomes valid again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,4 +90,22 @@ impl fmt::Display for LostReason {
             LostReason::Released => "the lease was released",
         })
     }
+}
+
+/// An error with its causes, `a: b: c`. reqwest's own message ("error sending request for
+/// url …") leaves out the part a user can act on ("Connection refused"), which is in the
+/// source chain.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        // Some layers repeat their cause's message; print each once.
+        if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
 }

@@ -63,7 +63,7 @@ mod state;
 mod transport;
 
 pub use crate::wire::{FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
-pub use error::{Error, LostReason};
+pub use error::{error_chain, Error, LostReason};
 pub use fenced::FencedRequest;
 pub use guard::LeaseGuard;
 pub use lease::Lease;

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::schedule::backoff_delay;
-use super::{ClientOptions, Error};
+use super::{error_chain, ClientOptions, Error};
 use crate::wire::{classify, ErrorBody, ErrorCode, Failure};
 
 /// A definite error answer from a node (anything but 5xx).
@@ -23,7 +23,7 @@ impl ApiReply {
     pub fn into_error(self, resource: &str) -> Error {
         let resource = resource.to_string();
         match self.body.error {
-            ErrorCode::LockHeld => Error::LockHeld {
+            ErrorCode::LockHeld | ErrorCode::LockRevoking => Error::LockHeld {
                 resource,
                 retry_after: Duration::from_millis(self.body.retry_after_ms.unwrap_or(0)),
             },
@@ -167,12 +167,11 @@ impl Transport {
             .timeout(timeout)
             .send()
             .await
-            .map_err(|e| AttemptError::Uncertain(format!("{url}: {e}")))?;
+            .map_err(|e| AttemptError::Uncertain(format!("{url}: {}", error_chain(&e))))?;
         let status = resp.status().as_u16();
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| AttemptError::Uncertain(format!("{url}: reading the answer: {e}")))?;
+        let bytes = resp.bytes().await.map_err(|e| {
+            AttemptError::Uncertain(format!("{url}: reading the answer: {}", error_chain(&e)))
+        })?;
         classify(status, &bytes).map_err(|f| match f {
             Failure::Definite { status, body } => AttemptError::Api(ApiReply { status, body }),
             Failure::Uncertain(why) => AttemptError::Uncertain(format!("{url}: {why}")),

@@ -74,6 +74,11 @@ impl LockMachine {
                 grant_ms,
             } => self.admit(resource, *fencing_token, *proxy, *grant_ms, &mut fx),
             Command::ForceRelease { resource, .. } => self.force_release(resource, &mut fx),
+            Command::RevokeAck {
+                resource,
+                fencing_token,
+                proxy,
+            } => self.revoke_ack(resource, *fencing_token, *proxy, &mut fx),
             Command::Tick { max_items } => self.tick(*max_items, &mut fx),
         };
         (resp, fx)
@@ -120,8 +125,11 @@ impl LockMachine {
             .or(res.reissue_at_ms)
             .unwrap_or(now);
         if a.wait_timeout_ms == 0 {
-            return Response::Held {
-                retry_after_ms: busy_until.saturating_sub(now),
+            let retry_after_ms = busy_until.saturating_sub(now);
+            return if res.lease.is_none() {
+                Response::Revoking { retry_after_ms }
+            } else {
+                Response::Held { retry_after_ms }
             };
         }
         if res.waiters.len() >= a.max_waiters as usize
@@ -342,22 +350,66 @@ impl LockMachine {
     }
 
     /// Ends the current lease and passes the lock on: to the next waiter now, or — if proxy
-    /// grants for the ended token are still live — once they have run out.
+    /// grants for the ended token are still live — once every proxy holding one confirmed it
+    /// stopped (`RevokeAck`), or at the latest when the grants run out.
     fn free(&mut self, resource: &str, fx: &mut Vec<Effect>) {
-        self.end_lease(resource);
+        let ended = self.end_lease(resource);
         let now = self.now_ms;
         let hold = self.resources.get_mut(resource).and_then(|r| {
             r.grants.retain(|g| g.until_ms > now);
-            r.grants.iter().map(|g| g.until_ms).max()
+            let until = r.grants.iter().map(|g| g.until_ms).max()?;
+            let mut proxies: Vec<u64> = r.grants.iter().map(|g| g.proxy).collect();
+            proxies.sort_unstable();
+            proxies.dedup();
+            Some((until, proxies))
         });
-        if let Some(until) = hold {
+        if let Some((until, proxies)) = hold {
             if let Some(r) = self.resources.get_mut(resource) {
                 r.reissue_at_ms = Some(until);
             }
             self.reissue_index.insert((until, resource.to_string()));
+            // An expired lease has no live grants (they are capped at its expiry), so this
+            // is a release: tell the proxies to stop forwarding the ended token now.
+            if let Some(token) = ended {
+                fx.push(Effect::Revoke {
+                    resource: resource.to_string(),
+                    fencing_token: token,
+                    proxies,
+                });
+            }
             return;
         }
         self.hand_off(resource, fx);
+    }
+
+    /// A proxy confirmed it stopped forwarding `token`'s writes. When the last live grant is
+    /// confirmed, the lock passes on at once.
+    fn revoke_ack(
+        &mut self,
+        resource: &str,
+        token: u64,
+        proxy: u64,
+        fx: &mut Vec<Effect>,
+    ) -> Response {
+        self.settle(resource, fx);
+        let now = self.now_ms;
+        let Some(res) = self.resources.get_mut(resource) else {
+            return Response::RevokeAcked(false);
+        };
+        let before = res.grants.len();
+        res.grants
+            .retain(|g| g.until_ms > now && !(g.proxy == proxy && g.fencing_token == token));
+        let removed = res.grants.len() < before;
+        if res.lease.is_none() && res.grants.is_empty() {
+            if let Some(at) = res.reissue_at_ms.take() {
+                self.reissue_index.remove(&(at, resource.to_string()));
+                fx.push(Effect::Revoked {
+                    resource: resource.to_string(),
+                });
+                self.hand_off(resource, fx);
+            }
+        }
+        Response::RevokeAcked(removed)
     }
 
     fn admit(
@@ -415,13 +467,12 @@ impl LockMachine {
         })
     }
 
-    fn end_lease(&mut self, resource: &str) {
-        if let Some(res) = self.resources.get_mut(resource) {
-            if let Some(l) = res.lease.take() {
-                self.lease_expiry
-                    .remove(&(l.expires_at_ms, resource.to_string()));
-            }
-        }
+    /// Removes the resource's lease, returning its token.
+    fn end_lease(&mut self, resource: &str) -> Option<u64> {
+        let l = self.resources.get_mut(resource)?.lease.take()?;
+        self.lease_expiry
+            .remove(&(l.expires_at_ms, resource.to_string()));
+        Some(l.fencing_token)
     }
 
     /// Grants the free lock to the head of the queue, skipping waiters whose wait already

@@ -5,6 +5,16 @@ use super::state::{Lease, ResourceState};
 use crate::wire::{LockStats, LockView};
 
 impl LockMachine {
+    /// When the resource's ended lease's proxy grants run out at the latest, while the next
+    /// lease waits for the proxies to confirm they stopped (see `Command::RevokeAck`).
+    pub fn revoking_until(&self, resource: &str) -> Option<u64> {
+        let res = self.resources.get(resource)?;
+        if res.lease.is_some() {
+            return None;
+        }
+        res.reissue_at_ms.filter(|at| *at > self.now_ms)
+    }
+
     /// Log time: the latest stamp applied.
     pub fn now_ms(&self) -> u64 {
         self.now_ms

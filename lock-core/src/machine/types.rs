@@ -55,6 +55,15 @@ pub enum Command {
         resource: String,
         operator: String,
     },
+    /// A fencing proxy confirms it stopped forwarding writes with `fencing_token` for
+    /// `resource` after that lease ended (see `Effect::Revoke`): nothing with that token is in
+    /// flight to the upstream from it any more. Once every proxy holding a grant confirmed,
+    /// the next lease can be granted at once instead of when the grants run out.
+    RevokeAck {
+        resource: String,
+        fencing_token: u64,
+        proxy: u64,
+    },
     /// Expire whatever is due at the stamped time: leases, waiters, dedup records, idle
     /// resource records. Proposed by the leader's sweeper; also advances log time so a
     /// failover never credits a lease with more than one sweep interval of idle time.
@@ -107,6 +116,14 @@ pub enum Response {
         retry_after_ms: u64,
     },
     TooManyWaiters,
+    /// Try-once acquire of a resource whose previous lease ended while proxies still hold
+    /// grants for its token: the next lease waits for them to confirm (usually milliseconds),
+    /// at most until `retry_after_ms`, when the grants run out.
+    Revoking {
+        retry_after_ms: u64,
+    },
+    /// Answer to `RevokeAck`: whether it removed a live grant.
+    RevokeAcked(bool),
     Renewed(Grant),
     LeaseLost,
     Released(bool),
@@ -150,6 +167,17 @@ pub enum Effect {
         request_id: String,
         reason: WaiterGone,
     },
+    /// A lease ended (released, or forcibly) while `proxies` held grants to forward writes with
+    /// its token: each of them must stop, let its in-flight writes finish, and confirm with
+    /// `Command::RevokeAck`.
+    Revoke {
+        resource: String,
+        fencing_token: u64,
+        proxies: Vec<u64>,
+    },
+    /// Every proxy confirmed a `Revoke` of the resource: the ended token is fenced everywhere
+    /// and the lock has passed on.
+    Revoked { resource: String },
     /// A lease ran out without being renewed or released.
     Expired {
         resource: String,

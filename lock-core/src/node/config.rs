@@ -83,6 +83,52 @@ impl Default for Policy {
     }
 }
 
+/// Longest failover grace a policy may set: the grace is added to every live lease on a leader
+/// change, so it bounds how far past its TTL a lease can be stretched.
+pub const MAX_FAILOVER_GRACE_MS: u64 = 60_000;
+
+impl Policy {
+    /// Checks the policy is coherent; the error names the offending setting.
+    pub fn validate(&self) -> Result<(), String> {
+        let p = self;
+        if p.min_ttl_ms == 0 {
+            return Err("policy.min_ttl_ms must be at least 1".into());
+        }
+        if p.min_ttl_ms > p.max_ttl_ms {
+            return Err(format!(
+                "policy.min_ttl_ms ({}) is larger than policy.max_ttl_ms ({})",
+                p.min_ttl_ms, p.max_ttl_ms
+            ));
+        }
+        if !(p.min_ttl_ms..=p.max_ttl_ms).contains(&p.default_ttl_ms) {
+            return Err(format!(
+                "policy.default_ttl_ms ({}) must lie between min_ttl_ms ({}) and max_ttl_ms ({})",
+                p.default_ttl_ms, p.min_ttl_ms, p.max_ttl_ms
+            ));
+        }
+        if p.failover_grace_ms > MAX_FAILOVER_GRACE_MS {
+            return Err(format!(
+                "policy.failover_grace_ms ({}) is above the limit of {MAX_FAILOVER_GRACE_MS}: it \
+                 stretches every lease by that much on each leader change",
+                p.failover_grace_ms
+            ));
+        }
+        if p.write_timeout_ms == 0 {
+            return Err("policy.write_timeout_ms must be at least 1".into());
+        }
+        if p.retry_window_ms == 0 {
+            return Err("policy.retry_window_ms must be at least 1".into());
+        }
+        if p.max_waiters_per_resource > p.max_total_waiters {
+            return Err(format!(
+                "policy.max_waiters_per_resource ({}) is larger than max_total_waiters ({})",
+                p.max_waiters_per_resource, p.max_total_waiters
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl NodeConfig {
     /// A single-purpose constructor for tests and `fencegate dev`.
     pub fn new(
@@ -100,6 +146,55 @@ impl NodeConfig {
             admin_token: None,
             audit_max_bytes: default_audit_max_bytes(),
             audit_keep: default_audit_keep(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_policy_is_valid() {
+        assert_eq!(Policy::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn incoherent_policies_are_refused_naming_the_setting() {
+        let bad = [
+            (
+                Policy {
+                    min_ttl_ms: 10_000,
+                    max_ttl_ms: 5_000,
+                    ..Policy::default()
+                },
+                "min_ttl_ms",
+            ),
+            (
+                Policy {
+                    failover_grace_ms: 3_600_000,
+                    ..Policy::default()
+                },
+                "failover_grace_ms",
+            ),
+            (
+                Policy {
+                    default_ttl_ms: 500,
+                    ..Policy::default()
+                },
+                "default_ttl_ms",
+            ),
+            (
+                Policy {
+                    write_timeout_ms: 0,
+                    ..Policy::default()
+                },
+                "write_timeout_ms",
+            ),
+        ];
+        for (policy, setting) in bad {
+            let err = policy.validate().expect_err(setting);
+            assert!(err.contains(setting), "{err}");
         }
     }
 }

@@ -14,6 +14,8 @@ pub enum NodeError {
     Raft(String),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    #[error("configuration: {0}")]
+    Config(String),
 }
 
 /// Why a command could not be committed.

@@ -12,6 +12,7 @@ mod metrics;
 pub mod ops;
 mod propose;
 mod read;
+mod revocations;
 mod start;
 mod sweeper;
 mod waits;
@@ -22,9 +23,10 @@ use std::time::Duration;
 use openraft::ServerState;
 
 pub use clock::Clock;
-pub use config::{NodeConfig, Policy};
+pub use config::{NodeConfig, Policy, MAX_FAILOVER_GRACE_MS};
 pub use error::{NodeError, ProposeError};
 pub use metrics::Metrics;
+pub use revocations::{Revocation, Revocations};
 pub use start::{start, RunningNode};
 pub use waits::{WaitOutcome, WaitRegistry, WaitTicket};
 
@@ -40,6 +42,7 @@ pub struct Node {
     pub machine: SharedMachine,
     pub peers: PeerClient,
     pub waits: WaitRegistry,
+    pub revocations: Revocations,
     pub metrics: Metrics,
     pub clock: Clock,
     pub advertise_addr: String,

@@ -10,7 +10,7 @@ use tokio::task::JoinHandle;
 
 use super::ops::{self, AuditLog, OpsState};
 use super::waits::{WaitOutcome, WaitRegistry};
-use super::{Clock, Metrics, Node, NodeConfig, NodeError};
+use super::{Clock, Metrics, Node, NodeConfig, NodeError, Revocation, Revocations};
 use crate::machine::Effect;
 use crate::net::{FaultLayer, NetworkFactory, PeerClient};
 use crate::raft::{FencegateRaft, NodeInfo, RaftConfigExt};
@@ -39,6 +39,7 @@ impl RunningNode {
 /// address the caller's API listener is bound to: the advertised address unless the config
 /// names another.
 pub async fn start(config: NodeConfig, bound: SocketAddr) -> Result<RunningNode, NodeError> {
+    config.policy.validate().map_err(NodeError::Config)?;
     let advertise_addr = config
         .advertise_addr
         .clone()
@@ -47,6 +48,7 @@ pub async fn start(config: NodeConfig, bound: SocketAddr) -> Result<RunningNode,
     let clock = Clock::new(faults.clone());
     let peers = PeerClient::new(config.id, faults);
     let waits = WaitRegistry::default();
+    let revocations = Revocations::default();
     let metrics = Metrics::new(config.id);
     std::fs::create_dir_all(&config.data_dir)?;
     let audit = AuditLog::open(
@@ -58,11 +60,12 @@ pub async fn start(config: NodeConfig, bound: SocketAddr) -> Result<RunningNode,
 
     let sink: EffectSink = {
         let waits = waits.clone();
+        let revocations = revocations.clone();
         let metrics = metrics.clone();
         let ops = ops.clone();
         let clock = clock.clone();
         Arc::new(move |_index, effects: &[Effect]| {
-            dispatch_effects(&waits, &metrics, effects);
+            dispatch_effects(&waits, &revocations, &metrics, effects);
             note_effects(&ops, clock.now_ms(), effects);
         })
     };
@@ -90,6 +93,7 @@ pub async fn start(config: NodeConfig, bound: SocketAddr) -> Result<RunningNode,
         machine,
         peers,
         waits,
+        revocations,
         metrics,
         clock,
         advertise_addr,
@@ -139,7 +143,12 @@ async fn maybe_initialize(node: &Arc<Node>) -> Result<(), NodeError> {
         .map_err(|e| NodeError::Raft(e.to_string()))
 }
 
-fn dispatch_effects(waits: &WaitRegistry, metrics: &Metrics, effects: &[Effect]) {
+fn dispatch_effects(
+    waits: &WaitRegistry,
+    revocations: &Revocations,
+    metrics: &Metrics,
+    effects: &[Effect],
+) {
     for e in effects {
         match e {
             Effect::HandedOff { request_id, grant } => {
@@ -161,6 +170,16 @@ fn dispatch_effects(waits: &WaitRegistry, metrics: &Metrics, effects: &[Effect])
                 waits.notify(resource, request_id, WaitOutcome::Removed(*reason));
             }
             Effect::Expired { .. } => metrics.expirations.inc(),
+            Effect::Revoke {
+                resource,
+                fencing_token,
+                proxies,
+            } => revocations.publish(Revocation {
+                resource: resource.clone(),
+                fencing_token: *fencing_token,
+                proxies: proxies.clone(),
+            }),
+            Effect::Revoked { .. } => revocations.complete(),
         }
     }
 }
@@ -177,7 +196,9 @@ fn note_effects(ops: &OpsState, now_ms: u64, effects: &[Effect]) {
                 resource,
                 fencing_token,
             } => (resource, "expire", *fencing_token, "expired"),
-            Effect::WaiterRemoved { .. } => continue,
+            Effect::WaiterRemoved { .. } | Effect::Revoke { .. } | Effect::Revoked { .. } => {
+                continue
+            }
         };
         ops.hot.event(
             resource,

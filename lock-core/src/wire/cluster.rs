@@ -71,6 +71,10 @@ pub struct AddMemberRequest {
     pub node_id: u64,
     /// `host:port` where the new node's API listens.
     pub addr: String,
+    /// How long the new node may take to catch up with the leader's log before the add is
+    /// refused (default 20 s, at most 10 min).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catch_up_timeout_ms: Option<u64>,
 }
 
 /// `POST /v1/cluster/members/remove`.
@@ -78,6 +82,9 @@ pub struct AddMemberRequest {
 #[serde(deny_unknown_fields)]
 pub struct RemoveMemberRequest {
     pub node_id: u64,
+    /// Remove even if fewer than a quorum of the remaining voters answer.
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// The voter set after a membership change.

@@ -51,9 +51,18 @@ error_codes! {
     PayloadTooLarge = ("payload_too_large", 413),
     /// Try-once acquire of a held resource, or a wait that ended without the lock.
     LockHeld = ("lock_held", 409),
+    /// Try-once acquire while the previous lease's token is being fenced off at the proxies
+    /// (usually milliseconds; `retry_after_ms` is the longest it can take).
+    LockRevoking = ("lock_revoking", 409),
+    /// A waiting acquire was withdrawn by a cancel (its own, or an earlier attempt's).
+    WaitCancelled = ("wait_cancelled", 409),
     /// Renew of a lease that is no longer held.
     LeaseLost = ("lease_lost", 409),
     MembershipChangeFailed = ("membership_change_failed", 409),
+    /// A node being added did not catch up with the leader's log in time; it stays out.
+    MemberNotCaughtUp = ("member_not_caught_up", 409),
+    /// A removal would leave fewer reachable voters than a quorum (pass `force` to insist).
+    QuorumAtRisk = ("quorum_at_risk", 409),
     TooManyWaiters = ("too_many_waiters", 429),
     FaultInjectionDisabled = ("fault_injection_disabled", 403),
     /// No quorum answered in time; nothing was granted. Safe to retry.
@@ -75,6 +84,8 @@ error_codes! {
     InvalidResource = ("invalid_resource", 400),
     /// Fencing proxy: `Fence-Resource` names another resource than the path's.
     FenceResourceMismatch = ("fence_resource_mismatch", 400),
+    /// Fencing proxy: more than one `Fence-Token` or `Fence-Resource` header.
+    DuplicateFenceHeader = ("duplicate_fence_header", 400),
     /// Fencing proxy: no route matches the path.
     NoRoute = ("no_route", 404),
     /// Fencing proxy: the client's request could not be read.
@@ -137,6 +148,12 @@ impl ErrorBody {
             highest_token: None,
         }
     }
+
+    /// The error body of an answer that did not succeed, whatever its status. Harnesses that
+    /// count outcomes by code need it for 5xx answers too, which [`classify`] only describes.
+    pub fn from_answer(status: u16, body: &[u8]) -> ErrorBody {
+        serde_json::from_slice(body).unwrap_or_else(|_| unparsed(status, body))
+    }
 }
 
 /// How a call that did not succeed ended.
@@ -163,12 +180,11 @@ impl fmt::Display for Failure {
 /// Sorts one HTTP answer: 2xx parses as `T`; 5xx or garbage is uncertain; any other status is
 /// a definite refusal with its error body. Every client uses this one rule.
 pub fn classify<T: DeserializeOwned>(status: u16, body: &[u8]) -> Result<T, Failure> {
-    let snippet = || String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
     if (200..300).contains(&status) {
         return serde_json::from_slice(body).map_err(|e| {
             Failure::Uncertain(format!(
                 "answer {status} does not parse ({e}): {}",
-                snippet()
+                snippet(body)
             ))
         });
     }
@@ -176,13 +192,23 @@ pub fn classify<T: DeserializeOwned>(status: u16, body: &[u8]) -> Result<T, Fail
     if status >= 500 {
         let why = match parsed {
             Some(b) => format!("{status} {}: {}", b.error, b.message),
-            None => format!("{status}: {}", snippet()),
+            None => format!("{status}: {}", snippet(body)),
         };
         return Err(Failure::Uncertain(why));
     }
-    let body = parsed
-        .unwrap_or_else(|| ErrorBody::new(ErrorCode::Other(format!("http_{status}")), snippet()));
+    let body = parsed.unwrap_or_else(|| unparsed(status, body));
     Err(Failure::Definite { status, body })
+}
+
+/// What stands in for an answer that is not an error body (a load balancer's page, a cut-off
+/// body): the code `http_{status}` and the start of the text.
+fn unparsed(status: u16, body: &[u8]) -> ErrorBody {
+    ErrorBody::new(ErrorCode::Other(format!("http_{status}")), snippet(body))
+}
+
+/// The start of an answer, for messages.
+fn snippet(body: &[u8]) -> String {
+    String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned()
 }
 
 #[cfg(test)]
@@ -232,5 +258,14 @@ mod tests {
             classify::<ReleaseResponse>(404, b"plain text"),
             Err(Failure::Definite { status: 404, .. })
         ));
+    }
+
+    #[test]
+    fn from_answer_names_every_failure() {
+        let quorum = ErrorBody::from_answer(503, br#"{"error":"no_quorum","message":"m"}"#);
+        assert_eq!(quorum.error, ErrorCode::NoQuorum);
+        let page = ErrorBody::from_answer(502, b"<html>bad gateway</html>");
+        assert_eq!(page.error.as_str(), "http_502");
+        assert_eq!(page.message, "<html>bad gateway</html>");
     }
 }

@@ -12,6 +12,9 @@ pub const MAX_ID_LEN: usize = 128;
 /// Most entries one list call returns.
 pub const MAX_LIST_LIMIT: usize = 1_000;
 
+/// The lock actions, which end a `POST /v1/locks/{resource}/{action}` path.
+pub const LOCK_ACTIONS: [&str; 4] = ["acquire", "renew", "release", "cancel"];
+
 /// Checks a resource name: 1–256 bytes of `[A-Za-z0-9._:/-]`. The error is a sentence for
 /// the caller.
 pub fn validate_resource(resource: &str) -> Result<(), String> {

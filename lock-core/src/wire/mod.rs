@@ -11,9 +11,11 @@
 //! - [`error`]: the error body, its stable codes with their HTTP statuses, and [`classify`],
 //!   which sorts any answer into success, a definite refusal or an uncertain outcome.
 //! - [`headers`]: the header names the fencing proxy reads.
+//! - [`demo_store`]: the demo store's log of accepted writes.
 
 pub mod admin;
 pub mod cluster;
+pub mod demo_store;
 pub mod error;
 pub mod headers;
 mod lease_id;
@@ -29,11 +31,12 @@ pub use cluster::{
     AddMemberRequest, ClusterStatus, FaultRule, FaultSnapshot, HealthStatus, LockStats, Member,
     MembershipResponse, ReadyStatus, RemoveMemberRequest, Role,
 };
+pub use demo_store::StoreLogEntry;
 pub use error::{classify, ErrorBody, ErrorCode, Failure};
 pub use headers::{FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
 pub use lease_id::LeaseId;
 pub use locks::{
     validate_id, validate_resource, AcquireRequest, AcquireResponse, CancelRequest, CancelResponse,
-    LeaseRequest, LockList, LockView, ReleaseResponse, RenewResponse, MAX_ID_LEN, MAX_LIST_LIMIT,
-    MAX_RESOURCE_LEN,
+    LeaseRequest, LockList, LockView, ReleaseResponse, RenewResponse, LOCK_ACTIONS, MAX_ID_LEN,
+    MAX_LIST_LIMIT, MAX_RESOURCE_LEN,
 };

@@ -6,9 +6,6 @@
 //! node, and a crashed node takes its proxy down with it, as a real process crash would.
 #![allow(dead_code)]
 
-#[path = "../../../lock-core/tests/support/mod.rs"]
-pub mod cluster;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -19,7 +16,7 @@ use serde_json::{json, Value};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-pub use cluster::{eventually, phase, TestCluster};
+pub use lock_core::testkit::{eventually, phase, TestCluster};
 
 /// How long a test waits for an event it can observe (an election, an expiry, a hand-off).
 pub const EVENT: Duration = Duration::from_secs(20);
@@ -440,7 +437,7 @@ pub fn writes_with(log: &[StoreWrite], token: u64) -> Vec<&StoreWrite> {
         .collect()
 }
 
-/// SPEC §3.3 as seen from the store: per key, the tokens of applied writes never decrease —
+/// No stale write is forwarded, as seen from the store: per key, the tokens of applied writes never decrease —
 /// no write with an older token landed after a newer one.
 #[track_caller]
 pub fn assert_tokens_non_decreasing_per_key(log: &[StoreWrite]) {

@@ -92,6 +92,10 @@ pub async fn force_release(
         }
     };
     let released = token.is_some();
+    if released {
+        // As after a holder's release: answer once no proxy forwards the token any more.
+        crate::api::locks::wait_revoked(&node, &resource).await;
+    }
     node.record_operator_action(
         "force_release",
         &req.operator,
@@ -276,6 +280,7 @@ pub async fn add_member(
         AddMemberRequest {
             node_id: req.node_id,
             addr: req.addr,
+            catch_up_timeout_ms: None,
         },
         Some(auth),
     )
@@ -297,6 +302,7 @@ pub async fn remove_member(
         &node,
         RemoveMemberRequest {
             node_id: req.node_id,
+            force: false,
         },
         Some(auth),
     )

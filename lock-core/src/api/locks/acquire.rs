@@ -48,6 +48,13 @@ pub(super) async fn acquire(
             "The lock is held by another lease; retry after retry_after_ms or wait with \
              wait_timeout_ms.",
         )),
+        Response::Revoking { retry_after_ms } => Err(ApiError::new(
+            ErrorCode::LockRevoking,
+            "The previous holder released the lock; the fencing proxies are confirming they \
+             stopped its writes (usually milliseconds, at most retry_after_ms). Retry, or \
+             wait with wait_timeout_ms to be handed the lock as soon as they have.",
+        )
+        .with_retry_after(retry_after_ms)),
         Response::TooManyWaiters => Err(ApiError::new(
             ErrorCode::TooManyWaiters,
             "The wait queue for this resource (or the node) is full; retry later.",

@@ -19,12 +19,13 @@ use axum::Json;
 use serde::Serialize;
 
 pub use read::{get, list};
+pub(crate) use release::wait_revoked;
 
 use super::ApiError;
 use crate::machine::{LeaseId, Response};
 use crate::node::ops::LockCallRecord;
 use crate::node::Node;
-use crate::wire::{validate_resource, ErrorCode};
+use crate::wire::{validate_resource, ErrorCode, LOCK_ACTIONS};
 
 /// `POST /v1/locks/{resource}/{action}`; the resource may itself contain `/`.
 pub async fn post(
@@ -48,7 +49,7 @@ pub async fn post(
             "Use POST /v1/locks/{resource}/acquire|renew|release|cancel.",
         ));
     };
-    if !matches!(action, "acquire" | "renew" | "release" | "cancel") {
+    if !LOCK_ACTIONS.contains(&action) {
         return Err(ApiError::not_found(format!(
             "Unknown lock action '{action}'; use acquire, renew, release or cancel."
         )));

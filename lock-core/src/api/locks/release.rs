@@ -1,12 +1,51 @@
 //! `POST /v1/locks/{resource}/release`: idempotent; a stale lease id releases nothing.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::{lease_facts, required_lease, unexpected, Audit};
 use crate::api::{parse_json, ApiError};
 use crate::machine::{Command, Response};
 use crate::node::Node;
 use crate::wire::{LeaseRequest, ReleaseResponse};
+
+/// The longest a release waits for the fencing proxies to confirm; past it, the answer goes
+/// out. A proxy's grant is never longer (its config is checked against this bound), so by
+/// then a proxy that could not confirm has stopped forwarding the token on its own.
+const MAX_REVOKE_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits until no fencing proxy forwards the released token any more: every proxy that held a
+/// grant confirmed, or the grants ran out. So once the caller hears `released: true`, a write
+/// with the released token is refused by every proxy, and the next holder can be granted.
+pub(crate) async fn wait_revoked(node: &Node, resource: &str) {
+    let mut completions = node.revocations.completions();
+    let started = Instant::now();
+    // A follower may not have applied the release yet; its state must include it. If it
+    // cannot catch up (no quorum), waiting out the longest grant keeps the promise.
+    if node.current_leader() != Some(node.id) && node.read_barrier().await.is_err() {
+        tokio::time::sleep(MAX_REVOKE_WAIT.saturating_sub(started.elapsed())).await;
+        return;
+    }
+    loop {
+        let left = node.machine.read(|m| {
+            m.revoking_until(resource)
+                .map(|until| until.saturating_sub(m.now_ms()))
+        });
+        let Some(left_ms) = left else {
+            return;
+        };
+        let wait =
+            Duration::from_millis(left_ms).min(MAX_REVOKE_WAIT.saturating_sub(started.elapsed()));
+        if wait.is_zero() {
+            return;
+        }
+        // Log time only moves with commits; the sweeper's tick ends the grants at the latest.
+        let _ = tokio::time::timeout(wait, completions.changed()).await;
+        if started.elapsed() >= MAX_REVOKE_WAIT {
+            return;
+        }
+    }
+}
 
 pub(super) async fn release(
     node: &Arc<Node>,
@@ -31,6 +70,9 @@ pub(super) async fn release(
                 caller,
             }
             .record(node, if released { "released" } else { "not_held" }, None);
+            if released {
+                wait_revoked(node, resource).await;
+            }
             Ok(ReleaseResponse { released })
         }
         other => Err(unexpected(other)),

@@ -1,0 +1,309 @@
+//! fencegate's lock API over plain HTTP, speaking `lock_core::wire`: raw reqwest rather than
+//! `lock_core::client`, because the harness spreads calls over the nodes itself and counts
+//! every failed attempt by its code.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use lock_core::wire::{
+    self, classify, AcquireRequest, AcquireResponse, ErrorBody, ErrorCode, LeaseRequest,
+    ReleaseResponse, RenewResponse, FENCE_TOKEN_HEADER,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::sync::Semaphore;
+
+use super::{resource_name, Call, Failure, Grant, Lease};
+
+/// The code of a success whose body does not parse.
+const BAD_RESPONSE: &str = "bad_response";
+
+/// One node's HTTP endpoint: its own connection pool and concurrency limit.
+struct Endpoint {
+    base: String,
+    http: reqwest::Client,
+    permits: Semaphore,
+    /// Skip until this many ms after the client's epoch (after a connection error).
+    down_until_ms: AtomicU64,
+}
+
+impl Endpoint {
+    fn new(base: String, connections: usize, timeout: Duration) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(connections)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .connect_timeout(Duration::from_millis(500))
+            .timeout(timeout)
+            .tcp_nodelay(true)
+            .build()?;
+        Ok(Endpoint {
+            base,
+            http,
+            permits: Semaphore::new(connections),
+            down_until_ms: AtomicU64::new(0),
+        })
+    }
+}
+
+/// How one attempt of a lock call ended.
+enum Attempt<T> {
+    Ok(T),
+    /// A final answer: the call is over.
+    Definite(String),
+    /// Unknown whether it took effect: safe to retry with the same ids.
+    Uncertain(String),
+    /// A success whose body does not parse: the call is over, its outcome unknown.
+    Garbled,
+}
+
+impl<T: DeserializeOwned> Attempt<T> {
+    /// Sorts an answer by the wire contract's one rule, keeping the error code of 5xx
+    /// answers for the per-code counts.
+    fn of_answer(status: u16, body: &[u8]) -> Self {
+        match classify::<T>(status, body) {
+            Ok(v) => Attempt::Ok(v),
+            Err(wire::Failure::Definite { body, .. }) => Attempt::Definite(body.error.to_string()),
+            Err(wire::Failure::Uncertain(_)) if (200..300).contains(&status) => Attempt::Garbled,
+            Err(wire::Failure::Uncertain(_)) => {
+                Attempt::Uncertain(ErrorBody::from_answer(status, body).error.to_string())
+            }
+        }
+    }
+}
+
+pub struct FencegateClient {
+    nodes: Vec<Endpoint>,
+    proxies: Vec<Endpoint>,
+    next: AtomicUsize,
+    /// Index of the node believed to be the leader (with `leader_only`).
+    leader: Option<Arc<AtomicUsize>>,
+    retries: u32,
+    epoch: Instant,
+}
+
+impl FencegateClient {
+    pub fn new(
+        nodes: &[String],
+        proxies: &[String],
+        connections: usize,
+        timeout: Duration,
+        retries: u32,
+        leader: Option<Arc<AtomicUsize>>,
+    ) -> anyhow::Result<Self> {
+        let endpoints = |bases: &[String]| {
+            bases
+                .iter()
+                .map(|b| Endpoint::new(b.clone(), connections, timeout))
+                .collect::<anyhow::Result<Vec<_>>>()
+        };
+        Ok(FencegateClient {
+            nodes: endpoints(nodes)?,
+            proxies: endpoints(proxies)?,
+            next: AtomicUsize::new(0),
+            leader,
+            retries,
+            epoch: Instant::now(),
+        })
+    }
+
+    pub fn has_proxies(&self) -> bool {
+        !self.proxies.is_empty()
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// The node for attempt `n` of a call: round robin (or the leader), skipping nodes that
+    /// refused a connection recently; a retry moves to the next node.
+    fn pick<'a>(&self, eps: &'a [Endpoint], start: usize, n: u32) -> &'a Endpoint {
+        let now = self.now_ms();
+        for k in 0..eps.len() {
+            let e = &eps[(start + n as usize + k) % eps.len()];
+            if e.down_until_ms.load(Ordering::Relaxed) <= now {
+                return e;
+            }
+        }
+        &eps[(start + n as usize) % eps.len()]
+    }
+
+    fn start_index(&self, eps: &[Endpoint]) -> usize {
+        match &self.leader {
+            Some(l) if eps.len() == self.nodes.len() => l.load(Ordering::Relaxed),
+            _ => self.next.fetch_add(1, Ordering::Relaxed) % eps.len(),
+        }
+    }
+
+    /// One request: the answer's status and body (or the code of a transport failure), and
+    /// when it went out (after the permit).
+    async fn attempt(
+        &self,
+        ep: &Endpoint,
+        req: reqwest::RequestBuilder,
+    ) -> (Result<(u16, Bytes), String>, Instant) {
+        // Waiting for a permit is part of the client-visible latency, like waiting for a
+        // free connection in any pooled client.
+        let _permit = ep.permits.acquire().await;
+        let sent = Instant::now();
+        let answer = match req.send().await {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                Ok((status, resp.bytes().await.unwrap_or_default()))
+            }
+            Err(e) if e.is_connect() => {
+                ep.down_until_ms
+                    .store(self.now_ms() + 500, Ordering::Relaxed);
+                Err("connect_error".to_string())
+            }
+            Err(e) if e.is_timeout() => Err("client_timeout".to_string()),
+            Err(_) => Err("transport_error".to_string()),
+        };
+        (answer, sent)
+    }
+
+    /// A lock call, retried on uncertain outcomes on the next node.
+    async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Call<T> {
+        let mut first_send = None;
+        let mut errors = Vec::new();
+        let start = self.start_index(&self.nodes);
+        let mut n = 0;
+        loop {
+            let ep = self.pick(&self.nodes, start, n);
+            let req = ep.http.post(format!("{}{}", ep.base, path)).json(body);
+            let (answer, last_send) = self.attempt(ep, req).await;
+            let first_send = *first_send.get_or_insert(last_send);
+            let answered = Instant::now();
+            let attempt = match answer {
+                Ok((status, body)) => Attempt::of_answer(status, &body),
+                Err(code) => Attempt::Uncertain(code),
+            };
+            let (failure, last) = match attempt {
+                Attempt::Ok(v) => {
+                    return Call {
+                        result: Ok(v),
+                        errors,
+                        first_send,
+                        last_send,
+                        answered,
+                    };
+                }
+                Attempt::Definite(code) => (
+                    Failure {
+                        code,
+                        definite: true,
+                    },
+                    true,
+                ),
+                Attempt::Garbled => (
+                    Failure {
+                        code: BAD_RESPONSE.into(),
+                        definite: false,
+                    },
+                    true,
+                ),
+                Attempt::Uncertain(code) => (
+                    Failure {
+                        code,
+                        definite: false,
+                    },
+                    n >= self.retries,
+                ),
+            };
+            errors.push(failure.code.clone());
+            if last {
+                return Call {
+                    result: Err(failure),
+                    errors,
+                    first_send,
+                    last_send,
+                    answered,
+                };
+            }
+            n += 1;
+            tokio::time::sleep(Duration::from_millis(25u64 << n.min(5))).await;
+        }
+    }
+
+    pub async fn acquire(
+        &self,
+        resource: u32,
+        request_id: &str,
+        ttl_ms: u64,
+        wait_ms: u64,
+    ) -> Call<Grant> {
+        let path = format!("/v1/locks/{}/acquire", resource_name(resource));
+        let body = AcquireRequest {
+            request_id: request_id.to_string(),
+            holder: Some("loadtest".into()),
+            ttl_ms: Some(ttl_ms),
+            wait_timeout_ms: (wait_ms > 0).then_some(wait_ms),
+        };
+        self.post::<AcquireResponse>(&path, &body)
+            .await
+            .map(|a| Grant {
+                lease: Lease::Fencegate(a.lease_id),
+                token: a.fencing_token,
+            })
+    }
+
+    pub async fn renew(&self, resource: u32, grant: &Grant) -> Call<bool> {
+        let path = format!("/v1/locks/{}/renew", resource_name(resource));
+        let call = self
+            .post::<RenewResponse>(&path, &lease_request(grant))
+            .await
+            .map(|_| true);
+        lease_gone_is_false(call)
+    }
+
+    pub async fn release(&self, resource: u32, grant: &Grant) -> Call<bool> {
+        let path = format!("/v1/locks/{}/release", resource_name(resource));
+        self.post::<ReleaseResponse>(&path, &lease_request(grant))
+            .await
+            .map(|r| r.released)
+    }
+
+    /// A fenced write through a proxy: not retried, and whatever the proxy or the upstream
+    /// answers other than 2xx is final.
+    pub async fn write(&self, resource: u32, grant: &Grant) -> Call<()> {
+        let start = self.start_index(&self.proxies);
+        let ep = self.pick(&self.proxies, start, 0);
+        let req = ep
+            .http
+            .put(format!("{}/kv/lt{resource}", ep.base))
+            .header(FENCE_TOKEN_HEADER, grant.token.to_string())
+            .body(format!("written with token {}", grant.token));
+        let (answer, sent) = self.attempt(ep, req).await;
+        let result = match answer {
+            // The upstream's success body is the upstream's business.
+            Ok((status, _)) if (200..300).contains(&status) => Ok(()),
+            Ok((status, body)) => Err(ErrorBody::from_answer(status, &body).error.to_string()),
+            Err(code) => Err(code),
+        };
+        let result = result.map_err(|code| Failure {
+            code,
+            definite: true,
+        });
+        Call::single(result, sent)
+    }
+}
+
+fn lease_request(grant: &Grant) -> LeaseRequest {
+    let lease_id = match &grant.lease {
+        Lease::Fencegate(id) => Some(*id),
+        // Not a fencegate lease: the node answers invalid_request.
+        Lease::Etcd { .. } => None,
+    };
+    LeaseRequest { lease_id }
+}
+
+/// Turns the definite "lease is gone" answer into Ok(false) (it is an answer, not an error).
+fn lease_gone_is_false(mut call: Call<bool>) -> Call<bool> {
+    let lost = ErrorCode::LeaseLost.as_str();
+    if matches!(&call.result, Err(f) if f.definite && f.code == lost) {
+        call.result = Ok(false);
+        call.errors.pop();
+    }
+    call
+}

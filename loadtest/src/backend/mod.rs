@@ -1,0 +1,148 @@
+//! The systems under test behind one interface: fencegate's HTTP lock API ([`fencegate`]:
+//! plain reqwest speaking `lock_core::wire`, one connection pool and one concurrency limit per
+//! node) and etcd's lease + lock API ([`etcd`], etcd-client).
+//!
+//! Each call returns the final outcome after retries plus the code of every failed attempt.
+//! Retries reuse the same `request_id` / `lease_id`, which the API makes safe: a retried
+//! acquire returns the original lease.
+
+mod etcd;
+mod fencegate;
+
+use std::time::Instant;
+
+use lock_core::wire::LeaseId;
+
+pub use etcd::EtcdClient;
+pub use fencegate::FencegateClient;
+
+/// A granted lease, as the client holds it.
+#[derive(Clone, Debug)]
+pub struct Grant {
+    pub lease: Lease,
+    /// fencegate: the fencing token; etcd: the revision that created the lock key.
+    pub token: u64,
+}
+
+/// What the holder sends back to renew and release.
+#[derive(Clone, Debug)]
+pub enum Lease {
+    Fencegate(LeaseId),
+    /// etcd: the lease, and the lock key to unlock.
+    Etcd {
+        id: i64,
+        key: Vec<u8>,
+    },
+}
+
+impl Grant {
+    /// The lease id as a number, for duplicate checks.
+    pub fn lease_num(&self) -> u128 {
+        match &self.lease {
+            Lease::Fencegate(id) => id.0,
+            Lease::Etcd { id, .. } => *id as u64 as u128,
+        }
+    }
+}
+
+/// Why a call did not succeed.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    /// A `lock_core::wire::ErrorCode`, or the client's own (`client_timeout`, `grpc_…`).
+    pub code: String,
+    /// The server gave a final answer (4xx) rather than an uncertain one.
+    pub definite: bool,
+}
+
+/// The result of one logical call.
+pub struct Call<T> {
+    pub result: Result<T, Failure>,
+    /// Codes of the failed attempts (including the final one).
+    pub errors: Vec<String>,
+    /// When the first attempt went out (after waiting for a connection): a lease granted by
+    /// this call cannot have been stamped earlier, so its validity is counted from here.
+    pub first_send: Instant,
+    /// When the successful (or last) attempt went out.
+    pub last_send: Instant,
+    /// When the final answer arrived: a server answer "lease gone" was decided before this.
+    pub answered: Instant,
+}
+
+impl<T> Call<T> {
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Call<U> {
+        Call {
+            result: self.result.map(f),
+            errors: self.errors,
+            first_send: self.first_send,
+            last_send: self.last_send,
+            answered: self.answered,
+        }
+    }
+
+    /// A call of one attempt, answered now.
+    fn single(result: Result<T, Failure>, sent: Instant) -> Self {
+        let errors = match &result {
+            Err(f) => vec![f.code.clone()],
+            Ok(_) => Vec::new(),
+        };
+        Call {
+            result,
+            errors,
+            first_send: sent,
+            last_send: sent,
+            answered: Instant::now(),
+        }
+    }
+}
+
+pub enum Backend {
+    Fencegate(FencegateClient),
+    Etcd(EtcdClient),
+}
+
+impl Backend {
+    pub async fn acquire(
+        &self,
+        resource: u32,
+        request_id: &str,
+        ttl_ms: u64,
+        wait_ms: u64,
+    ) -> Call<Grant> {
+        match self {
+            Backend::Fencegate(c) => c.acquire(resource, request_id, ttl_ms, wait_ms).await,
+            Backend::Etcd(c) => c.acquire(resource, ttl_ms, wait_ms).await,
+        }
+    }
+
+    /// Ok(true) renewed, Ok(false) the server says the lease is gone.
+    pub async fn renew(&self, resource: u32, grant: &Grant) -> Call<bool> {
+        match self {
+            Backend::Fencegate(c) => c.renew(resource, grant).await,
+            Backend::Etcd(c) => c.renew(grant).await,
+        }
+    }
+
+    /// Ok(true) released, Ok(false) the lease was no longer current.
+    pub async fn release(&self, resource: u32, grant: &Grant) -> Call<bool> {
+        match self {
+            Backend::Fencegate(c) => c.release(resource, grant).await,
+            Backend::Etcd(c) => c.release(grant).await,
+        }
+    }
+
+    /// A fenced write through the proxy (fencegate only).
+    pub async fn write(&self, resource: u32, grant: &Grant) -> Option<Call<()>> {
+        match self {
+            Backend::Fencegate(c) if c.has_proxies() => Some(c.write(resource, grant).await),
+            _ => None,
+        }
+    }
+
+    pub fn supports_writes(&self) -> bool {
+        matches!(self, Backend::Fencegate(c) if c.has_proxies())
+    }
+}
+
+pub fn resource_name(idx: u32) -> String {
+    format!("kv:lt{idx}")
+}

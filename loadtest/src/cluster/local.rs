@@ -1,0 +1,337 @@
+//! [`LocalCluster`]: three `fencegate node` processes with their own configs, data dirs and
+//! logs, optionally each with a fencing proxy in front of one shared `fencegate demo-store`.
+//!
+//! Everything a scenario or the nemesis does to it goes through here: SIGKILL, SIGTERM and
+//! restart (same config and data dir), SIGSTOP / SIGCONT, and the nodes'
+//! `PUT /v1/admin/faults` (partitions and clock offsets live in each node's transport fault
+//! layer, which a restart clears).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Child;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use lock_core::wire::{ClusterStatus, FaultRule, FaultSnapshot};
+
+use super::process::{self, cluster_dir, free_ports, spawn_demo_store, spawn_node};
+use super::status;
+
+/// The fencing proxies: one per node, routing `/kv/{key}` to the demo store as resource
+/// `kv:{key}`.
+#[derive(Clone, Copy, Debug)]
+pub struct ProxySpec {
+    /// How long one admission lets a proxy forward a token's writes; a release defers the
+    /// next lease of the resource by at most this much.
+    pub grant_ms: u64,
+    pub upstream_timeout_ms: u64,
+    /// Fence checks off (the chaos harness's proof that its checker can fail).
+    pub unsafe_no_fencing: bool,
+}
+
+impl ProxySpec {
+    /// The load harness's proxies.
+    pub const LOAD: ProxySpec = ProxySpec {
+        grant_ms: 2_000,
+        upstream_timeout_ms: 1_000,
+        unsafe_no_fencing: false,
+    };
+}
+
+/// What a harness wants of its cluster.
+#[derive(Clone, Copy, Debug)]
+pub struct ClusterSpec {
+    /// Names the temp dir the nodes live in when no directory is given.
+    pub tmp_prefix: &'static str,
+    /// The environment variable with the nodes' log filter (default `warn`).
+    pub log_env: &'static str,
+    pub proxies: Option<ProxySpec>,
+    /// Lets the nemesis set partitions and clock offsets through `PUT /v1/admin/faults`.
+    pub fault_injection: bool,
+}
+
+pub struct Node {
+    pub id: u64,
+    /// `http://127.0.0.1:P` of the node API.
+    pub api: String,
+    /// `http://127.0.0.1:P` of the node's fencing proxy.
+    pub proxy: Option<String>,
+    config: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+    paused: bool,
+}
+
+pub struct LocalCluster {
+    pub dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    bin: PathBuf,
+    log_env: &'static str,
+    pub nodes: Vec<Node>,
+    /// `http://127.0.0.1:P` of the demo store, when the nodes run proxies.
+    pub store: Option<String>,
+    store_child: Option<Child>,
+    http: reqwest::Client,
+}
+
+impl LocalCluster {
+    /// Writes the three node configs and starts the demo store (with proxies) and the nodes.
+    pub fn start(bin: PathBuf, dir: Option<PathBuf>, spec: ClusterSpec) -> anyhow::Result<Self> {
+        if let Some(d) = &dir {
+            // Node data from an earlier run holds that run's ports in its membership.
+            if d.join("node1").exists() {
+                bail!(
+                    "--data-dir {} already holds a cluster; give an empty or new directory",
+                    d.display()
+                );
+            }
+        }
+        let (dir, tmp) = cluster_dir(dir, spec.tmp_prefix)?;
+        let ports = free_ports(7)?;
+        let (api_ports, proxy_ports, store_port) = (&ports[0..3], &ports[3..6], ports[6]);
+        let store = format!("127.0.0.1:{store_port}");
+        let members: Vec<String> = api_ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("\"{}\" = \"127.0.0.1:{p}\"", i + 1))
+            .collect();
+        let mut cluster = LocalCluster {
+            dir: dir.clone(),
+            _tmp: tmp,
+            bin,
+            log_env: spec.log_env,
+            nodes: Vec::new(),
+            store: None,
+            store_child: None,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(2))
+                .build()?,
+        };
+        if spec.proxies.is_some() {
+            cluster.store_child = Some(spawn_demo_store(
+                &cluster.bin,
+                &store,
+                &dir.join("demo-store.log"),
+            )?);
+            cluster.store = Some(format!("http://{store}"));
+        }
+        for (i, (api_port, proxy_port)) in api_ports.iter().zip(proxy_ports).enumerate() {
+            let id = i as u64 + 1;
+            let mut toml = format!(
+                "listen = \"127.0.0.1:{api_port}\"\n\n\
+                 [node]\nid = {id}\ndata_dir = \"{data}\"\ninitial_members = {{ {members} }}\n\
+                 enable_fault_injection = {faults}\n",
+                data = dir.join(format!("node{id}")).display(),
+                members = members.join(", "),
+                faults = spec.fault_injection,
+            );
+            if let Some(p) = spec.proxies {
+                toml.push_str(&format!(
+                    "\n[proxy]\nlisten = \"127.0.0.1:{proxy_port}\"\ngrant_ms = {grant}\n\
+                     unsafe_no_fencing = {unsafe_no_fencing}\n\n\
+                     [[proxy.routes]]\npath = \"/kv/{{key}}\"\nresource = \"kv:{{key}}\"\n\
+                     upstream = \"{store}\"\nupstream_timeout_ms = {upstream_timeout}\n",
+                    grant = p.grant_ms,
+                    unsafe_no_fencing = p.unsafe_no_fencing,
+                    upstream_timeout = p.upstream_timeout_ms,
+                ));
+            }
+            let config = dir.join(format!("node{id}.toml"));
+            std::fs::write(&config, toml)?;
+            cluster.nodes.push(Node {
+                id,
+                api: format!("http://127.0.0.1:{api_port}"),
+                proxy: spec
+                    .proxies
+                    .map(|_| format!("http://127.0.0.1:{proxy_port}")),
+                config,
+                log: dir.join(format!("node{id}.log")),
+                child: None,
+                paused: false,
+            });
+        }
+        for id in cluster.ids() {
+            cluster.spawn(id)?;
+        }
+        Ok(cluster)
+    }
+
+    pub fn ids(&self) -> Vec<u64> {
+        self.nodes.iter().map(|n| n.id).collect()
+    }
+
+    pub fn api_urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.api.clone()).collect()
+    }
+
+    pub fn proxy_urls(&self) -> Vec<String> {
+        self.nodes.iter().filter_map(|n| n.proxy.clone()).collect()
+    }
+
+    fn node(&self, id: u64) -> anyhow::Result<&Node> {
+        self.nodes
+            .iter()
+            .find(|n| n.id == id)
+            .with_context(|| format!("no node {id}"))
+    }
+
+    fn node_mut(&mut self, id: u64) -> anyhow::Result<&mut Node> {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.id == id)
+            .with_context(|| format!("no node {id}"))
+    }
+
+    fn spawn(&mut self, id: u64) -> anyhow::Result<()> {
+        let (bin, log_env) = (self.bin.clone(), self.log_env);
+        let n = self.node_mut(id)?;
+        n.child = Some(spawn_node(&bin, &n.config, &n.log, log_env)?);
+        n.paused = false;
+        Ok(())
+    }
+
+    /// The pid of each running node, by its index in `nodes`.
+    pub fn pids(&self) -> BTreeMap<usize, u32> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| Some((i, n.child.as_ref()?.id())))
+            .collect()
+    }
+
+    /// Running and not paused.
+    pub fn is_up(&self, id: u64) -> bool {
+        self.node(id).is_ok_and(|n| n.child.is_some() && !n.paused)
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self, id: u64) -> anyhow::Result<()> {
+        self.end(id, process::kill)
+    }
+
+    /// SIGTERM: the node shuts down cleanly.
+    pub fn stop(&mut self, id: u64) -> anyhow::Result<()> {
+        self.end(id, process::stop)
+    }
+
+    fn end(&mut self, id: u64, how: fn(Child)) -> anyhow::Result<()> {
+        let n = self.node_mut(id)?;
+        if let Some(child) = n.child.take() {
+            how(child);
+        }
+        n.paused = false;
+        Ok(())
+    }
+
+    /// Restarts a stopped node with the same config and data dir (a running one is left be).
+    pub fn restart(&mut self, id: u64) -> anyhow::Result<()> {
+        if self.node(id)?.child.is_some() {
+            return Ok(());
+        }
+        self.spawn(id)
+    }
+
+    /// SIGSTOP: the process keeps its sockets but does nothing (a GC pause, a VM stall).
+    pub fn pause(&mut self, id: u64) -> anyhow::Result<()> {
+        let n = self.node_mut(id)?;
+        if let Some(child) = &n.child {
+            process::signal(child, libc::SIGSTOP);
+            n.paused = true;
+        }
+        Ok(())
+    }
+
+    pub fn resume(&mut self, id: u64) -> anyhow::Result<()> {
+        let n = self.node_mut(id)?;
+        if let Some(child) = &n.child {
+            process::signal(child, libc::SIGCONT);
+        }
+        n.paused = false;
+        Ok(())
+    }
+
+    /// Processes that exited on their own (a crash is a finding, not noise).
+    pub fn crashed(&mut self) -> Vec<String> {
+        let mut dead = Vec::new();
+        for n in &mut self.nodes {
+            if let Some(c) = n.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    dead.push(format!(
+                        "node {} exited on its own ({status}); see {}",
+                        n.id,
+                        n.log.display()
+                    ));
+                    n.child = None;
+                }
+            }
+        }
+        dead
+    }
+
+    pub fn stop_all(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(c) = n.child.take() {
+                process::stop(c);
+            }
+        }
+        if let Some(c) = self.store_child.take() {
+            process::stop(c);
+        }
+    }
+
+    /// Replaces node `id`'s fault rules: `blocked` peers and a clock offset.
+    pub async fn set_faults(
+        &self,
+        id: u64,
+        blocked: &[u64],
+        clock_offset_ms: i64,
+    ) -> anyhow::Result<()> {
+        let api = &self.node(id)?.api;
+        let rules = FaultSnapshot {
+            peers: blocked
+                .iter()
+                .map(|p| {
+                    let cut = FaultRule {
+                        blocked: true,
+                        ..FaultRule::default()
+                    };
+                    (*p, cut)
+                })
+                .collect(),
+            clock_offset_ms,
+        };
+        let req = self.http.put(format!("{api}/v1/admin/faults")).json(&rules);
+        status::typed::<FaultSnapshot>(req)
+            .await
+            .with_context(|| format!("set faults on node {id}"))?;
+        Ok(())
+    }
+
+    /// The status of every node that is up (a paused one would only time out).
+    pub async fn statuses(&self) -> Vec<ClusterStatus> {
+        let mut out = Vec::new();
+        for n in self.nodes.iter().filter(|n| self.is_up(n.id)) {
+            if let Ok(s) = status::fetch(&self.http, &n.api, status::READ_TIMEOUT).await {
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    pub async fn leader(&self) -> Option<u64> {
+        status::leader(&self.statuses().await)
+    }
+
+    /// Waits until every node answers, all agree on one leader and say they are ready.
+    pub async fn wait_ready(&self, timeout: Duration) -> anyhow::Result<u64> {
+        status::wait_ready(&self.http, &self.api_urls(), timeout)
+            .await
+            .with_context(|| format!("node logs are in {}", self.dir.display()))
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}

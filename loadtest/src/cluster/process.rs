@@ -1,0 +1,143 @@
+//! OS processes: the `fencegate` binary, free ports, a cluster's directory, spawning nodes
+//! and the demo store, signals, and a process's memory.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+/// Reserves `n` distinct free loopback ports (bound together, then released).
+pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<_, _>>()
+        .context("reserve a free port")?;
+    Ok(listeners
+        .iter()
+        .filter_map(|l| l.local_addr().ok().map(|a| a.port()))
+        .collect())
+}
+
+/// The `fencegate` binary: the explicit path, else next to this executable, else the
+/// workspace's target/release or target/debug, else `fencegate` on PATH.
+pub fn find_fencegate_bin(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = explicit {
+        if p.is_file() {
+            return Ok(p.to_path_buf());
+        }
+        bail!("--fencegate-bin {} does not exist", p.display());
+    }
+    let mut candidates = Vec::new();
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            candidates.push(dir.join("fencegate"));
+        }
+    }
+    let ws = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    candidates.push(ws.join("target/release/fencegate"));
+    candidates.push(ws.join("target/debug/fencegate"));
+    if let Some(paths) = std::env::var_os("PATH") {
+        candidates.extend(std::env::split_paths(&paths).map(|d| d.join("fencegate")));
+    }
+    match candidates.into_iter().find(|c| c.is_file()) {
+        Some(c) => Ok(c),
+        None => bail!(
+            "no `fencegate` binary found: build it with `cargo build --release -p proxy --bin fencegate` \
+             or pass --fencegate-bin"
+        ),
+    }
+}
+
+/// The directory a cluster's nodes keep their data and logs in: `dir` (created if missing), or a
+/// fresh temp dir named `prefix…` that is removed when the returned guard is dropped.
+pub fn cluster_dir(
+    dir: Option<PathBuf>,
+    prefix: &str,
+) -> anyhow::Result<(PathBuf, Option<tempfile::TempDir>)> {
+    match dir {
+        Some(d) => {
+            std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
+            Ok((d, None))
+        }
+        None => {
+            let t = tempfile::Builder::new().prefix(prefix).tempdir()?;
+            Ok((t.path().to_path_buf(), Some(t)))
+        }
+    }
+}
+
+/// Starts `fencegate node --config CONFIG`, appending its output to `log`. The node's log
+/// filter comes from the environment variable `log_env` (default `warn`).
+pub fn spawn_node(bin: &Path, config: &Path, log: &Path, log_env: &str) -> anyhow::Result<Child> {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    Command::new(bin)
+        .arg("node")
+        .arg("--config")
+        .arg(config)
+        .env(
+            "RUST_LOG",
+            std::env::var(log_env).unwrap_or_else(|_| "warn".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("start {} node", bin.display()))
+}
+
+/// Starts `fencegate demo-store --listen ADDR`, its output in `log`.
+pub fn spawn_demo_store(bin: &Path, addr: &str, log: &Path) -> anyhow::Result<Child> {
+    let out = std::fs::File::create(log)?;
+    Command::new(bin)
+        .args(["demo-store", "--listen", addr])
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("start {} demo-store", bin.display()))
+}
+
+pub fn signal(child: &Child, sig: libc::c_int) {
+    // SAFETY: `child` is our own, not yet reaped child (we hold its `Child`), so the pid
+    // cannot have been reused.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, sig);
+    }
+}
+
+/// SIGKILL: nothing flushes, nothing is said goodbye to.
+pub fn kill(mut child: Child) {
+    signal(&child, libc::SIGKILL);
+    let _ = child.wait();
+}
+
+/// SIGTERM, then SIGKILL if it has not exited after 5 s. A stopped (SIGSTOPped) process
+/// stays stopped under SIGTERM, so it is continued first.
+pub fn stop(mut child: Child) {
+    signal(&child, libc::SIGCONT);
+    signal(&child, libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    kill(child);
+}
+
+/// VmRSS and VmHWM (peak) of a process in MiB, from /proc.
+pub fn rss_mib(pid: u32) -> Option<(f64, f64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> Option<f64> {
+        let line = s.lines().find(|l| l.starts_with(name))?;
+        let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb / 1024.0)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}

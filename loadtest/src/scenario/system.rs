@@ -1,0 +1,183 @@
+//! The system under test: a fencegate cluster the harness starts ([`LocalCluster`]) or one
+//! already running (`--target`), or etcd (started with scripts/etcd.sh, or
+//! `--etcd-endpoints`); and the client the workload drives it with.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::bail;
+
+use super::etcd::{etcd_script, EtcdCluster};
+use crate::backend::{Backend, EtcdClient, FencegateClient};
+use crate::cluster::process::find_fencegate_bin;
+use crate::cluster::status;
+use crate::cluster::{ClusterSpec, LocalCluster, ProxySpec};
+use crate::config::{check_loopback, RunArgs, Scenario, System, Workload};
+use crate::poller::Pids;
+
+pub struct SystemUnderTest {
+    pub system: System,
+    /// API base URLs (fencegate) or client endpoints (etcd), by node index.
+    pub bases: Vec<String>,
+    /// Fencing proxy URLs (fencegate only).
+    pub proxies: Vec<String>,
+    /// What it is, for the summary.
+    pub desc: String,
+    /// The fencegate cluster the harness started, if it did.
+    pub local: Option<Arc<Mutex<LocalCluster>>>,
+    /// The etcd cluster the harness started, if it did.
+    pub etcd: Option<EtcdCluster>,
+    /// Pids of server processes the harness started, by node index (kept current across
+    /// restarts, for the poller's memory samples).
+    pub pids: Pids,
+}
+
+impl SystemUnderTest {
+    pub async fn start(
+        args: &RunArgs,
+        system: System,
+        w: &Workload,
+        http: &reqwest::Client,
+    ) -> anyhow::Result<Self> {
+        match system {
+            System::Fencegate if !args.target.is_empty() => Self::target(args, http).await,
+            System::Fencegate => Self::local(args, w).await,
+            System::Etcd => Self::etcd(args),
+        }
+    }
+
+    fn new(system: System, bases: Vec<String>, proxies: Vec<String>, desc: String) -> Self {
+        SystemUnderTest {
+            system,
+            bases,
+            proxies,
+            desc,
+            local: None,
+            etcd: None,
+            pids: Pids::default(),
+        }
+    }
+
+    /// A running fencegate cluster.
+    async fn target(args: &RunArgs, http: &reqwest::Client) -> anyhow::Result<Self> {
+        let bases = loopback(&args.target)?;
+        let proxies = loopback(&args.proxy_target)?;
+        let scenario = args.scenario;
+        if matches!(scenario, Scenario::ReplicaDown | Scenario::LeaderKill) {
+            bail!("--scenario {scenario:?} stops nodes: it needs a cluster the harness starts (no --target)");
+        }
+        status::wait_ready(http, &bases, Duration::from_secs(10)).await?;
+        let desc = format!("target {}", args.target.join(","));
+        Ok(Self::new(System::Fencegate, bases, proxies, desc))
+    }
+
+    /// Three `fencegate node` processes, with proxies when the workload writes.
+    async fn local(args: &RunArgs, w: &Workload) -> anyhow::Result<Self> {
+        let bin = find_fencegate_bin(args.fencegate_bin.as_deref())?;
+        let spec = ClusterSpec {
+            tmp_prefix: "fencegate-loadtest-",
+            log_env: "FENCEGATE_LOADTEST_NODE_LOG",
+            proxies: (w.writes_per_hold > 0).then_some(ProxySpec::LOAD),
+            fault_injection: false,
+        };
+        let c = LocalCluster::start(bin.clone(), args.data_dir.clone(), spec)?;
+        c.wait_ready(Duration::from_secs(30)).await?;
+        let desc = format!("local 3 nodes ({})", bin.display());
+        let mut sut = Self::new(System::Fencegate, c.api_urls(), c.proxy_urls(), desc);
+        sut.pids.replace(c.pids());
+        sut.local = Some(Arc::new(Mutex::new(c)));
+        Ok(sut)
+    }
+
+    fn etcd(args: &RunArgs) -> anyhow::Result<Self> {
+        if !matches!(
+            args.scenario,
+            Scenario::Steady | Scenario::Ramp | Scenario::ReplicaDown
+        ) {
+            bail!("the etcd driver runs the steady, replica-down and ramp scenarios");
+        }
+        if !args.etcd_endpoints.is_empty() {
+            let endpoints = loopback(&args.etcd_endpoints)?;
+            return Ok(Self::new(
+                System::Etcd,
+                endpoints,
+                Vec::new(),
+                "etcd target".into(),
+            ));
+        }
+        let c = EtcdCluster::start(etcd_script(args), args.data_dir.clone())?;
+        let mut sut = Self::new(
+            System::Etcd,
+            c.endpoints.clone(),
+            Vec::new(),
+            "etcd local 3 members".into(),
+        );
+        sut.pids.replace(c.pids());
+        sut.etcd = Some(c);
+        Ok(sut)
+    }
+
+    /// The client the workload runs through, talking to `bases`. With `leader_only` a
+    /// fencegate client sends everything to the node `leader_hint` names, found here first.
+    pub async fn client(
+        &self,
+        w: &Workload,
+        http: &reqwest::Client,
+        bases: &[String],
+        leader_hint: &Arc<AtomicUsize>,
+    ) -> anyhow::Result<Backend> {
+        Ok(match self.system {
+            System::Fencegate => {
+                if w.leader_only {
+                    if let Some((_, idx)) = status::find_leader(http, bases).await {
+                        leader_hint.store(idx, Ordering::Relaxed);
+                    }
+                }
+                Backend::Fencegate(FencegateClient::new(
+                    bases,
+                    &self.proxies,
+                    w.connections,
+                    w.request_timeout(),
+                    w.retries,
+                    w.leader_only.then(|| leader_hint.clone()),
+                )?)
+            }
+            System::Etcd => {
+                Backend::Etcd(EtcdClient::connect(bases, w.connections, w.request_timeout()).await?)
+            }
+        })
+    }
+
+    /// Nodes that exited on their own during the run.
+    pub fn crashed(&self) -> Vec<String> {
+        match &self.local {
+            Some(c) => c.lock().map(|mut c| c.crashed()).unwrap_or_default(),
+            None => Vec::new(),
+        }
+    }
+
+    /// The highest token counter any fencegate node reports now.
+    pub async fn last_token(&self, http: &reqwest::Client) -> Option<u64> {
+        if self.system != System::Fencegate {
+            return None;
+        }
+        let statuses = status::fetch_all(http, &self.bases).await;
+        statuses.iter().map(|(_, s)| s.locks.last_token).max()
+    }
+
+    /// Stops whatever the harness started.
+    pub fn stop(self) {
+        if let Some(c) = self.local {
+            if let Ok(mut c) = c.lock() {
+                c.stop_all();
+            }
+        }
+        drop(self.etcd);
+    }
+}
+
+/// Only loopback addresses are ever load targets.
+fn loopback(urls: &[String]) -> anyhow::Result<Vec<String>> {
+    urls.iter().map(|u| check_loopback(u)).collect()
+}

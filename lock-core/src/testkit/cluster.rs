@@ -1,0 +1,292 @@
+//! An in-process cluster of real nodes on OS-chosen ports, with helpers to crash, restart,
+//! partition and query them.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::Value;
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+
+use super::{eventually, ApiClient};
+use crate::node::{NodeConfig, Policy};
+use crate::server::{self, NodeHandle};
+use crate::wire::{AcquireRequest, ClusterStatus};
+
+/// A real cluster in this process: real raft over real TCP sockets on 127.0.0.1 ports chosen
+/// by the OS, real fjall in temp dirs, real HTTP. Nodes are numbered from 1; a crashed node
+/// keeps its id, address and data dir so it can be restarted.
+pub struct TestCluster {
+    pub nodes: BTreeMap<u64, Option<NodeHandle>>,
+    pub addrs: BTreeMap<u64, String>,
+    pub policy: Policy,
+    dir: TempDir,
+    http: reqwest::Client,
+}
+
+impl TestCluster {
+    pub async fn start(n: u64) -> Self {
+        Self::start_with(n, Policy::default()).await
+    }
+
+    pub async fn start_with(n: u64, policy: Policy) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut listeners = BTreeMap::new();
+        let mut addrs = BTreeMap::new();
+        for id in 1..=n {
+            let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            addrs.insert(id, l.local_addr().expect("addr").to_string());
+            listeners.insert(id, l);
+        }
+        let mut cluster = TestCluster {
+            nodes: BTreeMap::new(),
+            addrs,
+            policy,
+            dir,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .expect("client"),
+        };
+        for (id, l) in listeners {
+            let h = server::start(cluster.config(id), l, std::future::pending())
+                .await
+                .expect("start node");
+            cluster.nodes.insert(id, Some(h));
+        }
+        cluster.wait_leader(Duration::from_secs(10)).await;
+        cluster
+    }
+
+    pub fn config(&self, id: u64) -> NodeConfig {
+        let mut c = NodeConfig::new(
+            id,
+            self.dir.path().join(format!("node{id}")),
+            self.addrs.clone(),
+        );
+        c.policy = self.policy.clone();
+        c.enable_fault_injection = true;
+        c
+    }
+
+    pub fn node(&self, id: u64) -> &NodeHandle {
+        self.nodes[&id].as_ref().expect("node is running")
+    }
+
+    pub fn running(&self) -> Vec<u64> {
+        self.nodes
+            .iter()
+            .filter(|(_, h)| h.is_some())
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Waits until a majority of running nodes agree on one leader, and returns it.
+    pub async fn wait_leader(&self, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut votes: BTreeMap<u64, usize> = BTreeMap::new();
+            for id in self.running() {
+                let n = &self.node(id).node;
+                if let Some(l) = n.current_leader() {
+                    if self.nodes.get(&l).is_some_and(|h| h.is_some()) {
+                        *votes.entry(l).or_default() += 1;
+                    }
+                }
+            }
+            if let Some((l, _)) = votes.iter().find(|(l, c)| {
+                **c * 2 > self.nodes.len() && self.node(**l).node.current_leader() == Some(**l)
+            }) {
+                return *l;
+            }
+            assert!(Instant::now() < deadline, "no leader within {timeout:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn followers(&self, leader: u64) -> Vec<u64> {
+        self.running()
+            .into_iter()
+            .filter(|id| *id != leader)
+            .collect()
+    }
+
+    pub fn url(&self, id: u64, path: &str) -> String {
+        format!("http://{}{}", self.addrs[&id], path)
+    }
+
+    pub async fn post(&self, id: u64, path: &str, body: impl Serialize) -> (u16, Value) {
+        let resp = self
+            .http
+            .post(self.url(id, path))
+            .json(&body)
+            .send()
+            .await
+            .expect("request");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn post_raw(&self, id: u64, path: &str, body: &str) -> (u16, Value) {
+        let resp = self
+            .http
+            .post(self.url(id, path))
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("request");
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// A GET; a body that is not JSON (e.g. `/metrics`) comes back as a JSON string.
+    pub async fn get(&self, id: u64, path: &str) -> (u16, Value) {
+        let resp = self
+            .http
+            .get(self.url(id, path))
+            .send()
+            .await
+            .expect("request");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// A try-once acquire of `resource` on node `id`.
+    pub async fn acquire(
+        &self,
+        id: u64,
+        resource: &str,
+        request_id: &str,
+        ttl_ms: u64,
+    ) -> (u16, Value) {
+        let body = AcquireRequest {
+            request_id: request_id.to_string(),
+            ttl_ms: Some(ttl_ms),
+            ..AcquireRequest::default()
+        };
+        self.post(id, &format!("/v1/locks/{resource}/acquire"), body)
+            .await
+    }
+
+    /// Stops a node abruptly (tasks aborted, raft stopped, nothing flushed beyond what was
+    /// acknowledged).
+    pub async fn crash(&mut self, id: u64) {
+        if let Some(h) = self.nodes.get_mut(&id).and_then(Option::take) {
+            h.crash().await;
+        }
+        // Give the storage a moment to be dropped by the stopped raft task.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    /// Starts a stopped node again on its old address and data dir.
+    pub async fn restart(&mut self, id: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let listener = loop {
+            match TcpListener::bind(&self.addrs[&id]).await {
+                Ok(l) => break l,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("rebind {}: {e}; retrying", self.addrs[&id]);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("rebind {}: {e}", self.addrs[&id]),
+            }
+        };
+        let handle = server::start(self.config(id), listener, std::future::pending())
+            .await
+            .unwrap_or_else(|e| panic!("restart node {id}: {e}"));
+        self.nodes.insert(id, Some(handle));
+    }
+
+    /// Cuts `id` off from every other node, in both directions.
+    pub fn isolate(&self, id: u64) {
+        for other in self.running() {
+            if other != id {
+                self.node(other).node.faults().block([id]);
+                self.node(id).node.faults().block([other]);
+            }
+        }
+    }
+
+    pub fn heal(&self) {
+        for id in self.running() {
+            self.node(id).node.faults().heal();
+        }
+    }
+
+    pub async fn shutdown(mut self) {
+        for id in self.running() {
+            if let Some(h) = self.nodes.get_mut(&id).and_then(Option::take) {
+                h.shutdown().await;
+            }
+        }
+    }
+
+    /// Starts node `id` on a fresh OS-chosen port as a node that joins later: its
+    /// `initial_members` is the cluster's existing map, whose lowest id is not `id`, so it
+    /// never bootstraps (see `maybe_initialize`) and waits for `POST /v1/cluster/members/add`.
+    /// The node is registered so `get`/`post`/`node` work with its id; returns its address.
+    pub async fn start_joining(&mut self, id: u64) -> String {
+        assert!(!self.addrs.contains_key(&id), "node {id} already exists");
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr").to_string();
+        let config = self.config(id);
+        let h = server::start(config, l, std::future::pending())
+            .await
+            .expect("start joining node");
+        self.addrs.insert(id, addr.clone());
+        self.nodes.insert(id, Some(h));
+        addr
+    }
+
+    /// Stops node `id` gracefully and forgets it (after it was removed from the membership),
+    /// so leader checks count only the remaining members.
+    pub async fn stop_and_forget(&mut self, id: u64) {
+        if let Some(h) = self.nodes.remove(&id).flatten() {
+            h.shutdown().await;
+        }
+        self.addrs.remove(&id);
+    }
+
+    /// A client for tasks that run beside the test (see [`ApiClient`]).
+    pub fn api_client(&self) -> ApiClient {
+        ApiClient {
+            addrs: self.addrs.clone(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .expect("client"),
+        }
+    }
+
+    /// `GET /v1/cluster` on `id` (this node's own view, not linearizable).
+    pub async fn cluster_status(&self, id: u64) -> ClusterStatus {
+        let (s, v) = self.get(id, "/v1/cluster").await;
+        assert_eq!(s, 200, "GET /v1/cluster on node {id}: {v}");
+        serde_json::from_value(v.clone())
+            .unwrap_or_else(|e| panic!("GET /v1/cluster on node {id}: {e}: {v}"))
+    }
+
+    /// `last_applied` as node `id` reports it in `GET /v1/cluster`.
+    pub async fn last_applied(&self, id: u64) -> u64 {
+        self.cluster_status(id).await.last_applied
+    }
+
+    /// Waits until node `id` has applied everything the current leader had applied when the
+    /// call started (both read from `GET /v1/cluster`), and returns that index.
+    pub async fn wait_caught_up(&self, id: u64, timeout: Duration) -> u64 {
+        let leader = self.wait_leader(timeout).await;
+        let target = self.last_applied(leader).await;
+        eventually(
+            timeout,
+            &format!("node {id} applies up to {target}"),
+            async || self.last_applied(id).await >= target,
+        )
+        .await;
+        target
+    }
+}

@@ -1,0 +1,21 @@
+//! Fixtures for integration tests, behind the `testkit` feature; not for production use.
+//!
+//! Everything here is real: [`TestCluster`] starts nodes in-process with real raft over TCP
+//! sockets on ports the OS picks on 127.0.0.1, real fjall in temp dirs and the real HTTP API,
+//! so many clusters run side by side. [`TcpRelay`] stands in for the network between one client
+//! and one node (stall it, lose answers). [`phase`] and [`eventually`] make a test read as a
+//! story of phases and wait for events instead of sleeping.
+//!
+//! lock-core's own tests enable the feature through a dev-dependency on the crate itself; other
+//! crates add `lock-core = { path = "../lock-core", features = ["testkit"] }` to their
+//! dev-dependencies.
+
+mod api_client;
+mod cluster;
+mod relay;
+mod wait;
+
+pub use api_client::ApiClient;
+pub use cluster::TestCluster;
+pub use relay::TcpRelay;
+pub use wait::{eventually, phase};

@@ -1,0 +1,16 @@
+//! Bodies of the bundled demo store (`fencegate demo-store`), the token-blind upstream the
+//! fencing proxy protects: its log of accepted writes is how tests and the chaos harness prove
+//! what landed, and in which order.
+
+use serde::{Deserialize, Serialize};
+
+/// One accepted write, as `GET /log` lists them (in the order the store applied them).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreLogEntry {
+    /// Position in the log, from 1.
+    pub seq: u64,
+    pub key: String,
+    /// The `Fence-Token` header the write carried: the store records it, it cannot check it.
+    pub fence_token: Option<u64>,
+    pub value: String,
+}

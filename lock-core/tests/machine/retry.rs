@@ -1,0 +1,92 @@
+//! Idempotent retries: the same request id returns the original result and never a second
+//! lease or waiter.
+
+use lock_core::machine::{LockMachine, Response};
+
+use crate::support::{
+    cancel, granted, lease, release, renew, run, tick, try_once, wait, waiting, RETAIN, T0, TTL,
+};
+
+/// A retry with the same request id returns the original lease and token — while held, after
+/// release and after expiry — and never grants a second lease.
+#[test]
+fn retry_with_same_request_id_returns_the_original_grant() {
+    let mut m = LockMachine::new();
+    let first = granted(run(&mut m, T0, try_once("a", "r1", 1)));
+
+    // The retry was proposed by a leader that picked a fresh lease id (7); it is not used.
+    let again = granted(run(&mut m, T0 + 100, try_once("a", "r1", 7)));
+    assert_eq!(again, first);
+    assert_eq!(m.last_token(), 1);
+
+    // After a renewal the retry reports the current expiry of the same lease.
+    run(&mut m, T0 + 1_000, renew("a", 1));
+    let again = granted(run(&mut m, T0 + 1_001, try_once("a", "r1", 8)));
+    assert_eq!(
+        (again.lease_id, again.fencing_token, again.expires_at_ms),
+        (lease(1), 1, T0 + 1_000 + TTL)
+    );
+
+    // After release: the original result, and the resource stays free.
+    run(&mut m, T0 + 2_000, release("a", 1));
+    let again = granted(run(&mut m, T0 + 2_001, try_once("a", "r1", 9)));
+    assert_eq!((again.lease_id, again.fencing_token), (lease(1), 1));
+    assert_eq!(m.lease("a"), None);
+    assert_eq!(m.last_token(), 1);
+
+    // After expiry (of a second lease from another request): still the original.
+    granted(run(&mut m, T0 + 3_000, try_once("a", "r2", 2)));
+    let again = granted(run(&mut m, T0 + 3_000 + TTL + 1, try_once("a", "r1", 10)));
+    assert_eq!((again.lease_id, again.fencing_token), (lease(1), 1));
+    assert_eq!(m.lease("a"), None, "expired, and the retry granted nothing");
+    assert_eq!(m.last_token(), 2);
+}
+
+/// A retry of a queued acquire returns Queued at its current position and adds no second
+/// waiter; once handed off, the retry returns the hand-off grant.
+#[test]
+fn retry_of_queued_acquire_is_queued_without_a_second_waiter() {
+    let mut m = LockMachine::new();
+    granted(run(&mut m, T0, try_once("a", "r1", 1)));
+    run(&mut m, T0, wait("a", "r2", 2, 60_000));
+    run(&mut m, T0, wait("a", "r3", 3, 60_000));
+    assert_eq!(
+        run(&mut m, T0 + 1, wait("a", "r3", 33, 60_000)),
+        Response::Queued { position: 2 }
+    );
+    // Even a retry as try-once (the request is the same; its result is "queued").
+    assert_eq!(
+        run(&mut m, T0 + 2, try_once("a", "r3", 34)),
+        Response::Queued { position: 2 }
+    );
+    assert_eq!(waiting(&m, "a"), ["r2", "r3"]);
+    assert_eq!(m.stats().waiters, 2);
+
+    run(&mut m, T0 + 3, cancel("a", "r2"));
+    assert_eq!(
+        run(&mut m, T0 + 4, wait("a", "r3", 35, 60_000)),
+        Response::Queued { position: 1 }
+    );
+    run(&mut m, T0 + 5, release("a", 1));
+    let g = granted(run(&mut m, T0 + 6, wait("a", "r3", 36, 60_000)));
+    assert_eq!((g.lease_id, g.fencing_token), (lease(3), 2));
+    assert!(waiting(&m, "a").is_empty());
+}
+
+/// Dedup results are kept for the retry window (`retain_ms`), then swept; a request id reused
+/// after that is a new acquire.
+#[test]
+fn dedup_record_is_kept_for_the_retry_window() {
+    let mut m = LockMachine::new();
+    granted(run(&mut m, T0, try_once("a", "r1", 1)));
+    run(&mut m, T0 + 1, release("a", 1));
+    run(&mut m, T0 + RETAIN - 1, tick());
+    let again = granted(run(&mut m, T0 + RETAIN - 1, try_once("a", "r1", 2)));
+    assert_eq!(again.lease_id, lease(1));
+    assert_eq!(m.stats().dedup_records, 1);
+
+    run(&mut m, T0 + RETAIN, tick());
+    assert_eq!(m.stats().dedup_records, 0);
+    let fresh = granted(run(&mut m, T0 + RETAIN, try_once("a", "r1", 3)));
+    assert_eq!((fresh.lease_id, fresh.fencing_token), (lease(3), 2));
+}
