@@ -18,6 +18,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use fencegate_proxy::config::ProxyConfig;
 use lock_core::node::NodeConfig;
 use lock_core::server::{self, NodeHandle};
+use lock_core::testkit::{eventually, phase};
 use lock_core::wire::{
     AcquireRequest, AcquireResponse, ClusterOverview, ErrorBody, LockView, OperatorRequest,
 };
@@ -31,22 +32,6 @@ use tokio::task::JoinHandle;
 const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
 /// How long a test waits for something it can observe (an election, a poll of the page).
 const EVENT: Duration = Duration::from_secs(20);
-
-fn phase(msg: &str) {
-    eprintln!("---- {msg}");
-}
-
-/// Polls `check` until it holds; fails the test with `what` after `timeout`.
-async fn eventually(timeout: Duration, what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 // ---- the cluster ---------------------------------------------------------------------------
 
