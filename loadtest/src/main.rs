@@ -8,6 +8,7 @@
 //! fencegate-loadtest run --profile seed --system etcd --scenario ramp  # etcd via scripts/etcd.sh
 //! fencegate-loadtest compare --profile seed --out out/compare       # both, one table
 //! fencegate-loadtest chaos --duration-s 60 --out out/chaos           # faults + invariant checker
+//! fencegate-loadtest idempotency --duration-s 10                    # against a running dev
 //! ```
 //!
 //! Open loop: arrivals never wait for responses, and latency is measured from each
@@ -20,6 +21,7 @@ mod cluster;
 mod compare;
 mod config;
 mod handoff;
+mod idempotency;
 mod ledger;
 mod plot;
 mod poller;
@@ -60,6 +62,10 @@ enum Cmd {
     /// How fast one hot lock passes between holders that write through the fencing proxy
     /// (against a running cluster, `fencegate dev` by default).
     Handoff(handoff::HandoffArgs),
+    /// Create-order traffic with Idempotency-Key through the proxies of a running
+    /// `fencegate dev` (with retried and concurrent duplicates): latency added over a route
+    /// without idempotency, and duplicates in the store (must be 0).
+    Idempotency(idempotency::IdempotencyArgs),
     /// Jepsen-style test: clients, zombies and a nemesis against a 3-process cluster, then
     /// one check per invariant (docs/verification.md). Exit 0 only without violations.
     Chaos(chaos::ChaosArgs),
@@ -87,6 +93,7 @@ fn main() -> anyhow::Result<()> {
             Cmd::Compare { args } => compare::run(&args).await,
             Cmd::Chaos(args) => chaos::run(args).await,
             Cmd::Handoff(args) => handoff::run(args).await,
+            Cmd::Idempotency(args) => idempotency::run(args).await,
         }
     })
 }

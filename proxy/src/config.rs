@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::idempotency::{IdempotencyMode, IdempotencyOptions};
 use crate::route::RouteConfig;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -32,21 +33,40 @@ fn default_grant_ms() -> u64 {
 }
 
 impl ProxyConfig {
-    /// The `fencegate dev` route: `/kv/{key}` to the demo store, fenced on `kv:{key}`.
+    /// The `fencegate dev` routes: `/kv/{key}` to the demo store, fenced on `kv:{key}`; and
+    /// `/orders` to the demo store's create-order endpoint, not fenced, with `Idempotency-Key`
+    /// required (tenant from `X-Tenant`, default `demo`) and lost answers reconciled through
+    /// `GET /orders/by-key/{key}`.
     pub fn dev(listen: String, demo_store: String) -> Self {
         ProxyConfig {
             listen,
             grant_ms: default_grant_ms(),
             unsafe_no_fencing: false,
-            routes: vec![RouteConfig {
-                path: "/kv/{key}".into(),
-                resource: "kv:{key}".into(),
-                upstream: demo_store,
-                protected_methods: ["POST", "PUT", "PATCH", "DELETE"]
-                    .map(String::from)
-                    .to_vec(),
-                upstream_timeout_ms: 1_000,
-            }],
+            routes: vec![
+                RouteConfig {
+                    path: "/kv/{key}".into(),
+                    resource: "kv:{key}".into(),
+                    upstream: demo_store.clone(),
+                    protected_methods: ["POST", "PUT", "PATCH", "DELETE"]
+                        .map(String::from)
+                        .to_vec(),
+                    upstream_timeout_ms: 1_000,
+                    idempotency: IdempotencyMode::Off,
+                    idempotency_options: IdempotencyOptions::default(),
+                },
+                RouteConfig {
+                    path: "/orders".into(),
+                    resource: "orders".into(),
+                    upstream: demo_store,
+                    protected_methods: Vec::new(),
+                    upstream_timeout_ms: 1_000,
+                    idempotency: IdempotencyMode::Required,
+                    idempotency_options: IdempotencyOptions {
+                        reconcile: Some("/orders/by-key/{key}".into()),
+                        ..IdempotencyOptions::default()
+                    },
+                },
+            ],
         }
     }
 
@@ -67,6 +87,16 @@ impl ProxyConfig {
                     "route {}: upstream_timeout_ms ({}) must be > 0 and at least 500 ms below \
                      grant_ms ({})",
                     r.path, r.upstream_timeout_ms, self.grant_ms
+                ));
+            }
+            let idem = &r.idempotency_options;
+            if r.idempotency != IdempotencyMode::Off
+                && (idem.retain_ms == 0 || idem.tenant_header.trim().is_empty())
+            {
+                return Err(format!(
+                    "route {}: idempotency_options.retain_ms must be > 0 and tenant_header \
+                     must name a header",
+                    r.path
                 ));
             }
         }

@@ -108,7 +108,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     println!("  admin UI: http://{api}/ui   metrics: http://{api}/metrics");
     println!("  admin token (for the UI's operator actions): {admin_token}");
-    println!("  demo store: http://{store_addr}  (GET /kv/KEY, GET /log)");
+    println!(
+        "  demo store: http://{store_addr}  (GET /kv/KEY, GET /log, POST /orders, \
+         GET /orders/by-key/KEY)"
+    );
     println!();
     println!("Try it: take the lock, write through the proxy with its token, release:");
     println!(
@@ -117,6 +120,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     println!("  curl -s -XPUT http://{proxy}/kv/demo -H 'Fence-Token: <fencing_token>' -d hello");
     println!(
         r#"  curl -s -XPOST http://{api}/v1/locks/kv:demo/release -d '{{"lease_id":"<lease_id>"}}'"#
+    );
+    println!("Create an order; repeat the same line and the answer is replayed, not re-run:");
+    println!(
+        r#"  curl -si -XPOST http://{proxy}/orders -H 'Idempotency-Key: order-1' -d '{{"item":"book"}}'"#
     );
     println!();
     println!("Ctrl-C stops it; restarting with the same --data-dir keeps all state.");

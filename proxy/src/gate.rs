@@ -327,7 +327,9 @@ impl FenceGate {
         let wait = Duration::from_millis(self.node.config.policy.write_timeout_ms);
         let Ok(_serial) = tokio::time::timeout(wait, self.stripes[stripe(resource)].lock()).await
         else {
-            return Err(Rejection::NoQuorum);
+            // Local contention (admissions queued ahead of this one on the resource's
+            // stripe), not a verdict of the cluster.
+            return Err(Rejection::Busy);
         };
         // Someone may have refreshed the grant while we queued for the stripe.
         match self.decide_locally(resource, token, need, upstream_timeout) {

@@ -12,6 +12,7 @@
 pub mod config;
 pub mod demo_store;
 pub mod gate;
+pub mod idempotency;
 pub mod metrics;
 pub mod route;
 pub mod server;

@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::idempotency::{IdempotencyMode, IdempotencyOptions};
+
 /// One configured route.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -23,6 +25,12 @@ pub struct RouteConfig {
     /// (and on each read/write to it). The epoch barrier's guarantee is stated in terms of it.
     #[serde(default = "default_upstream_timeout")]
     pub upstream_timeout_ms: u64,
+    /// `Idempotency-Key` handling on this route's writes: `required`, `optional` or `off`
+    /// (default), and its settings (see docs/idempotency.md).
+    #[serde(default)]
+    pub idempotency: IdempotencyMode,
+    #[serde(default)]
+    pub idempotency_options: IdempotencyOptions,
 }
 
 fn default_protected() -> Vec<String> {
@@ -201,6 +209,8 @@ mod tests {
             upstream: "127.0.0.1:9000".into(),
             protected_methods: default_protected(),
             upstream_timeout_ms: 1000,
+            idempotency: IdempotencyMode::Off,
+            idempotency_options: IdempotencyOptions::default(),
         }
     }
 

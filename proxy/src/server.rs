@@ -13,6 +13,7 @@ use tokio::sync::watch;
 
 use crate::config::ProxyConfig;
 use crate::gate::FenceGate;
+use crate::idempotency::IdempotencyLayer;
 use crate::metrics::ProxyMetrics;
 use crate::route::Routes;
 use crate::service::FenceProxy;
@@ -38,10 +39,12 @@ pub fn start(
     let routes =
         Routes::new(config.routes.clone()).map_err(|e| ProxyError::Config(e.to_string()))?;
     let metrics = ProxyMetrics::new(&node.metrics.registry);
+    let idempotency = Arc::new(IdempotencyLayer::new(node.clone(), &node.metrics.registry));
     let gate = Arc::new(FenceGate::new(node, config.grant_ms));
     let revocations = tokio::spawn(gate.clone().serve_revocations());
-    let proxy =
-        FenceProxy::new(routes, gate, metrics).with_unsafe_no_fencing(config.unsafe_no_fencing);
+    let proxy = FenceProxy::new(routes, gate, metrics)
+        .with_unsafe_no_fencing(config.unsafe_no_fencing)
+        .with_idempotency(idempotency);
     if config.unsafe_no_fencing {
         tracing::warn!(
             "fencing proxy started with unsafe_no_fencing = true: protected writes are forwarded \

@@ -13,6 +13,7 @@ use pingora::{Error, ErrorSource, ErrorType, Result};
 use serde_json::{json, Value};
 
 use crate::gate::{Admission, FenceGate, InFlightGuard};
+use crate::idempotency::{Handled, IdempotencyLayer, Permit, Refusal};
 use crate::metrics::ProxyMetrics;
 use crate::route::Routes;
 use crate::verdict::{check_resource_header, parse_token, Rejection};
@@ -24,6 +25,8 @@ pub struct FenceProxy {
     metrics: ProxyMetrics,
     /// `ProxyConfig::unsafe_no_fencing`: forward protected writes unchecked (demos only).
     unsafe_no_fencing: bool,
+    /// `Idempotency-Key` handling for routes that ask for it.
+    idempotency: Option<Arc<IdempotencyLayer>>,
 }
 
 /// Per-request state.
@@ -46,6 +49,62 @@ impl FenceProxy {
             gate,
             metrics,
             unsafe_no_fencing: false,
+            idempotency: None,
+        }
+    }
+
+    /// Handles `Idempotency-Key` on the routes configured for it.
+    pub fn with_idempotency(mut self, layer: Arc<IdempotencyLayer>) -> Self {
+        self.idempotency = Some(layer);
+        self
+    }
+
+    /// Counts and audits a fence decision, with the same fields as the lock calls' audit
+    /// lines (a proxied write has no lease id).
+    fn note_admission(
+        &self,
+        resource: &str,
+        token: Option<u64>,
+        admitted: std::result::Result<Admission, &Rejection>,
+    ) {
+        let outcome = match admitted {
+            Ok(how) => {
+                let reason = match how {
+                    Admission::FastPath => "fast_path",
+                    Admission::Consensus => "consensus",
+                };
+                self.decide("forwarded", reason);
+                "forwarded"
+            }
+            Err(rejection) => {
+                self.decide("rejected", rejection.code());
+                rejection.code()
+            }
+        };
+        tracing::info!(
+            target: "fencegate::audit",
+            op = "proxy_write",
+            resource = %resource,
+            lease = None::<&str>,
+            token,
+            outcome,
+        );
+    }
+
+    /// The hook an unfenced request passes once it may go upstream: a write on an idempotent
+    /// route is run by the idempotency layer, which answers the client itself; anything else
+    /// is forwarded by pingora. Returns `request_filter`'s "responded".
+    async fn forward(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        let route = ctx.route.and_then(|i| self.routes.get(i));
+        let (Some(layer), Some(route)) = (&self.idempotency, route) else {
+            return Ok(false);
+        };
+        match layer.handle(session, route, None).await? {
+            Handled::Responded => {
+                ctx.outcome = "idempotent";
+                Ok(true)
+            }
+            Handled::NotApplicable => Ok(false),
         }
     }
 
@@ -106,17 +165,18 @@ impl ProxyHttp for FenceProxy {
         if !route.is_protected(req.method.as_str()) {
             ctx.outcome = "passthrough";
             self.decide("passthrough", "unprotected_method");
-            return Ok(false);
+            return self.forward(session, ctx).await;
         }
         if self.unsafe_no_fencing {
             // Lease-only mode for demonstrations: nothing is checked, so a zombie's late write
             // lands after the new holder's (what fencing exists to prevent).
             ctx.outcome = "unfenced";
             self.decide("forwarded", "unsafe_no_fencing");
-            return Ok(false);
+            return self.forward(session, ctx).await;
         }
         let upstream_timeout = Duration::from_millis(route.config.upstream_timeout_ms);
-        let checked = async {
+        let presented = parse_token(req.headers.get(FENCE_TOKEN_HEADER).map(|v| v.as_bytes())).ok();
+        let local = (|| {
             lock_core::wire::validate_resource(&m.resource).map_err(Rejection::BadResource)?;
             for name in [FENCE_TOKEN_HEADER, FENCE_RESOURCE_HEADER] {
                 if req.headers.get_all(name).iter().count() > 1 {
@@ -127,38 +187,55 @@ impl ProxyHttp for FenceProxy {
                 req.headers.get(FENCE_RESOURCE_HEADER).map(|v| v.as_bytes()),
                 &m.resource,
             )?;
-            let token = parse_token(req.headers.get(FENCE_TOKEN_HEADER).map(|v| v.as_bytes()))?;
-            self.gate.admit(&m.resource, token, upstream_timeout).await
-        }
-        .await;
-        // The same fields as the lock calls' audit lines (a proxied write has no lease id).
-        let audit = |outcome: &str| {
-            let token = parse_token(req.headers.get(FENCE_TOKEN_HEADER).map(|v| v.as_bytes()));
-            tracing::info!(
-                target: "fencegate::audit",
-                op = "proxy_write",
-                resource = %m.resource,
-                lease = None::<&str>,
-                token = token.ok(),
-                outcome,
-            );
+            parse_token(req.headers.get(FENCE_TOKEN_HEADER).map(|v| v.as_bytes()))
+        })();
+        let token = match local {
+            Ok(token) => token,
+            Err(rejection) => {
+                self.note_admission(&m.resource, presented, Err(&rejection));
+                ctx.outcome = "rejected";
+                respond_json(session, rejection.status(), &rejection.body()).await?;
+                return Ok(true);
+            }
         };
-        match checked {
+        let idempotent = self
+            .idempotency
+            .as_ref()
+            .filter(|l| l.applies(route, req.method.as_str()));
+        if let Some(layer) = idempotent {
+            // An idempotent write is admitted only once its key is claimed for it: a replay of
+            // a stored answer reaches no upstream and needs no fresh admission.
+            let resource = m.resource.clone();
+            let admit = Box::pin(async move {
+                let admitted = self.gate.admit(&resource, token, upstream_timeout).await;
+                let how = admitted.as_ref().map(|a| a.how);
+                self.note_admission(&resource, Some(token), how);
+                match admitted {
+                    Ok(a) => Ok(Permit {
+                        send_by: a.send_by,
+                        hold: Box::new(a.in_flight),
+                    }),
+                    Err(r) => Err(Refusal {
+                        status: r.status(),
+                        body: r.body().to_string().into_bytes(),
+                    }),
+                }
+            });
+            if let Handled::Responded = layer.handle(session, route, Some(admit)).await? {
+                ctx.outcome = "idempotent";
+                return Ok(true);
+            }
+        }
+        let admitted = self.gate.admit(&m.resource, token, upstream_timeout).await;
+        self.note_admission(&m.resource, Some(token), admitted.as_ref().map(|a| a.how));
+        match admitted {
             Ok(admitted) => {
                 ctx.send_by = Some(admitted.send_by);
                 ctx.in_flight = Some(admitted.in_flight);
-                let reason = match admitted.how {
-                    Admission::FastPath => "fast_path",
-                    Admission::Consensus => "consensus",
-                };
-                self.decide("forwarded", reason);
-                audit("forwarded");
                 Ok(false)
             }
             Err(rejection) => {
                 ctx.outcome = "rejected";
-                self.decide("rejected", rejection.code());
-                audit(rejection.code());
                 respond_json(session, rejection.status(), &rejection.body()).await?;
                 Ok(true)
             }

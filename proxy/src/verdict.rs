@@ -30,6 +30,8 @@ pub enum Rejection {
     Unknown { presented: u64 },
     /// 503: the cluster could not decide (no quorum).
     NoQuorum,
+    /// 503: too many first writes of this resource were waiting for an admission here.
+    Busy,
 }
 
 impl Rejection {
@@ -41,7 +43,7 @@ impl Rejection {
             | Rejection::ResourceMismatch { .. }
             | Rejection::DuplicateHeader(_) => 400,
             Rejection::Stale { .. } | Rejection::Ended { .. } | Rejection::Unknown { .. } => 412,
-            Rejection::NoQuorum => 503,
+            Rejection::NoQuorum | Rejection::Busy => 503,
         }
     }
 
@@ -56,6 +58,7 @@ impl Rejection {
             Rejection::Stale { .. } | Rejection::Ended { .. } => "stale_fencing_token",
             Rejection::Unknown { .. } => "unknown_fencing_token",
             Rejection::NoQuorum => "no_quorum",
+            Rejection::Busy => "proxy_busy",
         }
     }
 
@@ -99,6 +102,9 @@ impl Rejection {
             Rejection::Unknown { presented } => {
                 format!("Token {presented} was never issued for this resource.")
             }
+            Rejection::Busy => "Too many writes of this resource are waiting for their first \
+                 admission at this proxy; nothing was forwarded. Retry shortly."
+                .into(),
             Rejection::NoQuorum => {
                 "The lock cluster has no quorum, so the token cannot be verified; nothing was \
                  forwarded. Retry."

@@ -24,6 +24,8 @@ fn phase(msg: &str) {
 struct Processes {
     dir: tempfile::TempDir,
     addrs: BTreeMap<u64, String>,
+    /// Each node's fencing proxy, when started with one.
+    proxies: BTreeMap<u64, String>,
     children: BTreeMap<u64, Child>,
     http: reqwest::Client,
 }
@@ -61,6 +63,12 @@ fn free_ports(n: usize) -> Vec<u16> {
 
 impl Processes {
     fn new(n: u64) -> Self {
+        Self::with_orders_proxy(n, None)
+    }
+
+    /// Like `new`; with `store`, each node also runs a fencing proxy routing `POST /orders` to
+    /// that demo store with `Idempotency-Key` required (as `fencegate dev` does).
+    fn with_orders_proxy(n: u64, store: Option<&str>) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let addrs: BTreeMap<u64, String> = (1..=n)
             .zip(free_ports(n as usize))
@@ -70,18 +78,34 @@ impl Processes {
             .iter()
             .map(|(id, addr)| format!("\"{id}\" = \"{addr}\""))
             .collect();
+        let proxies: BTreeMap<u64, String> = match store {
+            Some(_) => (1..=n)
+                .zip(free_ports(n as usize))
+                .map(|(id, port)| (id, format!("127.0.0.1:{port}")))
+                .collect(),
+            None => BTreeMap::new(),
+        };
         for (id, addr) in &addrs {
             let data_dir = dir.path().join(format!("node{id}"));
-            let config = format!(
+            let mut config = format!(
                 "listen = \"{addr}\"\n\n[node]\nid = {id}\ndata_dir = {data_dir:?}\n\
                  initial_members = {{ {} }}\n",
                 members.join(", ")
             );
+            if let (Some(store), Some(listen)) = (store, proxies.get(id)) {
+                config.push_str(&format!(
+                    "\n[proxy]\nlisten = \"{listen}\"\n\n[[proxy.routes]]\npath = \"/orders\"\n\
+                     resource = \"orders\"\nupstream = \"{store}\"\nprotected_methods = []\n\
+                     idempotency = \"required\"\n\n[proxy.routes.idempotency_options]\n\
+                     reconcile = \"/orders/by-key/{{key}}\"\n"
+                ));
+            }
             std::fs::write(dir.path().join(format!("node{id}.toml")), config).expect("config");
         }
         Processes {
             dir,
             addrs,
+            proxies,
             children: BTreeMap::new(),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(5))
@@ -300,4 +324,93 @@ async fn sigkill_leader_lease_survives_and_node_rejoins() {
         .expect("GET on the restarted node");
     assert_eq!((s, &g["held"]), (200, &json!(true)), "{g}");
     assert_eq!(g["fencing_token"].as_u64(), Some(token), "{g}");
+}
+
+/// `POST /orders` with `key` through node `id`'s proxy, retried through transport errors and
+/// 503 (a starting process, no leader yet) until another answer: (status, replayed, body).
+async fn post_order(p: &Processes, id: u64, key: &str, body: &str) -> (u16, bool, Value) {
+    let deadline = Instant::now() + EVENT;
+    loop {
+        let sent = p
+            .http
+            .post(format!("http://{}/orders", p.proxies[&id]))
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await;
+        if let Ok(resp) = sent {
+            let status = resp.status().as_u16();
+            let replayed = resp.headers().get("idempotent-replayed").is_some();
+            let v: Value = resp.json().await.unwrap_or(Value::Null);
+            if status != 503 && v["error"] != "idempotency_key_in_use" {
+                return (status, replayed, v);
+            }
+        }
+        assert!(Instant::now() < deadline, "POST /orders {key}: no answer");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Idempotency records are durable against a real kill of every process: SIGKILL all three
+/// nodes right after their proxies answered, restart them, and every key still replays its
+/// original answer — the store never sees a second order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_every_node_keeps_every_idempotency_record() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind store");
+    let store = listener.local_addr().expect("addr").to_string();
+    tokio::spawn(fencegate_proxy::demo_store::serve(
+        listener,
+        std::future::pending(),
+    ));
+    let mut p = Processes::with_orders_proxy(3, Some(&store));
+    let all: Vec<u64> = p.addrs.keys().copied().collect();
+    for id in &all {
+        p.spawn(*id);
+    }
+    for id in &all {
+        p.wait_ready(*id).await;
+    }
+
+    phase("12 orders with 12 keys, through the three proxies");
+    let mut firsts = Vec::new();
+    for i in 0..12u64 {
+        let id = all[i as usize % 3];
+        let (s, replayed, v) =
+            post_order(&p, id, &format!("kill-{i}"), &format!("{{\"n\":{i}}}")).await;
+        assert_eq!((s, replayed), (201, false), "{v}");
+        firsts.push(v);
+    }
+
+    phase("SIGKILL every node, then restart them on their data dirs");
+    for id in &all {
+        p.kill(*id);
+    }
+    for id in &all {
+        p.spawn(*id);
+    }
+    for id in &all {
+        p.wait_ready(*id).await;
+    }
+
+    phase("every key replays its original answer through another proxy; one order per key");
+    for i in 0..12u64 {
+        let id = all[(i as usize + 1) % 3];
+        let (s, replayed, v) =
+            post_order(&p, id, &format!("kill-{i}"), &format!("{{\"n\":{i}}}")).await;
+        assert_eq!((s, replayed), (201, true), "kill-{i}: {v}");
+        assert_eq!(v, firsts[i as usize]);
+    }
+    let log: Vec<Value> = p
+        .http
+        .get(format!("http://{store}/log"))
+        .send()
+        .await
+        .expect("store log")
+        .json()
+        .await
+        .expect("log JSON");
+    assert_eq!(log.len(), 12, "one order per key: {log:#?}");
 }

@@ -80,6 +80,9 @@ impl LockMachine {
                 proxy,
             } => self.revoke_ack(resource, *fencing_token, *proxy, &mut fx),
             Command::Tick { max_items } => self.tick(*max_items, &mut fx),
+            // Idempotency records live on disk, not in this machine: the storage layer applies
+            // the command; the stamp above still advances log time.
+            Command::Idem(_) => Response::Noop,
         };
         (resp, fx)
     }
@@ -422,6 +425,10 @@ impl LockMachine {
     ) -> Response {
         self.settle(resource, fx);
         let now = self.now_ms;
+        // Tokens start at 1: 0 was never issued for anything.
+        if token == 0 {
+            return Response::Admit(AdmitOutcome::Unknown);
+        }
         let Some(res) = self.resources.get_mut(resource) else {
             return Response::Admit(if token <= self.gc_floor {
                 AdmitOutcome::Stale {

@@ -1,5 +1,6 @@
 //! The pure lock state machine (no IO, no clock, no randomness). See [`LockMachine`].
 
+mod idempotency;
 mod image;
 mod indexes;
 mod lock_machine;
@@ -7,6 +8,10 @@ mod reads;
 mod state;
 mod types;
 
+pub use idempotency::{
+    Completion, Finding, IdemCommand, IdemOutcome, IdemRecord, IdemScope, IdemState,
+    IdempotencyMachine, RecordWrite, StoredAnswer, StoredBody,
+};
 pub use lock_machine::LockMachine;
 pub use state::{
     DedupRecord, DedupState, FenceGrant, Lease, MachineImage, ResourceState, Waiter,

@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::idempotency::{IdemCommand, IdemOutcome};
 pub use crate::wire::LeaseId;
 
 /// One entry of the replicated log's application payload: a command plus the facts the
@@ -71,6 +72,10 @@ pub enum Command {
         /// Upper bound on the number of items processed, so one entry stays small.
         max_items: u32,
     },
+    /// A fencing proxy's `Idempotency-Key` record command. Applied by the storage layer to
+    /// the on-disk record (see `machine::IdempotencyMachine`); the lock machine only advances
+    /// log time with its stamp.
+    Idem(IdemCommand),
 }
 
 /// An acquire, already validated and clamped to policy by the proposing node.
@@ -137,6 +142,7 @@ pub enum Response {
         handed_off: u32,
     },
     Admit(AdmitOutcome),
+    Idem(IdemOutcome),
     /// Blank and membership entries.
     Noop,
 }

@@ -27,6 +27,11 @@ pub(super) async fn run(node: Arc<Node>) {
         let (next, has_leases, log_now) = node
             .machine
             .read(|m| (m.next_deadline(), m.has_leases(), m.now_ms()));
+        // Idempotency records are forgotten by ticks too, once their tombstone window ends.
+        let next = match (next, node.machine.next_idem_purge_ms()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let due = next.is_some_and(|d| d <= now);
         let stale = has_leases && now >= log_now.saturating_add(HEARTBEAT_MS);
         if !(due || stale) {

@@ -1,13 +1,14 @@
 //! Durable storage for the raft group: the log, the vote and the state-machine snapshots, all in
 //! one fjall [`Database`].
 //!
-//! Layout (one database per node, three keyspaces):
+//! Layout (one database per node, four keyspaces):
 //!
 //! | keyspace   | key                          | value                                   |
 //! |------------|------------------------------|-----------------------------------------|
 //! | `log`      | log index, 8 bytes big-endian| JSON of the `openraft::Entry`           |
 //! | `meta`     | `vote`, `committed`, `purged`| JSON of the `Vote` / `LogId`            |
 //! | `snapshot` | `header`, `chunk/<u32 BE>`   | JSON header; the snapshot bytes, chunked|
+//! | `idempotency` | record, purge index, applied marker | see `idempotency.rs`      |
 //!
 //! Big-endian keys make fjall's byte order the log order, so ranges and "last entry" are plain
 //! keyspace ranges.
@@ -27,6 +28,7 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod idempotency;
 mod log_store;
 mod state_machine;
 
@@ -92,11 +94,14 @@ pub(crate) struct Db {
     pub(crate) log: Keyspace,
     pub(crate) meta: Keyspace,
     pub(crate) snapshot: Keyspace,
+    /// The fencing proxy's idempotency records (on disk, not in the in-memory machine).
+    pub(crate) idem: Keyspace,
 }
 
 const LOG_KEYSPACE: &str = "log";
 const META_KEYSPACE: &str = "meta";
 const SNAPSHOT_KEYSPACE: &str = "snapshot";
+const IDEM_KEYSPACE: &str = "idempotency";
 
 /// Opens (or creates) the node's storage in `dir` and returns the two halves openraft needs.
 ///
@@ -111,11 +116,13 @@ pub fn open(dir: &Path, effects: EffectSink) -> Result<(LogStore, StateMachineSt
     let snapshot = db.keyspace(SNAPSHOT_KEYSPACE, || {
         KeyspaceCreateOptions::default().with_kv_separation(Some(KvSeparationOptions::default()))
     })?;
+    let idem = db.keyspace(IDEM_KEYSPACE, KeyspaceCreateOptions::default)?;
     let db = Arc::new(Db {
         db,
         log,
         meta,
         snapshot,
+        idem,
     });
     let log_store = LogStore::open(db.clone())?;
     let sm_store = StateMachineStore::open(db, effects)?;

@@ -18,8 +18,9 @@ use openraft::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::idempotency::{IdemEntry, IdemStore};
 use super::{blocking, decode, encode, Db, EffectSink, StoreError};
-use crate::machine::{Effect, LockMachine, MachineImage, Response};
+use crate::machine::{Command, Effect, IdemRecord, IdemScope, LockMachine, MachineImage, Response};
 use crate::raft::{NodeInfo, TypeConfig};
 
 type Membership = StoredMembership<u64, NodeInfo>;
@@ -42,6 +43,7 @@ struct Applied {
 #[derive(Clone)]
 pub struct SharedMachine {
     inner: Arc<RwLock<Applied>>,
+    idem: IdemStore,
 }
 
 impl SharedMachine {
@@ -51,6 +53,20 @@ impl SharedMachine {
         // state are still better than a second panic in an HTTP handler.
         let guard = self.inner.read().unwrap_or_else(PoisonError::into_inner);
         f(&guard.machine)
+    }
+
+    /// The earliest time an idempotency record's tombstone window ends (the sweeper ticks
+    /// then, so the record is forgotten), or `None` without records.
+    pub fn next_idem_purge_ms(&self) -> Option<u64> {
+        self.idem.next_purge_ms().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read the idempotency purge index");
+            None
+        })
+    }
+
+    /// This node's copy of an idempotency record (as applied here: not a linearizable read).
+    pub fn idem_record(&self, scope: &IdemScope) -> Result<Option<IdemRecord>, StoreError> {
+        self.idem.get(scope)
     }
 
     /// Index of the last applied log entry (0 before anything was applied).
@@ -77,6 +93,16 @@ struct SnapshotPayload {
     last_applied: Option<LogId<u64>>,
     last_membership: Membership,
     image: MachineImage,
+    /// The proxy's idempotency records, in key order, as of log index `idempotency_index`.
+    /// They live in their own keyspace, which is durable on its own, so a snapshot *built* for
+    /// compaction leaves them out (empty, `None`); a snapshot *sent* to a follower carries a
+    /// consistent copy taken when it is sent, at an index at or past the snapshot's own. The
+    /// follower installs them with that index as its applied marker and skips the log entries
+    /// up to it. (The copy is held in memory while it is sent: see docs/idempotency.md.)
+    #[serde(default)]
+    idempotency: Vec<IdemEntry>,
+    #[serde(default)]
+    idempotency_index: Option<u64>,
 }
 
 /// The persisted description of the current snapshot.
@@ -204,11 +230,21 @@ pub struct StateMachineStore {
 
 impl StateMachineStore {
     pub(crate) fn open(db: Arc<Db>, effects: EffectSink) -> Result<Self, StoreError> {
+        let idem = IdemStore::new(db.clone());
         let snapshots = SnapshotStore::open(db)?;
         let applied = match snapshots.read_current()? {
             Some((meta, data)) => {
                 let payload: SnapshotPayload = decode("snapshot", &data)?;
                 check_payload(&meta, &payload)?;
+                // The records keyspace is normally at or past the snapshot (its writes are
+                // synced with the snapshot's); only if it is behind a snapshot that carries
+                // records (a crash inside an install) is it set from the snapshot.
+                let index = payload.last_applied.map_or(0, |id| id.index);
+                if let Some(at) = payload.idempotency_index {
+                    if idem.applied_marker()? < index {
+                        idem.replace_all(&payload.idempotency, at.max(index))?;
+                    }
+                }
                 Applied {
                     machine: LockMachine::from_image(payload.image),
                     last_applied: payload.last_applied,
@@ -224,6 +260,7 @@ impl StateMachineStore {
         Ok(StateMachineStore {
             shared: SharedMachine {
                 inner: Arc::new(RwLock::new(applied)),
+                idem,
             },
             snapshots: Arc::new(snapshots),
             effects,
@@ -258,12 +295,26 @@ impl StateMachineStore {
                         Response::Noop
                     }
                     EntryPayload::Normal(proposal) => {
+                        let index = entry.log_id.index;
                         let (response, fx) =
                             st.machine.apply(&proposal, entry.log_id.leader_id.term);
                         if !fx.is_empty() {
-                            effects.push((entry.log_id.index, fx));
+                            effects.push((index, fx));
                         }
-                        response
+                        // Idempotency records are applied at the same log time the machine
+                        // just reached, under the same lock, so a snapshot sees both at one
+                        // index.
+                        let now = st.machine.now_ms();
+                        match &proposal.cmd {
+                            Command::Idem(cmd) => {
+                                Response::Idem(self.shared.idem.apply(index, cmd, now)?)
+                            }
+                            Command::Tick { max_items } => {
+                                self.shared.idem.purge(index, now, *max_items)?;
+                                response
+                            }
+                            _ => response,
+                        }
                     }
                 };
                 responses.push(response);
@@ -275,6 +326,36 @@ impl StateMachineStore {
         }
         Ok(responses)
     }
+}
+
+/// Adds a consistent copy of the idempotency records to a snapshot about to be sent. The copy
+/// is taken under the applied-state lock, so it is exactly the records after the last applied
+/// entry (never behind the snapshot, which was built from an earlier or equal state).
+fn with_records(
+    current: Option<(Meta, Vec<u8>)>,
+    shared: &SharedMachine,
+) -> Result<Option<(Meta, Vec<u8>)>, StoreError> {
+    let Some((meta, data)) = current else {
+        return Ok(None);
+    };
+    let (index, view, marker) = {
+        let st = shared.inner.read().map_err(|_| StoreError::Poisoned)?;
+        let marker = shared.idem.applied_marker()?;
+        (
+            st.last_applied.map_or(0, |id| id.index),
+            shared.idem.snapshot(),
+            marker,
+        )
+    };
+    if marker == 0 {
+        // No idempotency command was ever applied here: there are no records at any index,
+        // and the snapshot goes out exactly as it was built.
+        return Ok(Some((meta, data)));
+    }
+    let mut payload: SnapshotPayload = decode("snapshot", &data)?;
+    payload.idempotency = shared.idem.entries(&view)?;
+    payload.idempotency_index = Some(index);
+    Ok(Some((meta, encode("snapshot", &payload)?)))
 }
 
 /// The snapshot's own record of what it contains must agree with its meta.
@@ -346,9 +427,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let payload: SnapshotPayload = decode("received snapshot", &data)?;
             check_payload(&meta, &payload)?;
             let machine = LockMachine::from_image(payload.image);
+            let index = payload.last_applied.map_or(0, |id| id.index);
             // On disk first: once the machine is replaced, raft may purge the log it replaces.
-            snapshots.persist(&meta, &data, snapshots.next_seq(), true)?;
+            // The records go first; if a crash falls in between, `open` finds the old snapshot
+            // and openraft sends this one again.
             let mut st = shared.write()?;
+            let at = payload.idempotency_index.unwrap_or(index).max(index);
+            shared.idem.replace_all(&payload.idempotency, at)?;
+            snapshots.persist(&meta, &data, snapshots.next_seq(), true)?;
             *st = Applied {
                 machine,
                 last_applied: payload.last_applied,
@@ -365,7 +451,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
         let snapshots = self.snapshots.clone();
-        let current = blocking(move || snapshots.read_current())
+        let shared = self.shared.clone();
+        let current = blocking(move || with_records(snapshots.read_current()?, &shared))
             .await
             .map_err(|e| e.into_raft(|err| StorageIOError::read_snapshot(None, err)))?;
         Ok(current.map(|(meta, data)| Snapshot {
@@ -397,6 +484,8 @@ impl SnapshotBuilder {
             last_applied,
             last_membership,
             image: machine.image(),
+            idempotency: Vec::new(),
+            idempotency_index: None,
         };
         let data = encode("snapshot", &payload)?;
         let seq = self.snapshots.next_seq();

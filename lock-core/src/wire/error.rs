@@ -95,6 +95,23 @@ error_codes! {
     /// Fencing proxy: the upstream failed; the write may have landed.
     UpstreamError = ("upstream_error", 502),
     ProxyError = ("proxy_error", 500),
+    /// Fencing proxy: too many first writes of one resource queued for admission here.
+    ProxyBusy = ("proxy_busy", 503),
+    /// Fencing proxy: the route requires an `Idempotency-Key` header and the request had none.
+    IdempotencyKeyRequired = ("idempotency_key_required", 400),
+    /// Fencing proxy: `Idempotency-Key` is not 1–255 printable ASCII characters.
+    InvalidIdempotencyKey = ("invalid_idempotency_key", 400),
+    /// Fencing proxy: the key was used before with a different request (method, path, body or
+    /// listed headers).
+    IdempotencyKeyMismatch = ("idempotency_key_mismatch", 422),
+    /// Fencing proxy: the first request with this key is still in flight; retry after
+    /// `retry_after_ms`.
+    IdempotencyKeyInUse = ("idempotency_key_in_use", 409),
+    /// Fencing proxy: the answer to the first request with this key was lost and the upstream
+    /// could not tell whether it acted; the request is not run again.
+    IdempotencyOutcomeUnknown = ("idempotency_outcome_unknown", 409),
+    /// Fencing proxy: the key's record has expired; use a new key for a new request.
+    IdempotencyKeyExpired = ("idempotency_key_expired", 422),
     /// An operator action without the admin credential (`Authorization: Bearer <token>`).
     Unauthorized = ("unauthorized", 401),
     /// An operator action with a wrong credential, or on a node without an admin token.

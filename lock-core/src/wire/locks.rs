@@ -15,8 +15,9 @@ pub const MAX_LIST_LIMIT: usize = 1_000;
 /// The lock actions, which end a `POST /v1/locks/{resource}/{action}` path.
 pub const LOCK_ACTIONS: [&str; 4] = ["acquire", "renew", "release", "cancel"];
 
-/// Checks a resource name: 1–256 bytes of `[A-Za-z0-9._:/-]`. The error is a sentence for
-/// the caller.
+/// Checks a resource name: 1–256 bytes of `[A-Za-z0-9._:/-]`, not ending in `/` and a lock
+/// action (`kv:a/acquire` would be ambiguous in `GET /v1/locks/kv:a/acquire`). The error is a
+/// sentence for the caller.
 pub fn validate_resource(resource: &str) -> Result<(), String> {
     let ok_char = |b: u8| b.is_ascii_alphanumeric() || b"._:/-".contains(&b);
     if resource.is_empty() || resource.len() > MAX_RESOURCE_LEN {
@@ -27,6 +28,13 @@ pub fn validate_resource(resource: &str) -> Result<(), String> {
     }
     if !resource.bytes().all(ok_char) {
         return Err("Resource names may only contain letters, digits and . _ : / -".into());
+    }
+    if let Some((_, last)) = resource.rsplit_once('/') {
+        if LOCK_ACTIONS.contains(&last) {
+            return Err(format!(
+                "Resource names may not end in '/{last}': that reads as a lock action."
+            ));
+        }
     }
     Ok(())
 }

@@ -91,6 +91,17 @@ fn never_issued_tokens_are_unknown() {
     assert_eq!(m.resource("a").map(|r| r.admitted), Some(0));
 }
 
+/// Tokens start at 1: token 0 was never issued for anything, so it is `Unknown` — on a
+/// resource nobody locked and on one that is locked — never `Stale`.
+#[test]
+fn token_zero_is_unknown_everywhere() {
+    let mut m = LockMachine::new();
+    assert_eq!(admit_at(&mut m, T0, "never", 0, P1), AdmitOutcome::Unknown);
+    granted(run(&mut m, T0, try_once("a", "r1", 1)));
+    assert_eq!(admit_at(&mut m, T0 + 1, "a", 0, P1), AdmitOutcome::Unknown);
+    assert!(grants(&m, "a").is_empty());
+}
+
 /// A token that was not issued for resource R is refused, such as another resource's token.
 /// Which code it gets depends only on its value relative to R's own last token — above it,
 /// `Unknown`; below it, `Stale` (it is below R's highest, which is just as fatal). It is never

@@ -212,6 +212,7 @@ fn a_term_change_does_not_revive_ended_grants() {
     granted(run(&mut m, T0, try_once("a", "A", 1)));
     admit_at(&mut m, T0, "a", 1, P1); // until T0 + 2000
     run(&mut m, T0 + 3_000, tick());
+    m.apply(&at(T0 + 4_000, tick()), 2);
     assert_eq!(grants(&m, "a")[0].until_ms, T0 + GRANT);
     run2(&mut m, T0 + 4_001, release("a", 1));
     assert_eq!(reissue_at(&m, "a"), None);

@@ -170,6 +170,8 @@ impl Model {
                 }
             }
             Command::Tick { max_items } => self.tick(*max_items as usize, &mut fx),
+            // Idempotency records are applied by the storage layer, not the lock machine.
+            Command::Idem(_) => Response::Noop,
         };
         (resp, fx)
     }
@@ -351,6 +353,10 @@ impl Model {
     ) -> AdmitOutcome {
         self.settle(resource, fx);
         let now = self.now;
+        // Tokens start at 1: 0 was never issued for anything.
+        if token == 0 {
+            return AdmitOutcome::Unknown;
+        }
         let Some(r) = self.res.get_mut(resource) else {
             return if token <= self.gc_floor {
                 AdmitOutcome::Stale {

@@ -116,9 +116,11 @@ async fn wait_in_queue(
             0,
             "wait_timeout_ms passed before the lock became free; retry with a new request_id.",
         )),
-        Ok(Some(WaitOutcome::Removed(WaiterGone::Cancelled))) => {
-            Err(lock_held(0, "The wait was cancelled."))
-        }
+        Ok(Some(WaitOutcome::Removed(WaiterGone::Cancelled))) => Err(ApiError::new(
+            ErrorCode::WaitCancelled,
+            "The wait was cancelled (a cancel call for this request_id); acquire again to wait \
+             anew.",
+        )),
         // The sweeper did not remove us in time (e.g. no leader): withdraw ourselves.
         Ok(None) | Err(_) => {
             let cancel = Command::Cancel {

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use super::{path_param, record};
 use crate::api::ApiError;
 use crate::node::Node;
-use crate::wire::{validate_resource, LockList, LockView, MAX_LIST_LIMIT};
+use crate::wire::{validate_resource, ErrorCode, LockList, LockView, LOCK_ACTIONS, MAX_LIST_LIMIT};
 
 /// `GET /v1/locks/{resource}`.
 pub async fn get(
@@ -20,6 +20,14 @@ pub async fn get(
     resource: Result<Path<String>, PathRejection>,
 ) -> Result<Json<LockView>, ApiError> {
     let resource = path_param(resource)?;
+    if let Some((_, action)) = resource.rsplit_once('/') {
+        if LOCK_ACTIONS.contains(&action) {
+            return Err(ApiError::new(
+                ErrorCode::MethodNotAllowed,
+                format!("'{action}' is a lock action: use POST /v1/locks/{{resource}}/{action}."),
+            ));
+        }
+    }
     let started = Instant::now();
     let result = async {
         validate_resource(&resource).map_err(ApiError::invalid)?;

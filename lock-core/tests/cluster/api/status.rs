@@ -1,0 +1,117 @@
+//! The operator's endpoints: `GET /v1/cluster`, `/healthz`, `/readyz` and `/metrics`.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use lock_core::testkit::{phase, TestCluster};
+use serde_json::Value;
+
+use super::support::{assert_error, assert_grant, cluster_status, metrics, sample, voters};
+
+/// Polls `GET /v1/cluster` on `node` (a status page, not linearizable) until it names the
+/// leader and has applied something: a follower that has not yet heard from the leader shows
+/// no membership, and one that has not applied an entry yet (the first is the membership)
+/// shows `last_applied: 0` and no members.
+async fn wait_cluster_status(c: &TestCluster, node: u64, leader: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let v = cluster_status(c, node).await;
+        let applied = v["last_applied"].as_u64().is_some_and(|i| i > 0);
+        if v["leader_id"].as_u64() == Some(leader) && applied {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {node} never saw leader {leader}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every node reports the cluster, its health and Prometheus metrics, and counts each outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_health_and_metrics_endpoints() {
+    let c = TestCluster::start(3).await;
+    let leader = c.wait_leader(Duration::from_secs(5)).await;
+    let f = c.followers(leader);
+
+    phase("GET /v1/cluster on every node: node_id, leader_id, term, 3 members, last_applied");
+    for node in [leader, f[0], f[1]] {
+        let v = wait_cluster_status(&c, node, leader).await;
+        assert_eq!(v["node_id"].as_u64(), Some(node), "{v}");
+        assert!(v["term"].as_u64().is_some_and(|t| t >= 1), "{v}");
+        assert!(v["last_applied"].as_u64().is_some(), "{v}");
+        assert_eq!(voters(&v), BTreeSet::from([1, 2, 3]), "{v}");
+        for m in v["members"].as_array().unwrap() {
+            let id = m["id"].as_u64().unwrap();
+            assert_eq!(m["addr"], c.addrs[&id].as_str(), "{v}");
+        }
+    }
+
+    phase("/healthz and /readyz (a leader is known) answer 200 on every node");
+    for node in [leader, f[0], f[1]] {
+        let (s, v) = c.get(node, "/healthz").await;
+        assert_eq!(s, 200, "{v}");
+        let (s, v) = c.get(node, "/readyz").await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["leader_id"].as_u64(), Some(leader), "{v}");
+    }
+
+    phase("/metrics is Prometheus text with the series operators rely on");
+    let before = metrics(&c, f[0]).await;
+    let acquires = |text: &str| {
+        sample(
+            text,
+            "fencegate_op_outcomes_total",
+            &[("op", "acquire"), ("outcome", "success")],
+        )
+    };
+    let got = c.acquire(f[0], "met:a", "met-1", 5_000).await;
+    let (_, token) = assert_grant(&got, "met:a", 5_000);
+    let after = metrics(&c, f[0]).await;
+    // Gauges mirror the local state machine: the leader applied the acquire before answering.
+    let leader_text = metrics(&c, leader).await;
+    for name in [
+        "fencegate_op_seconds_bucket",
+        "fencegate_op_outcomes_total",
+        "fencegate_active_locks",
+        "fencegate_raft_commit_seconds",
+        "fencegate_leader_changes_total",
+        "fencegate_lease_expirations_total",
+    ] {
+        assert!(after.contains(name), "/metrics lacks {name}:\n{after}");
+    }
+    assert_eq!(acquires(&after), acquires(&before) + 1.0, "acquire counter");
+    assert!(
+        sample(&after, "fencegate_op_seconds_count", &[("op", "acquire")]) >= 1.0,
+        "acquire latency observed"
+    );
+    assert!(sample(&leader_text, "fencegate_active_locks", &[]) >= 1.0);
+    assert!(sample(&leader_text, "fencegate_last_fencing_token", &[]) >= token as f64);
+
+    phase("metrics: a refused acquire is counted under its own outcome");
+    let got = c.acquire(f[0], "met:a", "met-2", 5_000).await;
+    assert_error(&got, 409, "lock_held", &["retry_after_ms"]);
+    let text = metrics(&c, f[0]).await;
+    assert_eq!(
+        sample(
+            &text,
+            "fencegate_op_outcomes_total",
+            &[("op", "acquire"), ("outcome", "lock_held")]
+        ),
+        sample(
+            &after,
+            "fencegate_op_outcomes_total",
+            &[("op", "acquire"), ("outcome", "lock_held")]
+        ) + 1.0
+    );
+    assert_eq!(
+        acquires(&text),
+        acquires(&after),
+        "a refusal is not a success"
+    );
+    // The leader proposed the acquire (forwarded to it), so it measured a raft commit.
+    let text = metrics(&c, leader).await;
+    assert!(sample(&text, "fencegate_raft_commit_seconds_count", &[]) >= 1.0);
+    c.shutdown().await;
+}

@@ -1,0 +1,154 @@
+//! Partitions: an isolated minority — a follower, then the leader — refuses in bounded time and
+//! never grants.
+
+use std::time::{Duration, Instant};
+
+use lock_core::testkit::{eventually, phase, TestCluster};
+use serde_json::{json, Value};
+
+use super::{acquire_answered, recorded_lease, Granted, EVENT};
+
+async fn timed<F: std::future::Future>(f: F) -> (F::Output, Duration) {
+    let started = Instant::now();
+    let out = f.await;
+    (out, started.elapsed())
+}
+
+/// An isolated node must refuse within a bounded time (a liveness bound, not a benchmark).
+fn assert_no_quorum(what: &str, ((s, v), took): ((u16, Value), Duration), bound: Duration) {
+    assert_eq!(s, 503, "{what} must be refused, got {s} {v}");
+    assert_eq!(v["error"], "no_quorum", "{what}: {v}");
+    assert!(
+        took < bound,
+        "{what} answered after {took:?} (bound {bound:?})"
+    );
+}
+
+/// No lease without a quorum commit: a minority never grants or renews; it answers 503
+/// `no_quorum` in bounded time, while the majority keeps serving. After healing, the minority
+/// catches up and the majority's decision stands: no second lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t30_isolated_minority_answers_503() {
+    let c = TestCluster::start(3).await;
+    let bound = Duration::from_millis(c.policy.write_timeout_ms) + Duration::from_secs(3);
+    let leader = c.wait_leader(EVENT).await;
+    let f = c.followers(leader)[0];
+    let other = c.followers(leader)[1];
+
+    phase("take a lease everyone can see (to renew later)");
+    let (s, v) = c
+        .acquire(leader, "part:renew", "req-part-renew", 120_000)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let held = Granted::parse(&v);
+    let renew_body = json!({ "lease_id": held.lease_id });
+
+    phase("isolate a follower: its acquire and renew are refused with no_quorum");
+    c.isolate(f);
+    let (acq, ren) = tokio::join!(
+        timed(c.acquire(f, "part:minority", "req-minority", 30_000)),
+        timed(c.post(f, "/v1/locks/part:renew/renew", renew_body.clone())),
+    );
+    assert_no_quorum("acquire on the isolated follower", acq, bound);
+    assert_no_quorum("renew on the isolated follower", ren, bound);
+
+    phase("the majority keeps serving");
+    let (s, v) = c
+        .acquire(other, "part:majority", "req-majority", 120_000)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let majority = Granted::parse(&v);
+    let (s, v) = c
+        .post(other, "/v1/locks/part:renew/renew", renew_body.clone())
+        .await;
+    assert_eq!(s, 200, "{v}");
+
+    phase("heal: the follower catches up and reads show the majority's writes");
+    c.heal();
+    c.wait_caught_up(f, EVENT).await;
+    let (lease, token, _) = recorded_lease(&c, f, "part:majority").expect("caught up");
+    assert_eq!((lease, token), (majority.lease_id.clone(), majority.token));
+    let (s, g) = c.get(f, "/v1/locks/part:majority").await;
+    assert_eq!(
+        (s, g["fencing_token"].as_u64()),
+        (200, Some(majority.token)),
+        "{g}"
+    );
+    let (s, g) = c.get(f, "/v1/locks/part:minority").await;
+    assert_eq!((s, &g["held"]), (200, &json!(false)), "never granted: {g}");
+
+    phase("isolate the leader: it refuses while the other two elect a new leader");
+    let old = c.wait_leader(EVENT).await;
+    let majority_nodes = c.followers(old);
+    c.isolate(old);
+    let isolated = async {
+        tokio::join!(
+            timed(c.acquire(old, "part:split", "req-split-old", 30_000)),
+            timed(c.post(old, "/v1/locks/part:renew/renew", renew_body.clone())),
+            timed(c.get(old, "/v1/locks/part:renew")),
+        )
+    };
+    let majority_side = async {
+        let mut new = 0;
+        eventually(EVENT, "the majority elects a new leader", async || {
+            let views: Vec<Option<u64>> = majority_nodes
+                .iter()
+                .map(|id| c.node(*id).node.current_leader())
+                .collect();
+            match views[..] {
+                [Some(a), Some(b)] if a == b && a != old => {
+                    new = a;
+                    true
+                }
+                _ => false,
+            }
+        })
+        .await;
+        let (s, v) = acquire_answered(&c, new, "part:split", "req-split-new", 120_000).await;
+        assert_eq!(s, 200, "majority acquire: {v}");
+        let split = Granted::parse(&v);
+        let (s, v) = c
+            .post(new, "/v1/locks/part:renew/renew", renew_body.clone())
+            .await;
+        assert_eq!(s, 200, "majority renew: {v}");
+        split
+    };
+    let ((acq, ren, get), split) = tokio::join!(isolated, majority_side);
+    assert_no_quorum("acquire on the isolated old leader", acq, bound);
+    assert_no_quorum("renew on the isolated old leader", ren, bound);
+    assert_no_quorum("linearizable GET on the isolated old leader", get, bound);
+
+    phase("heal: the old leader catches up; its unreplicated acquire never took effect");
+    c.heal();
+    for id in c.running() {
+        c.wait_caught_up(id, EVENT).await;
+        let (lease, token, _) = recorded_lease(&c, id, "part:split").expect("split lease");
+        assert_eq!(
+            (lease, token),
+            (split.lease_id.clone(), split.token),
+            "node {id}"
+        );
+        let last = c
+            .node(id)
+            .node
+            .machine
+            .read(|m| m.resource("part:split").map(|r| r.last_token));
+        assert_eq!(
+            last,
+            Some(split.token),
+            "node {id}: a second token was issued"
+        );
+    }
+    let (s, v) = acquire_answered(&c, old, "part:split", "req-split-old", 30_000).await;
+    assert_eq!(
+        s, 409,
+        "the old leader's request must not own a second lease: {v}"
+    );
+    let (s, g) = c.get(old, "/v1/locks/part:split").await;
+    assert_eq!(
+        (s, g["fencing_token"].as_u64()),
+        (200, Some(split.token)),
+        "{g}"
+    );
+    c.shutdown().await;
+}

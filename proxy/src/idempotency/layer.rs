@@ -1,0 +1,641 @@
+//! The `Idempotency-Key` flow of one request, against the replicated records.
+//!
+//! A request on an idempotent route is handled here end to end instead of by pingora's
+//! streaming forwarder: its body is read whole (it is part of the fingerprint), the key is
+//! claimed through raft, the request is forwarded with a buffered HTTP client, and the answer is
+//! committed *before* the client sees it. pingora's response-body hooks are synchronous, so they
+//! could not wait for that commit.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use lock_core::machine::{
+    Command, Completion, Finding, IdemCommand, IdemOutcome, IdemScope, Response, StoredAnswer,
+    StoredBody,
+};
+use lock_core::node::{Node, ProposeError};
+use lock_core::wire::{ErrorBody, ErrorCode};
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+use pingora::Result;
+use prometheus::{IntCounterVec, Opts, Registry};
+
+use super::contract::{
+    self, classify, fingerprint, parse_key, parse_tenant, Answer, IdempotencyMode, MAX_REQUEST_BODY,
+};
+use crate::route::Route;
+
+/// How long a claim outlives the upstream timeout: room to commit the answer after the
+/// upstream's last possible byte. Past the claim, the record counts as `unknown`.
+const CLAIM_MARGIN_MS: u64 = 2_000;
+
+/// The proxy's idempotency layer: one per proxy, shared by its requests.
+pub struct IdempotencyLayer {
+    node: Arc<Node>,
+    http: reqwest::Client,
+    /// Requests by outcome: claimed, replayed, mismatch, in_use, unknown, reconciled,
+    /// reconciled_new_attempt, expired, key_required, invalid_key, no_quorum.
+    outcomes: IntCounterVec,
+}
+
+/// A fence refusal as the client gets it.
+pub struct Refusal {
+    pub status: u16,
+    /// The JSON error body.
+    pub body: Vec<u8>,
+}
+
+/// A fenced write's admission.
+pub struct Permit {
+    /// The whole upstream exchange must end by then.
+    pub send_by: Instant,
+    /// Held until the write has finished (the fence's in-flight count, which a revocation of
+    /// the token waits for).
+    pub hold: Box<dyn Send>,
+}
+
+/// The fence admission of a fenced write, run only if the key is claimed for it.
+pub type AdmitFuture<'a> = Pin<Box<dyn Future<Output = Result<Permit, Refusal>> + Send + 'a>>;
+
+/// What `handle` did with the request.
+pub enum Handled {
+    /// The layer answered the client itself.
+    Responded,
+    /// Not an idempotent request (route off, safe method, or optional without a key): forward
+    /// it the usual way.
+    NotApplicable,
+}
+
+/// Everything the flow needs about the request, gathered before the first await on raft.
+struct Request {
+    scope: IdemScope,
+    fingerprint: String,
+    method: reqwest::Method,
+    path_and_query: String,
+    headers: Vec<(String, Vec<u8>)>,
+    body: Bytes,
+}
+
+impl IdempotencyLayer {
+    pub fn new(node: Arc<Node>, registry: &Registry) -> Self {
+        let outcomes = IntCounterVec::new(
+            Opts::new(
+                "proxy_idempotency_requests_total",
+                "Requests on idempotent routes by outcome (replayed, mismatch, in_use, \
+                 unknown, reconciled, expired, ...)",
+            ),
+            &["outcome"],
+        )
+        .unwrap_or_else(|e| panic!("metric: {e}"));
+        // Registering twice (a second proxy in one process) is harmless: keep the first.
+        let _ = registry.register(Box::new(outcomes.clone()));
+        IdempotencyLayer {
+            node,
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .unwrap_or_else(|_| reqwest::Client::new()),
+            outcomes,
+        }
+    }
+
+    fn count(&self, outcome: &str) {
+        self.outcomes.with_label_values(&[outcome]).inc();
+    }
+
+    /// Whether `method` requests on `route` are deduplicated.
+    pub fn applies(&self, route: &Route, method: &str) -> bool {
+        route.config.idempotency != IdempotencyMode::Off && contract::applies_to(method)
+    }
+
+    /// Runs the idempotency flow. On a fenced route the request has passed the fence's local
+    /// checks and `admit` is its admission, awaited only when the key is claimed for this
+    /// request (a replay needs none).
+    pub async fn handle(
+        &self,
+        session: &mut Session,
+        route: &Route,
+        admit: Option<AdmitFuture<'_>>,
+    ) -> Result<Handled> {
+        let opts = &route.config.idempotency_options;
+        let req = session.req_header();
+        if !self.applies(route, req.method.as_str()) {
+            return Ok(Handled::NotApplicable);
+        }
+        let key = match req.headers.get("idempotency-key") {
+            None if route.config.idempotency == IdempotencyMode::Optional => {
+                return Ok(Handled::NotApplicable)
+            }
+            None => {
+                self.count("key_required");
+                let msg = "This route requires an Idempotency-Key header: send a unique key per \
+                           logical request and the same key when you retry it.";
+                respond_error(session, ErrorCode::IdempotencyKeyRequired, msg, None).await?;
+                return Ok(Handled::Responded);
+            }
+            Some(v) => match parse_key(v.as_bytes()) {
+                Ok(k) => k,
+                Err(e) => {
+                    self.count("invalid_key");
+                    respond_error(
+                        session,
+                        ErrorCode::InvalidIdempotencyKey,
+                        &e.to_string(),
+                        None,
+                    )
+                    .await?;
+                    return Ok(Handled::Responded);
+                }
+            },
+        };
+        let tenant_raw = req
+            .headers
+            .get(opts.tenant_header.as_str())
+            .map(|v| v.as_bytes());
+        let tenant = match parse_tenant(tenant_raw, &opts.default_tenant) {
+            Ok(t) => t,
+            Err(e) => {
+                respond_error(session, ErrorCode::InvalidRequest, &e.to_string(), None).await?;
+                return Ok(Handled::Responded);
+            }
+        };
+        let Some(body) = read_body(session).await? else {
+            let msg = format!(
+                "Requests on idempotent routes may carry at most {MAX_REQUEST_BODY} bytes of body."
+            );
+            respond_error(session, ErrorCode::PayloadTooLarge, &msg, None).await?;
+            return Ok(Handled::Responded);
+        };
+        let req = session.req_header();
+        let path_and_query = req
+            .uri
+            .path_and_query()
+            .map_or_else(|| req.uri.path().to_string(), |p| p.as_str().to_string());
+        let content_type = req
+            .headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok());
+        let listed = opts.fingerprint_headers.iter().map(|n| {
+            (
+                n.as_str(),
+                req.headers.get(n.as_str()).map(|v| v.as_bytes()),
+            )
+        });
+        let request = Request {
+            fingerprint: fingerprint(
+                req.method.as_str(),
+                &path_and_query,
+                content_type,
+                &body,
+                listed,
+            ),
+            scope: IdemScope {
+                tenant,
+                route: route.config.path.clone(),
+                key,
+            },
+            method: reqwest::Method::from_bytes(req.method.as_str().as_bytes())
+                .unwrap_or(reqwest::Method::POST),
+            path_and_query,
+            headers: req
+                .headers
+                .iter()
+                .filter(|(n, _)| forwarded_header(n.as_str()))
+                .map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec()))
+                .collect(),
+            body,
+        };
+        self.run(session, route, &request, admit).await?;
+        Ok(Handled::Responded)
+    }
+
+    async fn run(
+        &self,
+        session: &mut Session,
+        route: &Route,
+        req: &Request,
+        admit: Option<AdmitFuture<'_>>,
+    ) -> Result<()> {
+        let opts = &route.config.idempotency_options;
+        let lease_ms = route.config.upstream_timeout_ms + CLAIM_MARGIN_MS;
+        let claim = IdemCommand::Claim {
+            scope: req.scope.clone(),
+            fingerprint: req.fingerprint.clone(),
+            owner: self.node.id,
+            attempt: rand::random(),
+            lease_ms,
+            retain_ms: opts.retain_ms,
+            tombstone_ms: opts.tombstone_ms,
+        };
+        let mut outcome = match self.propose(claim).await {
+            Ok(o) => o,
+            Err(e) => return self.no_quorum(session, &e).await,
+        };
+        let mut reconciled = false;
+        loop {
+            match outcome {
+                IdemOutcome::Claimed { attempt } => {
+                    self.count(if reconciled {
+                        "reconciled_new_attempt"
+                    } else {
+                        "claimed"
+                    });
+                    let permit = match admit {
+                        None => None,
+                        Some(admit) => match admit.await {
+                            Ok(permit) => Some(permit),
+                            Err(refusal) => {
+                                return self.refused(session, req, attempt, refusal).await
+                            }
+                        },
+                    };
+                    let deadline = permit.as_ref().map(|p| p.send_by);
+                    let forwarded = self.forward(session, route, req, attempt, deadline).await;
+                    // Only now is the write over for the fence.
+                    drop(permit);
+                    return forwarded;
+                }
+                IdemOutcome::Replay(answer) => {
+                    self.count(if reconciled { "reconciled" } else { "replayed" });
+                    return respond_replay(session, &answer).await;
+                }
+                IdemOutcome::InFlight { retry_after_ms } => {
+                    self.count("in_use");
+                    let msg = "A request with this Idempotency-Key is still in flight; retry \
+                               after Retry-After to get its answer.";
+                    return respond_error(
+                        session,
+                        ErrorCode::IdempotencyKeyInUse,
+                        msg,
+                        Some(retry_after_ms.max(1)),
+                    )
+                    .await;
+                }
+                IdemOutcome::Mismatch => {
+                    self.count("mismatch");
+                    let msg = "This Idempotency-Key was used with a different request (method, \
+                               path, body or fingerprinted headers); use a new key for a new \
+                               request.";
+                    return respond_error(session, ErrorCode::IdempotencyKeyMismatch, msg, None)
+                        .await;
+                }
+                IdemOutcome::Expired { .. } => {
+                    self.count("expired");
+                    let msg = "This Idempotency-Key's record has expired, so the proxy can no \
+                               longer tell whether it ran; use a new key for a new request.";
+                    return respond_error(session, ErrorCode::IdempotencyKeyExpired, msg, None)
+                        .await;
+                }
+                IdemOutcome::Unknown { attempt } if !reconciled => {
+                    let Some(lookup) = &opts.reconcile else {
+                        self.count("unknown");
+                        return respond_unknown(session, "the route has no reconciliation lookup")
+                            .await;
+                    };
+                    let finding = match self.lookup(route, lookup, &req.scope.key).await {
+                        Ok(f) => f,
+                        Err(why) => {
+                            self.count("unknown");
+                            return respond_unknown(session, &why).await;
+                        }
+                    };
+                    reconciled = true;
+                    let cmd = IdemCommand::Reconcile {
+                        scope: req.scope.clone(),
+                        fingerprint: req.fingerprint.clone(),
+                        lost_attempt: attempt,
+                        finding,
+                        owner: self.node.id,
+                        attempt: rand::random(),
+                        lease_ms,
+                    };
+                    outcome = match self.propose(cmd).await {
+                        Ok(o) => o,
+                        Err(e) => return self.no_quorum(session, &e).await,
+                    };
+                }
+                IdemOutcome::Unknown { .. } => {
+                    self.count("unknown");
+                    return respond_unknown(session, "reconciliation did not settle it").await;
+                }
+                IdemOutcome::Completed | IdemOutcome::NotOwner => {
+                    // Only answers to `Complete` (or to a log entry replayed after a restart);
+                    // a claim never gets them.
+                    return respond_error(
+                        session,
+                        ErrorCode::ProxyError,
+                        "The idempotency record answered out of turn; retry with the same key.",
+                        None,
+                    )
+                    .await;
+                }
+            }
+        }
+    }
+
+    /// Forwards attempt `attempt`, records how it ended, then answers the client.
+    async fn forward(
+        &self,
+        session: &mut Session,
+        route: &Route,
+        req: &Request,
+        attempt: u64,
+        deadline: Option<Instant>,
+    ) -> Result<()> {
+        let opts = &route.config.idempotency_options;
+        let mut timeout = Duration::from_millis(route.config.upstream_timeout_ms);
+        if let Some(d) = deadline {
+            // A fenced write's whole exchange ends by its send-by instant, so it never outlives
+            // the grant (a stricter form of the fence's send-by rule).
+            timeout = timeout.min(d.saturating_duration_since(Instant::now()));
+            if timeout.is_zero() {
+                let refusal = Refusal {
+                    status: ErrorCode::UpstreamTimeout.status(),
+                    body: error_body(
+                        ErrorCode::UpstreamTimeout,
+                        "The fencing grant ran out before the request could be sent; nothing was \
+                         sent, so retrying with the same key is safe.",
+                        None,
+                    ),
+                };
+                return self.refused(session, req, attempt, refusal).await;
+            }
+        }
+        let url = format!("http://{}{}", route.config.upstream, req.path_and_query);
+        let mut builder = self
+            .http
+            .request(req.method.clone(), url)
+            .timeout(timeout)
+            .body(req.body.clone());
+        for (name, value) in &req.headers {
+            builder = builder.header(name.as_str(), value.as_slice());
+        }
+        let result = match builder.send().await {
+            Ok(resp) => read_answer(resp).await.map_err(|e| (false, e)),
+            Err(e) => Err((e.is_connect(), e)),
+        };
+        let (completion, reply) = match &result {
+            Ok(answer) => (classify(answer, opts.body_cap_bytes), None),
+            // No connection was made: nothing reached the upstream, the key is free again.
+            Err((true, e)) => (
+                Completion::NotRun,
+                Some((ErrorCode::UpstreamError, format!("The upstream is unreachable ({e}); nothing was sent, so retrying with the same key is safe."))),
+            ),
+            Err((false, e)) => (
+                Completion::Unknown,
+                Some((if e.is_timeout() { ErrorCode::UpstreamTimeout } else { ErrorCode::UpstreamError },
+                      format!("The upstream's answer was lost ({e}); it may or may not have acted, and a retry with the same key will say so."))),
+            ),
+        };
+        let cmd = IdemCommand::Complete {
+            scope: req.scope.clone(),
+            attempt,
+            outcome: completion,
+        };
+        // The answer is committed before the client sees it: a client that got an answer can
+        // always get the same one again.
+        if let Err(e) = self.propose(cmd).await {
+            tracing::warn!(key = %req.scope.key, error = %e, "idempotent answer not recorded");
+            let msg = "The upstream answered but the answer could not be recorded (no quorum); \
+                       retry with the same key: the proxy will not run the request again.";
+            return respond_error(session, ErrorCode::NoQuorum, msg, None).await;
+        }
+        match (result, reply) {
+            (Ok(answer), _) => respond_answer(session, &answer).await,
+            (Err(_), Some((code, msg))) => respond_error(session, code, &msg, None).await,
+            (Err(_), None) => Ok(()),
+        }
+    }
+
+    /// The write the key was claimed for is not sent (the fence refused it, or its grant ran
+    /// out first): the key is released, and the client gets `refusal`.
+    async fn refused(
+        &self,
+        session: &mut Session,
+        req: &Request,
+        attempt: u64,
+        refusal: Refusal,
+    ) -> Result<()> {
+        let release = IdemCommand::Complete {
+            scope: req.scope.clone(),
+            attempt,
+            outcome: Completion::NotRun,
+        };
+        if let Err(e) = self.propose(release).await {
+            // The claim then ends as `unknown` after its lease: safe, if unhelpful.
+            tracing::warn!(key = %req.scope.key, error = %e, "claim of a refused write not released");
+        }
+        let headers = [("content-type".to_string(), "application/json".to_string())];
+        write(session, refusal.status, &headers, refusal.body).await
+    }
+
+    /// Asks the route's reconciliation lookup about `key`.
+    async fn lookup(&self, route: &Route, lookup: &str, key: &str) -> Result<Finding, String> {
+        let path = lookup.replace("{key}", &percent_encode(key));
+        let url = format!("http://{}{}", route.config.upstream, path);
+        let resp = self
+            .http
+            .get(url)
+            .timeout(Duration::from_millis(route.config.upstream_timeout_ms))
+            .send()
+            .await
+            .map_err(|e| format!("the reconciliation lookup failed: {e}"))?;
+        let answer = read_answer(resp)
+            .await
+            .map_err(|e| format!("the reconciliation lookup failed: {e}"))?;
+        match answer.status {
+            200 => Ok(Finding::Ran(contract::store_answer(
+                &answer,
+                route.config.idempotency_options.body_cap_bytes,
+                true,
+            ))),
+            404 => Ok(Finding::NeverRan),
+            s => Err(format!(
+                "the reconciliation lookup answered {s}, which proves neither outcome"
+            )),
+        }
+    }
+
+    async fn propose(&self, cmd: IdemCommand) -> Result<IdemOutcome, ProposeError> {
+        match self.node.propose(Command::Idem(cmd)).await? {
+            Response::Idem(outcome) => Ok(outcome),
+            other => Err(ProposeError::Stopped(format!(
+                "unexpected state machine response {other:?}"
+            ))),
+        }
+    }
+
+    async fn no_quorum(&self, session: &mut Session, e: &ProposeError) -> Result<()> {
+        self.count("no_quorum");
+        let msg = format!(
+            "The idempotency record could not be read or written ({e}); nothing was forwarded. \
+             Retry with the same key."
+        );
+        respond_error(session, ErrorCode::NoQuorum, &msg, None).await
+    }
+}
+
+/// Reads the request body whole; `None` if it is larger than [`MAX_REQUEST_BODY`].
+async fn read_body(session: &mut Session) -> Result<Option<Bytes>> {
+    let declared = session
+        .req_header()
+        .headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > MAX_REQUEST_BODY) {
+        return Ok(None);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = session.read_request_body().await? {
+        body.extend_from_slice(&chunk);
+        if body.len() > MAX_REQUEST_BODY {
+            return Ok(None);
+        }
+    }
+    Ok(Some(Bytes::from(body)))
+}
+
+async fn read_answer(resp: reqwest::Response) -> Result<Answer, reqwest::Error> {
+    let status = resp.status().as_u16();
+    let headers = resp
+        .headers()
+        .iter()
+        .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
+        .collect();
+    let body = resp.bytes().await?.to_vec();
+    Ok(Answer {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// Request headers that describe this hop, not the request: not forwarded by the client.
+fn forwarded_header(name: &str) -> bool {
+    !matches!(
+        name,
+        "host"
+            | "connection"
+            | "keep-alive"
+            | "transfer-encoding"
+            | "content-length"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "proxy-authorization"
+            | "proxy-connection"
+    )
+}
+
+/// Percent-encodes everything but unreserved characters, for a key placed in a path.
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+async fn write(
+    session: &mut Session,
+    status: u16,
+    headers: &[(String, String)],
+    body: Vec<u8>,
+) -> Result<()> {
+    let mut resp = ResponseHeader::build(status, Some(headers.len() + 2))?;
+    for (name, value) in headers {
+        resp.append_header(name.clone(), value.as_str())?;
+    }
+    resp.insert_header("content-length", body.len().to_string())?;
+    session.write_response_header(Box::new(resp), false).await?;
+    session
+        .write_response_body(Some(Bytes::from(body)), true)
+        .await?;
+    Ok(())
+}
+
+async fn respond_answer(session: &mut Session, answer: &Answer) -> Result<()> {
+    let headers: Vec<(String, String)> = answer
+        .headers
+        .iter()
+        .filter(|(n, _)| {
+            !matches!(
+                n.as_str(),
+                "content-length" | "transfer-encoding" | "connection"
+            )
+        })
+        .cloned()
+        .collect();
+    write(session, answer.status, &headers, answer.body.clone()).await
+}
+
+async fn respond_replay(session: &mut Session, answer: &StoredAnswer) -> Result<()> {
+    let mut headers = answer.headers.clone();
+    headers.push(("idempotent-replayed".into(), "true".into()));
+    if answer.reconciled {
+        headers.push(("idempotent-reconciled".into(), "true".into()));
+    }
+    if let StoredBody::Digest { len, blake2b } = &answer.body {
+        // The original body was above the stored size: the replay says what it was instead.
+        headers.push((
+            "idempotent-body-omitted".into(),
+            format!("len={len}; blake2b={blake2b}"),
+        ));
+    }
+    write(
+        session,
+        answer.status,
+        &headers,
+        contract::replay_body(answer),
+    )
+    .await
+}
+
+async fn respond_unknown(session: &mut Session, why: &str) -> Result<()> {
+    let msg = format!(
+        "The answer to the first request with this Idempotency-Key was lost and the upstream may \
+         or may not have acted ({why}); the proxy will not run it again. Check the upstream, or \
+         ask an operator to resolve the key."
+    );
+    respond_error(session, ErrorCode::IdempotencyOutcomeUnknown, &msg, None).await
+}
+
+fn error_body(code: ErrorCode, message: &str, retry_after_ms: Option<u64>) -> Vec<u8> {
+    let mut body = ErrorBody::new(code, message);
+    body.retry_after_ms = retry_after_ms;
+    serde_json::to_vec(&body).unwrap_or_default()
+}
+
+async fn respond_error(
+    session: &mut Session,
+    code: ErrorCode,
+    message: &str,
+    retry_after_ms: Option<u64>,
+) -> Result<()> {
+    let status = code.status();
+    let bytes = error_body(code, message, retry_after_ms);
+    let mut headers = vec![("content-type".to_string(), "application/json".to_string())];
+    if let Some(ms) = retry_after_ms {
+        headers.push(("retry-after".into(), ms.div_ceil(1000).max(1).to_string()));
+    }
+    write(session, status, &headers, bytes).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_percent_encoded_in_the_lookup_path() {
+        assert_eq!(percent_encode("abc-1_2.3~"), "abc-1_2.3~");
+        assert_eq!(percent_encode("a/b c?"), "a%2Fb%20c%3F");
+    }
+}

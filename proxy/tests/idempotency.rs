@@ -1,0 +1,644 @@
+//! `Idempotency-Key` end to end: a real 3-node cluster, one proxy per node, the demo store's
+//! `POST /orders` behind them (see `common/`). The store's `/log` is the ground truth: each
+//! order it created is one upstream effect.
+//!
+//! The rule checked throughout: at most one upstream effect per (tenant, route, key), also when
+//! requests race over all proxies, when the proxy's node dies between the effect and the commit
+//! of its answer, and across a restart of every node.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{eventually, phase, FenceHarness, StoreWrite, EVENT};
+use fencegate_proxy::idempotency::contract::fingerprint;
+use lock_core::machine::{Command, IdemCommand, IdemOutcome, IdemScope, IdemState, Response};
+use serde_json::Value;
+
+/// An answer from a proxy with the headers the idempotency contract is about.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    replayed: bool,
+    reconciled: bool,
+    retry_after: Option<String>,
+    body: Value,
+}
+
+impl Answer {
+    fn code(&self) -> &str {
+        self.body["error"].as_str().unwrap_or("")
+    }
+}
+
+/// `POST /orders` through proxy `id` with `key` (if any) and extra headers.
+async fn post_order(
+    h: &FenceHarness,
+    id: u64,
+    key: Option<&str>,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> Answer {
+    let addr = h.client.proxy_addr(id).expect("proxy runs");
+    let mut req = reqwest::Client::new()
+        .post(format!("http://{addr}/orders"))
+        .header("content-type", "application/json")
+        .timeout(Duration::from_secs(20))
+        .body(body.to_string());
+    if let Some(k) = key {
+        req = req.header("idempotency-key", k);
+    }
+    for (n, v) in headers {
+        req = req.header(*n, *v);
+    }
+    let resp = req.send().await.expect("POST /orders");
+    let header = |n: &str| {
+        resp.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let replayed = header("idempotent-replayed").as_deref() == Some("true");
+    let reconciled = header("idempotent-reconciled").as_deref() == Some("true");
+    let retry_after = header("retry-after");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.expect("body");
+    Answer {
+        status,
+        replayed,
+        reconciled,
+        retry_after,
+        body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    }
+}
+
+/// Orders in the store's log created with `key`.
+async fn orders_with_key(h: &FenceHarness, key: &str) -> Vec<StoreWrite> {
+    let log: Vec<Value> = reqwest::get(format!("http://{}/log", h.client.store_addr))
+        .await
+        .expect("GET /log")
+        .json()
+        .await
+        .expect("log JSON");
+    log.into_iter()
+        .filter(|e| e["idempotency_key"].as_str() == Some(key))
+        .map(|e| serde_json::from_value(e).expect("log entry"))
+        .collect()
+}
+
+/// Sends until the answer is not "in flight" (409 `idempotency_key_in_use`) nor 503.
+async fn post_until_settled(h: &FenceHarness, id: u64, key: &str, body: &str) -> Answer {
+    let deadline = std::time::Instant::now() + EVENT;
+    loop {
+        let a = post_order(h, id, Some(key), body, &[]).await;
+        let busy = a.code() == "idempotency_key_in_use" || a.status == 503;
+        if !busy || std::time::Instant::now() >= deadline {
+            return a;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t10_fifty_concurrent_requests_with_one_key_make_one_order() {
+    let h = std::sync::Arc::new(FenceHarness::start().await);
+    let ids = h.proxy_ids();
+
+    phase("50 requests with one key, spread over the three proxies, all at once");
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let h = h.clone();
+        let id = ids[i % ids.len()];
+        tasks.push(tokio::spawn(async move {
+            post_order(&h, id, Some("race-1"), r#"{"item":"book","qty":1}"#, &[]).await
+        }));
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.expect("task"));
+    }
+
+    phase("exactly one order in the store; every other answer is a replay of it or a 409");
+    let orders = orders_with_key(&h, "race-1").await;
+    assert_eq!(orders.len(), 1, "one effect per key: {orders:#?}");
+    let originals: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| a.status == 201 && !a.replayed)
+        .collect();
+    assert_eq!(originals.len(), 1, "one original answer: {answers:#?}");
+    let order_id = originals[0].body["id"].clone();
+    for a in &answers {
+        match (a.status, a.replayed) {
+            (201, _) => assert_eq!(a.body["id"], order_id, "{a:?}"),
+            (409, false) => {
+                assert_eq!(a.code(), "idempotency_key_in_use", "{a:?}");
+                assert!(a.retry_after.is_some(), "409 carries Retry-After: {a:?}");
+            }
+            // A claim that did not commit within the write timeout on a busy machine: nothing
+            // was forwarded for it.
+            (503, false) => assert_eq!(a.code(), "no_quorum", "{a:?}"),
+            _ => panic!("unexpected answer {a:?}"),
+        }
+    }
+
+    phase("a later retry through each proxy is a replay of the same order");
+    for id in ids {
+        let a = post_until_settled(&h, id, "race-1", r#"{"qty":1,"item":"book"}"#).await;
+        assert_eq!((a.status, a.replayed), (201, true), "{a:?}");
+        assert_eq!(a.body["id"], order_id);
+    }
+    assert_eq!(orders_with_key(&h, "race-1").await.len(), 1);
+    match std::sync::Arc::try_unwrap(h) {
+        Ok(h) => h.shutdown().await,
+        Err(_) => panic!("harness still shared"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t20_contract_replay_mismatch_missing_malformed_tenants() {
+    let h = FenceHarness::start().await;
+
+    phase("missing key on a required route: 400, nothing forwarded");
+    let a = post_order(&h, 1, None, "{}", &[]).await;
+    assert_eq!(
+        (a.status, a.code()),
+        (400, "idempotency_key_required"),
+        "{a:?}"
+    );
+    let long = "k".repeat(256);
+    for bad in [long.as_str(), "tab\tkey"] {
+        let a = post_order(&h, 2, Some(bad), "{}", &[]).await;
+        assert_eq!(
+            (a.status, a.code()),
+            (400, "invalid_idempotency_key"),
+            "{a:?}"
+        );
+    }
+
+    phase("first request: 201 from the store, not marked as a replay");
+    let first = post_order(&h, 1, Some("k-1"), r#"{"a":1,"b":2}"#, &[]).await;
+    assert_eq!((first.status, first.replayed), (201, false), "{first:?}");
+
+    phase("the same request (JSON keys reordered) through another proxy: the stored answer");
+    let again = post_order(&h, 2, Some("k-1"), r#"{ "b": 2, "a": 1 }"#, &[]).await;
+    assert_eq!((again.status, again.replayed), (201, true), "{again:?}");
+    assert_eq!(again.body, first.body);
+
+    phase("the same key with another body: 422 mismatch");
+    let other = post_order(&h, 3, Some("k-1"), r#"{"a":2}"#, &[]).await;
+    assert_eq!(
+        (other.status, other.code()),
+        (422, "idempotency_key_mismatch"),
+        "{other:?}"
+    );
+
+    phase("the same key for another tenant is another record: a new order");
+    let acme = post_order(
+        &h,
+        3,
+        Some("k-1"),
+        r#"{"a":1,"b":2}"#,
+        &[("X-Tenant", "acme")],
+    )
+    .await;
+    assert_eq!((acme.status, acme.replayed), (201, false), "{acme:?}");
+    assert_ne!(acme.body["id"], first.body["id"]);
+    assert_eq!(orders_with_key(&h, "k-1").await.len(), 2);
+
+    phase("the metrics count the replay and the mismatch (each proxy on its node's /metrics)");
+    let mut text = String::new();
+    for id in h.cluster.running() {
+        let (_, page) = h.cluster.get(id, "/metrics").await;
+        text.push_str(page.as_str().unwrap_or_default());
+    }
+    for outcome in ["replayed", "mismatch", "key_required", "invalid_key"] {
+        assert!(
+            text.contains(&format!(
+                "fencegate_proxy_idempotency_requests_total{{outcome=\"{outcome}\""
+            )),
+            "{outcome} in metrics:\n{text}"
+        );
+    }
+    h.shutdown().await;
+}
+
+/// Starts a request through node `x`'s proxy whose store answer is held after the order is
+/// created, then kills node `x` (cut off first, so its dying proxy cannot commit anything):
+/// the effect happened, its answer was never committed.
+async fn lose_the_answer(h: &mut FenceHarness, x: u64, key: &str, body: &str) {
+    let addr = h.client.proxy_addr(x).expect("proxy");
+    let (key_s, body_s) = (key.to_string(), body.to_string());
+    let request = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(format!("http://{addr}/orders"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key_s)
+            .header("x-demo-hold", "h1")
+            .timeout(Duration::from_secs(30))
+            .body(body_s)
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    let store = h.client.store_addr.clone();
+    eventually(EVENT, "the store created the order", async || {
+        orders_with_key(h, key).await.len() == 1
+    })
+    .await;
+    phase(&format!(
+        "node {x} dies after the store created the order, before the answer is committed"
+    ));
+    h.cluster.isolate(x);
+    h.cluster.crash(x).await;
+    // Let the store answer the dead node's proxy; it can no longer record anything.
+    reqwest::Client::new()
+        .post(format!("http://{store}/holds/h1/release"))
+        .send()
+        .await
+        .expect("release hold");
+    let status = request.await.expect("task");
+    assert!(
+        !matches!(status, Ok(201)),
+        "the dead node's proxy must not hand out an unrecorded answer: {status:?}"
+    );
+    h.stop_proxy(x).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t30_lost_answer_after_leader_death_is_reconciled_not_rerun() {
+    let mut h = FenceHarness::start().await;
+    let leader = h.leader().await;
+    let body = r#"{"item":"lamp"}"#;
+
+    phase("a create-order through the leader's proxy; the leader dies mid-request");
+    lose_the_answer(&mut h, leader, "lost-1", body).await;
+
+    phase("a retry through another node: in flight until the dead owner's claim ends, then reconciled");
+    let other = h.proxy_ids()[0];
+    let a = post_until_settled(&h, other, "lost-1", body).await;
+    assert_eq!(
+        (a.status, a.replayed, a.reconciled),
+        (200, true, true),
+        "the lookup's answer, replayed: {a:?}"
+    );
+    let orders = orders_with_key(&h, "lost-1").await;
+    assert_eq!(orders.len(), 1, "never a second order: {orders:#?}");
+    assert_eq!(a.body["idempotency_key"], "lost-1");
+
+    phase("later retries replay the reconciled answer");
+    let b = post_order(&h, h.proxy_ids()[1], Some("lost-1"), body, &[]).await;
+    assert_eq!(
+        (b.status, b.replayed, b.reconciled),
+        (200, true, true),
+        "{b:?}"
+    );
+    assert_eq!(b.body, a.body);
+    assert_eq!(orders_with_key(&h, "lost-1").await.len(), 1);
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t31_lost_answer_without_lookup_is_an_unknown_error() {
+    let mut h = FenceHarness::start_with(|c| {
+        c.routes[1].idempotency_options.reconcile = None;
+    })
+    .await;
+    let body = r#"{"item":"chair"}"#;
+    let victim = h.cluster.followers(h.leader().await)[0];
+    lose_the_answer(&mut h, victim, "lost-2", body).await;
+
+    phase("a retry gets the unknown error once the claim ends, and the request is not run again");
+    let other = h.proxy_ids()[0];
+    let a = post_until_settled(&h, other, "lost-2", body).await;
+    assert_eq!(
+        (a.status, a.code()),
+        (409, "idempotency_outcome_unknown"),
+        "{a:?}"
+    );
+    let again = post_order(&h, other, Some("lost-2"), body, &[]).await;
+    assert_eq!(again.code(), "idempotency_outcome_unknown", "{again:?}");
+    assert_eq!(orders_with_key(&h, "lost-2").await.len(), 1);
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t32_claim_lost_before_forwarding_allows_one_new_attempt() {
+    let h = FenceHarness::start().await;
+    let body = r#"{"item":"desk"}"#;
+
+    phase("a proxy on node 1 claims the key and dies before forwarding (claim committed directly)");
+    let fp = fingerprint(
+        "POST",
+        "/orders",
+        Some("application/json"),
+        body.as_bytes(),
+        std::iter::empty(),
+    );
+    let claim = IdemCommand::Claim {
+        scope: IdemScope {
+            tenant: "demo".into(),
+            route: "/orders".into(),
+            key: "never-sent".into(),
+        },
+        fingerprint: fp,
+        owner: 1,
+        attempt: 42,
+        lease_ms: 1_000,
+        retain_ms: 3_600_000,
+        tombstone_ms: 3_600_000,
+    };
+    let resp = h
+        .cluster
+        .node(1)
+        .node
+        .propose(Command::Idem(claim))
+        .await
+        .expect("claim");
+    assert_eq!(resp, Response::Idem(IdemOutcome::Claimed { attempt: 42 }));
+
+    phase("a retry: the lookup proves it never ran, so it runs once; later retries replay");
+    let a = post_until_settled(&h, 2, "never-sent", body).await;
+    assert_eq!((a.status, a.replayed), (201, false), "{a:?}");
+    let b = post_order(&h, 3, Some("never-sent"), body, &[]).await;
+    assert_eq!((b.status, b.replayed), (201, true), "{b:?}");
+    assert_eq!(b.body["id"], a.body["id"]);
+    assert_eq!(orders_with_key(&h, "never-sent").await.len(), 1);
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t40_expired_key_is_refused_for_the_tombstone_window() {
+    let h = FenceHarness::start_with(|c| {
+        let o = &mut c.routes[1].idempotency_options;
+        o.retain_ms = 1_000;
+        o.tombstone_ms = 3_600_000;
+    })
+    .await;
+    let first = post_order(&h, 1, Some("old"), "{}", &[]).await;
+    assert_eq!(first.status, 201, "{first:?}");
+
+    phase("after retention the key is refused as expired, never run a second time");
+    eventually(EVENT, "the key expires", async || {
+        let a = post_order(&h, 2, Some("old"), "{}", &[]).await;
+        match (a.status, a.replayed) {
+            (201, true) => false,
+            _ => {
+                assert_eq!(
+                    (a.status, a.code()),
+                    (422, "idempotency_key_expired"),
+                    "{a:?}"
+                );
+                true
+            }
+        }
+    })
+    .await;
+    assert_eq!(orders_with_key(&h, "old").await.len(), 1);
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t50_restart_of_every_node_keeps_every_record() {
+    let mut h = FenceHarness::start().await;
+    let keys: Vec<String> = (0..20).map(|i| format!("durable-{i}")).collect();
+
+    phase("20 orders with 20 keys");
+    let mut firsts = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        let id = h.proxy_ids()[i % 3];
+        let a = post_order(&h, id, Some(k), &format!("{{\"n\":{i}}}"), &[]).await;
+        assert_eq!((a.status, a.replayed), (201, false), "{a:?}");
+        firsts.push(a.body);
+    }
+
+    phase("a snapshot on every node (records travel in it), then every node crashes and restarts");
+    for id in h.cluster.running() {
+        h.cluster
+            .node(id)
+            .node
+            .raft
+            .trigger()
+            .snapshot()
+            .await
+            .expect("trigger snapshot");
+    }
+    for id in h.cluster.running() {
+        let raft = h.cluster.node(id).node.raft.clone();
+        raft.wait(Some(EVENT))
+            .metrics(|m| m.snapshot.is_some(), "snapshot built")
+            .await
+            .expect("snapshot");
+    }
+    // One more record after the snapshot: it must come back from the log, not the snapshot.
+    let late = post_order(&h, 1, Some("after-snapshot"), "{}", &[]).await;
+    assert_eq!(late.status, 201, "{late:?}");
+    for id in [1, 2, 3] {
+        h.crash(id).await;
+    }
+    for id in [1, 2, 3] {
+        h.restart(id).await;
+    }
+    h.leader().await;
+
+    phase("every key replays its original answer; the store still has one order per key");
+    for (i, k) in keys.iter().enumerate() {
+        let a =
+            post_until_settled(&h, h.proxy_ids()[(i + 1) % 3], k, &format!("{{\"n\":{i}}}")).await;
+        assert_eq!((a.status, a.replayed), (201, true), "{k}: {a:?}");
+        assert_eq!(a.body, firsts[i]);
+        assert_eq!(orders_with_key(&h, k).await.len(), 1);
+    }
+    let a = post_until_settled(&h, 2, "after-snapshot", "{}").await;
+    assert_eq!((a.status, a.replayed), (201, true), "{a:?}");
+    assert_eq!(a.body, late.body);
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t60_follower_behind_a_compacted_log_gets_the_records_in_the_snapshot() {
+    let mut h = FenceHarness::start().await;
+    let leader = h.leader().await;
+    let f = h.cluster.followers(leader)[0];
+
+    phase("a follower is down while 10 orders are created");
+    h.crash(f).await;
+    let keys: Vec<String> = (0..10).map(|i| format!("snap-{i}")).collect();
+    for k in &keys {
+        let a = post_order(&h, leader, Some(k), "{}", &[]).await;
+        assert_eq!(a.status, 201, "{a:?}");
+    }
+
+    phase("the leader snapshots and purges its log past the follower's last entry");
+    let raft = h.cluster.node(leader).node.raft.clone();
+    let applied = h.cluster.node(leader).node.machine.last_applied_index();
+    raft.trigger().snapshot().await.expect("trigger snapshot");
+    let snapshot_index = raft
+        .wait(Some(EVENT))
+        .metrics(
+            |m| m.snapshot.is_some_and(|s| s.index >= applied),
+            "snapshot built",
+        )
+        .await
+        .expect("snapshot")
+        .snapshot
+        .map_or(0, |s| s.index);
+    raft.trigger()
+        .purge_log(snapshot_index)
+        .await
+        .expect("purge");
+    raft.wait(Some(EVENT))
+        .metrics(
+            |m| m.purged.is_some_and(|p| p.index >= snapshot_index),
+            "log purged",
+        )
+        .await
+        .expect("purge done");
+
+    phase("the follower restarts, installs the snapshot, and holds every record itself");
+    h.restart(f).await;
+    eventually(EVENT, "the follower installs the snapshot", async || {
+        h.cluster
+            .cluster_status(f)
+            .await
+            .snapshot_index
+            .is_some_and(|i| i >= snapshot_index)
+    })
+    .await;
+    h.cluster.wait_caught_up(f, EVENT).await;
+    for k in &keys {
+        let scope = IdemScope {
+            tenant: "demo".into(),
+            route: "/orders".into(),
+            key: k.clone(),
+        };
+        let rec = h
+            .cluster
+            .node(f)
+            .node
+            .machine
+            .idem_record(&scope)
+            .expect("read record")
+            .unwrap_or_else(|| panic!("{k} missing on the follower"));
+        assert!(matches!(rec.state, IdemState::Succeeded(_)), "{k}: {rec:?}");
+    }
+
+    phase("with the old leader gone, retries through the follower replay");
+    h.crash(leader).await;
+    for k in &keys {
+        let a = post_until_settled(&h, f, k, "{}").await;
+        assert_eq!((a.status, a.replayed), (201, true), "{k}: {a:?}");
+        assert_eq!(orders_with_key(&h, k).await.len(), 1);
+    }
+    h.shutdown().await;
+}
+
+/// `PUT /kv/{key}` through proxy `id` with a fencing token and an idempotency key.
+async fn put_kv(
+    h: &FenceHarness,
+    id: u64,
+    key: &str,
+    token: Option<u64>,
+    idem: &str,
+    value: &str,
+) -> Answer {
+    let addr = h.client.proxy_addr(id).expect("proxy runs");
+    let mut req = reqwest::Client::new()
+        .put(format!("http://{addr}/kv/{key}"))
+        .header("idempotency-key", idem)
+        .timeout(Duration::from_secs(20))
+        .body(value.to_string());
+    if let Some(t) = token {
+        req = req.header("fence-token", t);
+    }
+    let resp = req.send().await.expect("PUT /kv");
+    let replayed = resp.headers().get("idempotent-replayed").is_some();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.expect("body");
+    Answer {
+        status,
+        replayed,
+        reconciled: false,
+        retry_after: None,
+        body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t70_fenced_idempotent_route_fence_first_replay_without_admission() {
+    let h = FenceHarness::start_with(|c| {
+        c.routes[0].idempotency = fencegate_proxy::idempotency::IdempotencyMode::Required;
+    })
+    .await;
+
+    phase("the fence's own checks come first: no token is 428 before any record is touched");
+    let a = put_kv(&h, 1, "x", None, "w1", "v1").await;
+    assert_eq!(
+        (a.status, a.code()),
+        (428, "fencing_token_required"),
+        "{a:?}"
+    );
+
+    phase("A writes with its token and key w1; a retry replays");
+    let lease_a = h.acquire("kv:x", "A", 30_000, 0).await;
+    let a = put_kv(&h, 1, "x", Some(lease_a.token), "w1", "v1").await;
+    assert_eq!((a.status, a.replayed), (200, false), "{a:?}");
+    let again = put_kv(&h, 2, "x", Some(lease_a.token), "w1", "v1").await;
+    assert_eq!((again.status, again.replayed), (200, true), "{again:?}");
+
+    phase("B takes the lock: A's retry of w1 still replays (no upstream effect, no admission)");
+    h.release(&lease_a).await;
+    // The release defers the next lease while the proxies' grants for A live: B waits.
+    let lease_b = h.acquire("kv:x", "B", 30_000, 10_000).await;
+    assert!(lease_b.token > lease_a.token);
+    let late = put_kv(&h, 3, "x", Some(lease_a.token), "w1", "v1").await;
+    assert_eq!((late.status, late.replayed), (200, true), "{late:?}");
+    assert_eq!(late.body, a.body);
+
+    phase("a new write with A's stale token is refused 412, and its key is left free");
+    let stale = put_kv(&h, 1, "x", Some(lease_a.token), "w2", "v2").await;
+    assert_eq!(
+        (stale.status, stale.code()),
+        (412, "stale_fencing_token"),
+        "{stale:?}"
+    );
+    let b = put_kv(&h, 2, "x", Some(lease_b.token), "w2", "v2").await;
+    assert_eq!((b.status, b.replayed), (200, false), "{b:?}");
+
+    phase("the store saw exactly A's v1 then B's v2");
+    let log = h.client.store_log().await;
+    let writes: Vec<(&str, Option<u64>)> = log
+        .iter()
+        .map(|w| (w.value.as_str(), w.fence_token))
+        .collect();
+    assert_eq!(
+        writes,
+        [("v1", Some(lease_a.token)), ("v2", Some(lease_b.token))],
+        "{log:#?}"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t80_unreachable_upstream_releases_the_key() {
+    // A port nothing listens on: bound, then closed.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .to_string();
+    let h = FenceHarness::start_with(move |c| c.routes[1].upstream = closed).await;
+
+    phase("no connection could be made: 502, and the key is not left in flight or unknown");
+    for _ in 0..2 {
+        let a = post_order(&h, 1, Some("nowhere"), "{}", &[]).await;
+        assert_eq!((a.status, a.code()), (502, "upstream_error"), "{a:?}");
+        assert!(
+            a.body["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("nothing was sent"),
+            "{a:?}"
+        );
+    }
+    h.shutdown().await;
+}
