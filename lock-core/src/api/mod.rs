@@ -1,10 +1,12 @@
-//! The node's HTTP APIs. The public one: lock calls, cluster and health endpoints, metrics and
-//! the operator page (`/ui`, from the `admin-ui` crate). The peer one, on its own listener:
-//! raft RPCs and the calls a follower makes to the leader, for authenticated peers only.
+//! The node's HTTP APIs. The public one: lock calls, cluster and health endpoints, the operator
+//! endpoints (`/v1/admin/`), metrics and the operator page (`/ui`, from the `admin-ui` crate).
+//! The peer one, on its own listener: raft RPCs and the calls a follower makes to the leader,
+//! for authenticated peers only.
 //!
 //! Handlers only translate HTTP: they parse a [`wire`](crate::wire) body, hand the request to
 //! the [`Node`], and turn its answer back into a wire body or an [`ApiError`].
 
+mod admin;
 mod cluster;
 mod error;
 mod locks;
@@ -65,6 +67,19 @@ pub fn router(node: Arc<Node>) -> Router {
             "/v1/admin/faults",
             get(cluster::get_faults).put(cluster::put_faults),
         )
+        .route("/v1/admin/overview", get(admin::overview))
+        .route("/v1/admin/resources/{*resource}", get(admin::resource))
+        .route("/v1/admin/hot", get(admin::hot))
+        .route("/v1/admin/series", get(admin::series))
+        .route("/v1/admin/audit", get(admin::audit))
+        .route(
+            "/v1/admin/force-release/{*resource}",
+            post(admin::force_release),
+        )
+        .route("/v1/admin/drain", post(admin::drain))
+        .route("/v1/admin/snapshot", post(admin::snapshot))
+        .route("/v1/admin/members/add", post(admin::add_member))
+        .route("/v1/admin/members/remove", post(admin::remove_member))
         .route("/healthz", get(cluster::healthz))
         .route("/readyz", get(cluster::readyz))
         .route("/metrics", get(cluster::metrics))

@@ -114,6 +114,13 @@ error_codes! {
     IdempotencyOutcomeUnknown = ("idempotency_outcome_unknown", 409),
     /// Fencing proxy: the key's record has expired; use a new key for a new request.
     IdempotencyKeyExpired = ("idempotency_key_expired", 422),
+    /// An operator action without the admin credential (`Authorization: Bearer <token>`).
+    Unauthorized = ("unauthorized", 401),
+    /// An operator action with a wrong credential, or on a node without an admin token.
+    Forbidden = ("forbidden", 403),
+    /// An operator action could not be completed (e.g. no other voter took over a drain);
+    /// the message says what state the cluster was left in.
+    ActionFailed = ("action_failed", 409),
 }
 
 impl fmt::Display for ErrorCode {
