@@ -198,6 +198,42 @@ impl Routes {
     }
 }
 
+/// Refuses request paths that another component could read as a different path than the
+/// proxy matched: dot segments (`.`, `..`), empty segments (`//`, a trailing `/`), backslashes
+/// and percent-encoded dots, slashes, backslashes or percent signs. A store that normalises
+/// paths would otherwise resolve `/accounts/7/../8/x` — fenced as account 7 — to account 8.
+/// Refusing instead of normalising means the path forwarded is exactly the path fenced.
+pub fn check_path(path: &str) -> Result<(), String> {
+    let Some(rest) = path.strip_prefix('/') else {
+        return Err("the path must start with '/'".into());
+    };
+    if rest.is_empty() {
+        return Ok(());
+    }
+    if path.contains('\\') {
+        return Err("backslashes are not allowed in the path".into());
+    }
+    let lower = path.to_ascii_lowercase();
+    for encoded in ["%2e", "%2f", "%5c", "%25"] {
+        if lower.contains(encoded) {
+            return Err(format!(
+                "percent-encoded '{}' is not allowed in the path",
+                &path[lower.find(encoded).unwrap_or(0)..][..3]
+            ));
+        }
+    }
+    for segment in rest.split('/') {
+        match segment {
+            "" => {
+                return Err("empty path segments ('//' or a trailing '/') are not allowed".into())
+            }
+            "." | ".." => return Err(format!("'{segment}' segments are not allowed in the path")),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -228,6 +264,36 @@ mod tests {
         assert_eq!((m.route, m.resource.as_str()), (1, "account:7"));
         assert_eq!(routes.find("/accounts/7").unwrap().resource, "account:7");
         assert_eq!(routes.find("/other"), None);
+    }
+
+    #[test]
+    fn paths_that_could_alias_another_resource_are_refused() {
+        for ok in [
+            "/",
+            "/kv/a",
+            "/accounts/7/orders/9",
+            "/kv/a.b",
+            "/kv/a..b",
+            "/kv/%41",
+        ] {
+            assert_eq!(check_path(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "/accounts/7/../8/x",
+            "/accounts/7/./x",
+            "/kv/a/..",
+            "/kv//a",
+            "/kv/a/",
+            "/kv/a%2F..%2Fb",
+            "/kv/a%2f..%2fb",
+            "/kv/%2E%2E/b",
+            "/kv/a%5Cb",
+            "/kv/a\\..\\b",
+            "/kv/a%252Fb",
+            "kv/a",
+        ] {
+            assert!(check_path(bad).is_err(), "{bad} was accepted");
+        }
     }
 
     #[test]

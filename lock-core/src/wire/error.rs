@@ -88,6 +88,9 @@ error_codes! {
     FenceResourceMismatch = ("fence_resource_mismatch", 400),
     /// Fencing proxy: more than one `Fence-Token` or `Fence-Resource` header.
     DuplicateFenceHeader = ("duplicate_fence_header", 400),
+    /// Fencing proxy: the path has dot segments, empty segments or encoded separators that a
+    /// store could resolve to another resource.
+    InvalidPath = ("invalid_path", 400),
     /// Fencing proxy: no route matches the path.
     NoRoute = ("no_route", 404),
     /// Fencing proxy: the client's request could not be read.
