@@ -319,3 +319,33 @@ mod tests {
         assert!(!r.is_protected("GET") && !r.is_protected("HEAD"));
     }
 }
+
+/// Paths from the network never panic the matcher, and an accepted path has no segment a store
+/// could resolve elsewhere.
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::config::ProxyConfig;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3_000))]
+
+        #[test]
+        fn any_path_is_matched_or_refused_without_panic(path in "[/a-zA-Z0-9.%:_\\\\-]{0,40}") {
+            let routes = Routes::new(ProxyConfig::dev(String::new(), "127.0.0.1:9".into()).routes)
+                .expect("dev routes");
+            let accepted = check_path(&path).is_ok();
+            let matched = routes.find(&path);
+            if accepted {
+                for seg in path.split('/').skip(1) {
+                    prop_assert!(seg != "." && seg != "..");
+                }
+                if let Some(m) = matched {
+                    prop_assert!(!m.resource.contains(".."), "{}", m.resource);
+                }
+            }
+        }
+    }
+}

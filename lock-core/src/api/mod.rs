@@ -127,3 +127,49 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<
     }
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("Bad JSON body: {e}.")))
 }
+
+/// Request bodies from clients never panic the parser: any bytes give a value or a 400.
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::parse_json;
+    use crate::wire::{AcquireRequest, CancelRequest, LeaseRequest};
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn any_body_parses_or_is_a_400(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            for status in [
+                parse_json::<AcquireRequest>(&bytes).err().map(|e| e.status),
+                parse_json::<LeaseRequest>(&bytes).err().map(|e| e.status),
+                parse_json::<CancelRequest>(&bytes).err().map(|e| e.status),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                prop_assert_eq!(status.as_u16(), 400);
+            }
+        }
+
+        #[test]
+        fn json_shaped_bodies_parse_or_are_a_400(
+            request_id in ".{0,200}",
+            ttl in proptest::option::of(any::<i64>()),
+            extra in proptest::option::of("[a-z_]{1,12}"),
+        ) {
+            let mut body = serde_json::json!({ "request_id": request_id });
+            if let Some(t) = ttl {
+                body["ttl_ms"] = serde_json::json!(t);
+            }
+            if let Some(k) = extra {
+                body[k] = serde_json::json!(1);
+            }
+            let bytes = serde_json::to_vec(&body).expect("json");
+            if let Err(e) = parse_json::<AcquireRequest>(&bytes) {
+                prop_assert_eq!(e.status.as_u16(), 400);
+            }
+        }
+    }
+}
