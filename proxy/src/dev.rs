@@ -127,6 +127,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     println!("  admin UI: http://{api}/ui   metrics: http://{api}/metrics");
     println!("  admin token (for the UI's operator actions): {admin_token}");
+    println!("  lock API authentication: off (any local client may call /v1/locks)");
     println!(
         "  demo store: http://{store_addr}  (GET /kv/KEY, GET /log, POST /orders, \
          GET /orders/by-key/KEY)"
