@@ -4,6 +4,8 @@
 #   cmake              pingora builds zlib-ng with it
 #   protobuf-compiler  the load harness's etcd driver compiles etcd's protos with protoc...
 #   libprotobuf-dev    ...which import the well-known .proto files
+# With --tests, also what the test suite needs beyond the build (`.ci/run` passes it):
+#   chromium, chromium-driver  the admin UI's tests drive a real headless browser over WebDriver
 # Installs what is missing with apt-get as root (or through sudo); otherwise says what to
 # install and exits non-zero, before cargo fails halfway through a long build.
 set -euo pipefail
@@ -12,6 +14,10 @@ missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
+if [ "${1:-}" = "--tests" ]; then
+    command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+fi
 
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0

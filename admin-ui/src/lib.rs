@@ -20,11 +20,18 @@ use axum::Router;
 const INDEX: &str = include_str!("../assets/index.html");
 
 /// Files under `/ui/assets/`: name, content type, bytes.
-const ASSETS: &[(&str, &str, &[u8])] = &[(
-    "style.css",
-    "text/css; charset=utf-8",
-    include_bytes!("../assets/style.css"),
-)];
+const ASSETS: &[(&str, &str, &[u8])] = &[
+    (
+        "style.css",
+        "text/css; charset=utf-8",
+        include_bytes!("../assets/style.css"),
+    ),
+    (
+        "app.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("../assets/app.js"),
+    ),
+];
 
 /// The UI's routes: the page at `/ui` and `/ui/`, its assets at `/ui/assets/{file}`.
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {

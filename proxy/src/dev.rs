@@ -81,6 +81,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     for addrs in members.values() {
         listeners.push((bind(&addrs.api).await?, bind(&addrs.peer).await?));
     }
+    // The credential for the admin UI's actions: fresh on every start, printed below.
+    let admin_token = format!("{:032x}", rand::random::<u128>());
     let mut running = Vec::new();
     // Highest id first: node 1 initialises the cluster and asks the others for votes at once,
     // so it starts last, when they already serve. Otherwise its first requests wait on a
@@ -93,6 +95,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             secret.clone(),
         );
         config.enable_fault_injection = args.enable_fault_injection;
+        config.admin_token = Some(admin_token.clone());
         let handle =
             lock_core::server::start(config, listener, peer_listener, stopped(stop_rx.clone()))
                 .await?;
@@ -123,6 +126,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         );
     }
     println!("  admin UI: http://{api}/ui   metrics: http://{api}/metrics");
+    println!("  admin token (for the UI's operator actions): {admin_token}");
+    println!("  lock API authentication: off (any local client may call /v1/locks)");
     println!(
         "  demo store: http://{store_addr}  (GET /kv/KEY, GET /log, POST /orders, \
          GET /orders/by-key/KEY)"

@@ -234,6 +234,42 @@ impl Routes {
     }
 }
 
+/// Refuses request paths that another component could read as a different path than the
+/// proxy matched: dot segments (`.`, `..`), empty segments (`//`, a trailing `/`), backslashes
+/// and percent-encoded dots, slashes, backslashes or percent signs. A store that normalises
+/// paths would otherwise resolve `/accounts/7/../8/x` — fenced as account 7 — to account 8.
+/// Refusing instead of normalising means the path forwarded is exactly the path fenced.
+pub fn check_path(path: &str) -> Result<(), String> {
+    let Some(rest) = path.strip_prefix('/') else {
+        return Err("the path must start with '/'".into());
+    };
+    if rest.is_empty() {
+        return Ok(());
+    }
+    if path.contains('\\') {
+        return Err("backslashes are not allowed in the path".into());
+    }
+    let lower = path.to_ascii_lowercase();
+    for encoded in ["%2e", "%2f", "%5c", "%25"] {
+        if lower.contains(encoded) {
+            return Err(format!(
+                "percent-encoded '{}' is not allowed in the path",
+                &path[lower.find(encoded).unwrap_or(0)..][..3]
+            ));
+        }
+    }
+    for segment in rest.split('/') {
+        match segment {
+            "" => {
+                return Err("empty path segments ('//' or a trailing '/') are not allowed".into())
+            }
+            "." | ".." => return Err(format!("'{segment}' segments are not allowed in the path")),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,6 +295,36 @@ mod tests {
     }
 
     #[test]
+    fn paths_that_could_alias_another_resource_are_refused() {
+        for ok in [
+            "/",
+            "/kv/a",
+            "/accounts/7/orders/9",
+            "/kv/a.b",
+            "/kv/a..b",
+            "/kv/%41",
+        ] {
+            assert_eq!(check_path(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "/accounts/7/../8/x",
+            "/accounts/7/./x",
+            "/kv/a/..",
+            "/kv//a",
+            "/kv/a/",
+            "/kv/a%2F..%2Fb",
+            "/kv/a%2f..%2fb",
+            "/kv/%2E%2E/b",
+            "/kv/a%5Cb",
+            "/kv/a\\..\\b",
+            "/kv/a%252Fb",
+            "kv/a",
+        ] {
+            assert!(check_path(bad).is_err(), "{bad} was accepted");
+        }
+    }
+
+    #[test]
     fn bad_patterns_are_rejected() {
         assert!(matches!(
             Route::compile(route("kv/{key}", "kv:{key}")),
@@ -279,5 +345,35 @@ mod tests {
         let r = Route::compile(route("/kv/{key}", "kv:{key}")).unwrap();
         assert!(r.is_protected("PUT") && r.is_protected("delete"));
         assert!(!r.is_protected("GET") && !r.is_protected("HEAD"));
+    }
+}
+
+/// Paths from the network never panic the matcher, and an accepted path has no segment a store
+/// could resolve elsewhere.
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::config::ProxyConfig;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3_000))]
+
+        #[test]
+        fn any_path_is_matched_or_refused_without_panic(path in "[/a-zA-Z0-9.%:_\\\\-]{0,40}") {
+            let routes = Routes::new(ProxyConfig::dev(String::new(), "127.0.0.1:9".into()).routes)
+                .expect("dev routes");
+            let accepted = check_path(&path).is_ok();
+            let matched = routes.find(&path);
+            if accepted {
+                for seg in path.split('/').skip(1) {
+                    prop_assert!(seg != "." && seg != "..");
+                }
+                if let Some(m) = matched {
+                    prop_assert!(!m.resource.contains(".."), "{}", m.resource);
+                }
+            }
+        }
     }
 }

@@ -16,7 +16,7 @@ use crate::gate::{Admission, FenceGate, InFlightGuard};
 use crate::idempotency::{Handled, IdempotencyLayer, Permit, Refusal};
 use crate::metrics::ProxyMetrics;
 use crate::quota::QuotaLimiter;
-use crate::route::{Route, Routes};
+use crate::route::{check_path, Route, Routes};
 use crate::verdict::{check_resource_header, parse_token, Rejection};
 use lock_core::wire::{ErrorBody, ErrorCode, FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
 use pingora::http::RequestHeader;
@@ -222,6 +222,15 @@ impl ProxyHttp for FenceProxy {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
         let req = session.req_header();
+        if let Err(why) = check_path(req.uri.path()) {
+            ctx.outcome = "invalid_path";
+            let body = json!({
+                "error": "invalid_path",
+                "message": format!("{why}; send the path in its plain form."),
+            });
+            respond_json(session, 400, &body).await?;
+            return Ok(true);
+        }
         let Some(m) = self.routes.find(req.uri.path()) else {
             ctx.outcome = "no_route";
             let body = json!({

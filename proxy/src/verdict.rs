@@ -287,3 +287,28 @@ mod tests {
         assert_eq!(g.deadline, sent);
     }
 }
+
+/// Header values from the network never panic the token parser.
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(3_000))]
+
+        #[test]
+        fn any_token_header_parses_or_is_refused(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            match parse_token(Some(&bytes)) {
+                Ok(t) => prop_assert_eq!(std::str::from_utf8(&bytes).map(|s| s.trim().parse::<u64>().ok()), Ok(Some(t))),
+                Err(r) => prop_assert!(matches!(r, Rejection::MalformedToken)),
+            }
+        }
+
+        #[test]
+        fn any_resource_header_is_checked_without_panic(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let _ = check_resource_header(Some(&bytes), "kv:a");
+        }
+    }
+}

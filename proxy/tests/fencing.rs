@@ -373,6 +373,48 @@ async fn t21_duplicate_fence_headers_are_refused() {
     h.shutdown().await;
 }
 
+/// Path aliasing: a path a store could resolve to another resource than the one fenced (dot
+/// segments, empty segments, encoded separators) is refused before any fence check, and
+/// nothing reaches the store — A's valid token for kv:a cannot write kv:b by spelling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t22_aliased_paths_are_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let h = FenceHarness::start().await;
+    let c = h.client.clone();
+    let a = h.acquire("kv:a", "A", 30_000, 0).await;
+    let addr = c.proxy_addr(1).expect("proxy 1");
+
+    phase("raw requests, so no client library normalises the path first");
+    for path in [
+        "/kv/a/../b",
+        "/kv/a/./b",
+        "/kv//a",
+        "/kv/a%2F..%2Fb",
+        "/kv/%2e%2e/b",
+    ] {
+        let mut s = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect");
+        let req = format!(
+            "PUT {path} HTTP/1.1\r\nHost: x\r\nFence-Token: {}\r\nContent-Length: 5\r\n\
+             Connection: close\r\n\r\nalias",
+            a.token
+        );
+        s.write_all(req.as_bytes()).await.expect("send");
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).await.expect("read");
+        assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
+        assert!(answer.contains("invalid_path"), "{path}: {answer}");
+    }
+
+    phase("nothing reached the store; the plain path still works");
+    assert!(c.store_log().await.is_empty());
+    let r = c.put(1, "a", a.token, "plain").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    h.shutdown().await;
+}
+
 /// The epoch barrier with revocation: A's write is in flight (the store applies it 700 ms
 /// late, inside the route's 1 s upstream timeout) when A releases. The proxy stops forwarding
 /// A's token at once but confirms the revocation only after that write completed; until then

@@ -6,13 +6,14 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use openraft::{ChangeMembers, ServerState};
 use serde::Serialize;
 use serde_json::Value;
 
+use super::admin::check_admin_if_configured;
 use super::{parse_json, ApiError};
 use crate::node::Node;
 use crate::raft::NodeInfo;
@@ -23,6 +24,10 @@ use crate::wire::{
 
 /// `GET /v1/cluster`: this node's view of the cluster (not linearizable: it is a status page).
 pub async fn status(State(node): State<Arc<Node>>) -> Json<ClusterStatus> {
+    Json(cluster_status(&node))
+}
+
+pub(super) fn cluster_status(node: &Node) -> ClusterStatus {
     let m = node.raft.metrics().borrow().clone();
     let membership = m.membership_config.membership();
     let voters: BTreeSet<u64> = membership.voter_ids().collect();
@@ -35,7 +40,7 @@ pub async fn status(State(node): State<Arc<Node>>) -> Json<ClusterStatus> {
             voter: voters.contains(id),
         })
         .collect();
-    Json(ClusterStatus {
+    ClusterStatus {
         node_id: node.id,
         leader_id: m.current_leader,
         term: m.current_term,
@@ -47,10 +52,10 @@ pub async fn status(State(node): State<Arc<Node>>) -> Json<ClusterStatus> {
         purged_index: m.purged.map(|l| l.index),
         millis_since_quorum_ack: m.millis_since_quorum_ack,
         locks: node.machine.read(|s| s.stats()),
-    })
+    }
 }
 
-fn role(state: ServerState) -> Role {
+pub(super) fn role(state: ServerState) -> Role {
     match state {
         ServerState::Leader => Role::Leader,
         ServerState::Follower => Role::Follower,
@@ -63,11 +68,12 @@ fn role(state: ServerState) -> Role {
 /// Membership changes run on the leader; a follower relays the call there and hands back
 /// the leader's answer as it is — an error the leader gives (400, 409) is the caller's answer,
 /// not a 503 about reaching the leader.
-async fn relay_to_leader<B: Serialize>(
+pub(super) async fn relay_to_leader<B: Serialize>(
     node: &Node,
     path: &str,
     body: &B,
     extra_time: Duration,
+    authorization: Option<&str>,
 ) -> Result<Response, ApiError> {
     let leader = node
         .current_leader()
@@ -83,7 +89,13 @@ async fn relay_to_leader<B: Serialize>(
     };
     let (status, answer) = node
         .peers
-        .post_json(&addr, path, body, Duration::from_secs(30) + extra_time)
+        .post_json(
+            &addr,
+            path,
+            body,
+            Duration::from_secs(30) + extra_time,
+            authorization,
+        )
         .await
         .map_err(|e| unreachable(&e))?;
     match (
@@ -128,8 +140,22 @@ fn voters(node: &Node) -> BTreeSet<u64> {
 /// voter. A node that cannot catch up in time (down, unreachable, too slow) is removed again
 /// and the call answers 409 `member_not_caught_up`: the voter set never gains a member that
 /// cannot vote.
-pub async fn add_member(State(node): State<Arc<Node>>, body: Bytes) -> Result<Response, ApiError> {
+/// Needs the admin credential when the node has one.
+pub async fn add_member(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let auth = check_admin_if_configured(&node, &headers)?;
     let req: AddMemberRequest = parse_json(&body)?;
+    add(&node, req, auth).await
+}
+
+pub(super) async fn add(
+    node: &Node,
+    req: AddMemberRequest,
+    authorization: Option<&str>,
+) -> Result<Response, ApiError> {
     if req.addr.is_empty() || req.peer_addr.is_empty() {
         return Err(ApiError::invalid(
             "Fields 'addr' (its API) and 'peer_addr' (its peer listener) must be host:port.",
@@ -145,9 +171,16 @@ pub async fn add_member(State(node): State<Arc<Node>>, body: Bytes) -> Result<Re
         )));
     }
     if node.current_leader() != Some(node.id) {
-        return relay_to_leader(&node, "/v1/cluster/members/add", &req, catch_up).await;
+        return relay_to_leader(
+            node,
+            "/v1/cluster/members/add",
+            &req,
+            catch_up,
+            authorization,
+        )
+        .await;
     }
-    let mut voters = voters(&node);
+    let mut voters = voters(node);
     if voters.contains(&req.node_id) {
         return Ok(Json(MembershipResponse { voters }).into_response());
     }
@@ -163,7 +196,7 @@ pub async fn add_member(State(node): State<Arc<Node>>, body: Bytes) -> Result<Re
         .await
         .map_err(membership_error)?;
     let started = Instant::now();
-    if let Err(lag) = wait_caught_up(&node, req.node_id, catch_up).await {
+    if let Err(lag) = wait_caught_up(node, req.node_id, catch_up).await {
         // Leave no half-added member behind: a learner that never answers only costs the
         // leader replication work, but the operator asked for a voter and did not get one.
         if let Err(e) = node
@@ -239,15 +272,33 @@ async fn wait_caught_up(node: &Node, id: u64, limit: Duration) -> Result<(), Str
 /// that would leave fewer reachable voters than a quorum of the new voter set is refused with
 /// 409 `quorum_at_risk` unless `force` is set. Removing the leader is allowed: it commits the
 /// new configuration, steps down, and the remaining voters elect a new leader.
+/// Needs the admin credential when the node has one.
 pub async fn remove_member(
     State(node): State<Arc<Node>>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    let auth = check_admin_if_configured(&node, &headers)?;
     let req: RemoveMemberRequest = parse_json(&body)?;
+    remove(&node, req, auth).await
+}
+
+pub(super) async fn remove(
+    node: &Node,
+    req: RemoveMemberRequest,
+    authorization: Option<&str>,
+) -> Result<Response, ApiError> {
     if node.current_leader() != Some(node.id) {
-        return relay_to_leader(&node, "/v1/cluster/members/remove", &req, Duration::ZERO).await;
+        return relay_to_leader(
+            node,
+            "/v1/cluster/members/remove",
+            &req,
+            Duration::ZERO,
+            authorization,
+        )
+        .await;
     }
-    let mut voters = voters(&node);
+    let mut voters = voters(node);
     if !voters.remove(&req.node_id) {
         let is_member = node.member_addr(req.node_id).is_some();
         if !is_member {

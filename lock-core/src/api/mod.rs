@@ -1,10 +1,12 @@
-//! The node's HTTP APIs. The public one: lock calls, cluster and health endpoints, metrics and
-//! the operator page (`/ui`, from the `admin-ui` crate). The peer one, on its own listener:
-//! raft RPCs and the calls a follower makes to the leader, for authenticated peers only.
+//! The node's HTTP APIs. The public one: lock calls, cluster and health endpoints, the operator
+//! endpoints (`/v1/admin/`), metrics and the operator page (`/ui`, from the `admin-ui` crate).
+//! The peer one, on its own listener: raft RPCs and the calls a follower makes to the leader,
+//! for authenticated peers only.
 //!
 //! Handlers only translate HTTP: they parse a [`wire`](crate::wire) body, hand the request to
 //! the [`Node`], and turn its answer back into a wire body or an [`ApiError`].
 
+mod admin;
 mod cluster;
 mod error;
 mod locks;
@@ -65,6 +67,19 @@ pub fn router(node: Arc<Node>) -> Router {
             "/v1/admin/faults",
             get(cluster::get_faults).put(cluster::put_faults),
         )
+        .route("/v1/admin/overview", get(admin::overview))
+        .route("/v1/admin/resources/{*resource}", get(admin::resource))
+        .route("/v1/admin/hot", get(admin::hot))
+        .route("/v1/admin/series", get(admin::series))
+        .route("/v1/admin/audit", get(admin::audit))
+        .route(
+            "/v1/admin/force-release/{*resource}",
+            post(admin::force_release),
+        )
+        .route("/v1/admin/drain", post(admin::drain))
+        .route("/v1/admin/snapshot", post(admin::snapshot))
+        .route("/v1/admin/members/add", post(admin::add_member))
+        .route("/v1/admin/members/remove", post(admin::remove_member))
         .route("/healthz", get(cluster::healthz))
         .route("/readyz", get(cluster::readyz))
         .route("/metrics", get(cluster::metrics))
@@ -111,4 +126,50 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<
         return Err(ApiError::invalid("The body must be a JSON object."));
     }
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("Bad JSON body: {e}.")))
+}
+
+/// Request bodies from clients never panic the parser: any bytes give a value or a 400.
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::parse_json;
+    use crate::wire::{AcquireRequest, CancelRequest, LeaseRequest};
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn any_body_parses_or_is_a_400(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            for status in [
+                parse_json::<AcquireRequest>(&bytes).err().map(|e| e.status),
+                parse_json::<LeaseRequest>(&bytes).err().map(|e| e.status),
+                parse_json::<CancelRequest>(&bytes).err().map(|e| e.status),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                prop_assert_eq!(status.as_u16(), 400);
+            }
+        }
+
+        #[test]
+        fn json_shaped_bodies_parse_or_are_a_400(
+            request_id in ".{0,200}",
+            ttl in proptest::option::of(any::<i64>()),
+            extra in proptest::option::of("[a-z_]{1,12}"),
+        ) {
+            let mut body = serde_json::json!({ "request_id": request_id });
+            if let Some(t) = ttl {
+                body["ttl_ms"] = serde_json::json!(t);
+            }
+            if let Some(k) = extra {
+                body[k] = serde_json::json!(1);
+            }
+            let bytes = serde_json::to_vec(&body).expect("json");
+            if let Err(e) = parse_json::<AcquireRequest>(&bytes) {
+                prop_assert_eq!(e.status.as_u16(), 400);
+            }
+        }
+    }
 }

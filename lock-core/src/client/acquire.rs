@@ -117,10 +117,13 @@ pub(crate) async fn acquire(
     let usable = ttl.saturating_sub(margin);
     let provable = started + usable;
     // Renew at once if the answer could be a replay (a retry returns the original grant even
-    // if that lease has since been released or expired), or if the conservative deadline is
+    // if that lease has since been released or expired — and a caller-chosen request id may
+    // continue an acquire another process sent long ago), or if the conservative deadline is
     // mostly used up (a long wait: we only know the grant came after `started`). The renewal
     // both proves the lease still exists and measures a fresh deadline from its send time.
-    let verify = attempts > 1 || provable.saturating_duration_since(Instant::now()) < usable / 2;
+    let verify = attempts > 1
+        || opts.request_id.is_some()
+        || provable.saturating_duration_since(Instant::now()) < usable / 2;
     let local_deadline = if verify {
         let until = deadline.max(Instant::now() + transport.opts.request_timeout);
         let body = LeaseRequest {

@@ -76,6 +76,7 @@ impl LockMachine {
                 proxy,
                 grant_ms,
             } => self.admit(resource, *fencing_token, *proxy, *grant_ms, &mut fx),
+            Command::ForceRelease { resource, .. } => self.force_release(resource, &mut fx),
             Command::RevokeAck {
                 resource,
                 fencing_token,
@@ -221,6 +222,23 @@ impl LockMachine {
         }
         self.free(resource, fx);
         Response::Released(true)
+    }
+
+    /// Ends the live lease through the same path as a holder's release (`free`), so the
+    /// fencing consequences cannot differ: reissue is deferred while proxy grants live.
+    fn force_release(&mut self, resource: &str, fx: &mut Vec<Effect>) -> Response {
+        self.settle(resource, fx);
+        let token = self
+            .resources
+            .get(resource)
+            .and_then(|r| r.lease.as_ref())
+            .map(|l| l.fencing_token);
+        if token.is_some() {
+            self.free(resource, fx);
+        }
+        Response::ForceReleased {
+            fencing_token: token,
+        }
     }
 
     fn cancel(&mut self, resource: &str, request_id: &str, fx: &mut Vec<Effect>) -> Response {

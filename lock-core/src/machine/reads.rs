@@ -49,19 +49,58 @@ impl LockMachine {
 
     /// Resources whose name starts with `prefix`, in name order, that are held or waited on.
     pub fn list(&self, prefix: &str, limit: usize, now_ms: u64) -> Vec<LockView> {
-        self.resources
-            .range(prefix.to_string()..)
+        self.list_after(prefix, None, limit, now_ms).0
+    }
+
+    /// One page of [`list`](Self::list): the entries after the name `after` (exclusive), and
+    /// the cursor for the next page when more entries follow. The scan starts at the cursor in
+    /// the ordered map, so a page costs the same at the end of 100k resources as at the start.
+    pub fn list_after(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        now_ms: u64,
+    ) -> (Vec<LockView>, Option<String>) {
+        use std::ops::Bound;
+        let start = match after {
+            Some(a) if a >= prefix => Bound::Excluded(a.to_string()),
+            _ => Bound::Included(prefix.to_string()),
+        };
+        let now = now_ms.max(self.now_ms);
+        // One more than asked tells whether a next page exists, so the last page never
+        // points at an empty one.
+        let mut page: Vec<LockView> = self
+            .resources
+            .range((start, Bound::Unbounded))
             .take_while(|(name, _)| name.starts_with(prefix))
             .filter(|(_, r)| {
-                let live = r
-                    .lease
-                    .as_ref()
-                    .is_some_and(|l| l.expires_at_ms > now_ms.max(self.now_ms));
+                let live = r.lease.as_ref().is_some_and(|l| l.expires_at_ms > now);
                 live || !r.waiters.is_empty()
             })
-            .take(limit)
+            .take(limit.saturating_add(1))
             .map(|(name, _)| self.view(name, now_ms))
-            .collect()
+            .collect();
+        let next = if page.len() > limit {
+            page.truncate(limit);
+            page.last().map(|v| v.resource.clone())
+        } else {
+            None
+        };
+        (page, next)
+    }
+
+    /// Resources with the longest queues, longest first.
+    pub fn deepest_queues(&self, limit: usize) -> Vec<(String, u32)> {
+        let mut deep: Vec<(String, u32)> = self
+            .resources
+            .iter()
+            .filter(|(_, r)| !r.waiters.is_empty())
+            .map(|(name, r)| (name.clone(), r.waiters.len() as u32))
+            .collect();
+        deep.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        deep.truncate(limit);
+        deep
     }
 
     /// The lease currently recorded for a resource (expired or not), for tests and checks.

@@ -95,6 +95,14 @@ pub enum Command {
         proxy: u64,
         grant_ms: u64,
     },
+    /// An operator ends the resource's current lease, whoever holds it. It has exactly the
+    /// consequences of a release by the holder: the token is finished for good (the proxy
+    /// refuses it from now on), and the next holder gets a newer token only after every live
+    /// proxy grant for the old one has run out. `operator` is recorded for the audit trail.
+    ForceRelease {
+        resource: String,
+        operator: String,
+    },
     /// A fencing proxy confirms it stopped forwarding writes with `fencing_token` for
     /// `resource` after that lease ended (see `Effect::Revoke`): nothing with that token is in
     /// flight to the upstream from it any more. Once every proxy holding a grant confirmed,
@@ -180,6 +188,10 @@ pub enum Response {
     LeaseLost,
     Released(bool),
     Cancelled(bool),
+    /// The token of the lease a `ForceRelease` ended; `None` when nothing was held.
+    ForceReleased {
+        fencing_token: Option<u64>,
+    },
     Ticked {
         expired: u32,
         handed_off: u32,

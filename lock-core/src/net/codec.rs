@@ -165,3 +165,36 @@ mod tests {
         assert_eq!(back, vote);
     }
 }
+
+/// Bad input from the network never panics a decoder: random bytes, truncated and bit-flipped
+/// frames either decode or fail with an error.
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::machine::Command;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode::<Command>(&bytes);
+            let _ = decode::<Vec<Command>>(&bytes);
+            let _ = decode_snapshot_chunk(&bytes);
+        }
+
+        #[test]
+        fn damaged_frames_never_panic(cut in 0usize..64, flip in 0usize..64, bit in 0u8..8) {
+            let cmd = Command::Tick { max_items: 7 };
+            let mut frame = encode(&cmd).expect("encode");
+            let at = flip % frame.len().max(1);
+            if let Some(b) = frame.get_mut(at) {
+                *b ^= 1 << bit;
+            }
+            frame.truncate(frame.len().saturating_sub(cut % 8));
+            let _ = decode::<Command>(&frame);
+        }
+    }
+}

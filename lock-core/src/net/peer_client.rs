@@ -66,24 +66,28 @@ impl PeerClient {
     }
 
     /// POSTs `body` as JSON to another node's public API (`http://{addr}{path}`) and returns
-    /// the status and body of its answer: used to relay an operator's call to the leader.
+    /// the status and body of its answer: used to relay an operator's call to the leader, with
+    /// the operator's own `Authorization` header.
     pub async fn post_json<Req>(
         &self,
         addr: &str,
         path: &str,
         body: &Req,
         timeout: Duration,
+        authorization: Option<&str>,
     ) -> Result<(u16, String), reqwest::Error>
     where
         Req: Serialize + ?Sized,
     {
-        let resp = self
+        let mut request = self
             .http
             .post(format!("http://{addr}{path}"))
             .timeout(timeout)
-            .json(body)
-            .send()
-            .await?;
+            .json(body);
+        if let Some(auth) = authorization {
+            request = request.header(reqwest::header::AUTHORIZATION, auth);
+        }
+        let resp = request.send().await?;
         let status = resp.status().as_u16();
         Ok((status, resp.text().await?))
     }

@@ -13,6 +13,13 @@ use std::time::Instant;
 
 use crate::net::FaultLayer;
 
+/// This machine's wall clock in ms since the Unix epoch (for display and the first stamp only).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 #[derive(Debug)]
 pub struct Clock {
     skew: FaultLayer,
@@ -38,10 +45,7 @@ impl Clock {
     /// This node's wall clock plus any injected skew, in ms since the Unix epoch. Only a
     /// brand-new cluster's first stamp uses it.
     pub fn wall_ms(&self) -> u64 {
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        wall.saturating_add_signed(self.skew.clock_offset_ms())
+        unix_ms().saturating_add_signed(self.skew.clock_offset_ms())
     }
 
     /// The stamp for a proposal in `term`, given the log time this node has applied. The first

@@ -36,6 +36,25 @@ pub struct NodeConfig {
     /// offsets. Never enable in production.
     #[serde(default)]
     pub enable_fault_injection: bool,
+    /// The admin credential: operator actions (forced release, drain, snapshot, membership)
+    /// need `Authorization: Bearer <admin_token>`. Without one, the node refuses those actions
+    /// (the membership endpoints then stay open, as before there was a credential).
+    #[serde(default)]
+    pub admin_token: Option<String>,
+    /// The audit log (`<data_dir>/audit/audit.log`) rotates at this size...
+    #[serde(default = "default_audit_max_bytes")]
+    pub audit_max_bytes: u64,
+    /// ...keeping this many rotated files.
+    #[serde(default = "default_audit_keep")]
+    pub audit_keep: usize,
+}
+
+fn default_audit_max_bytes() -> u64 {
+    64 * 1024 * 1024
+}
+
+fn default_audit_keep() -> usize {
+    5
 }
 
 /// Where a member is reached: its public API and its peer listener (`host:port` each).
@@ -155,6 +174,9 @@ impl NodeConfig {
             peer_secret: Some(peer_secret),
             policy: Policy::default(),
             enable_fault_injection: false,
+            admin_token: None,
+            audit_max_bytes: default_audit_max_bytes(),
+            audit_keep: default_audit_keep(),
         }
     }
 }

@@ -10,6 +10,7 @@ mod commands;
 mod config;
 mod error;
 mod metrics;
+pub mod ops;
 mod propose;
 mod read;
 mod revocations;
@@ -17,6 +18,7 @@ mod start;
 mod sweeper;
 mod waits;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::ServerState;
@@ -48,6 +50,8 @@ pub struct Node {
     pub advertise: NodeInfo,
     /// Commands for the leader's next raft write.
     writes: batcher::BatchQueue,
+    /// The operators' view: audit log, activity counters, member health, metrics history.
+    pub ops: Arc<ops::OpsState>,
 }
 
 impl Node {

@@ -13,6 +13,23 @@ impl Node {
     /// Retrying a command is safe: acquires are deduplicated by request id, renew, release
     /// and cancel are idempotent in effect, and ticks only act on what is due.
     pub async fn propose(&self, cmd: Command) -> Result<Response, ProposeError> {
+        let admit = match &cmd {
+            Command::Admit {
+                resource,
+                fencing_token,
+                ..
+            } => Some((resource.clone(), *fencing_token)),
+            _ => None,
+        };
+        let result = self.propose_anywhere(cmd).await;
+        // Fencing decisions are counted where the proxy asked, for the hot-resources view.
+        if let (Some((resource, token)), Ok(Response::Admit(outcome))) = (admit, &result) {
+            self.record_fence_decision(&resource, token, outcome);
+        }
+        result
+    }
+
+    async fn propose_anywhere(&self, cmd: Command) -> Result<Response, ProposeError> {
         let deadline = Instant::now() + self.write_timeout();
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
@@ -52,6 +69,11 @@ impl Node {
         let leader = self.current_leader();
         if leader != Some(self.id) {
             return Err(ProposeError::NotLeader(leader));
+        }
+        // A draining leader proposes nothing (its followers' leader lease then runs out and
+        // another voter can win an election); callers retry and find the next leader.
+        if self.ops.draining.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(ProposeError::NotLeader(None));
         }
         match tokio::time::timeout(timeout, self.writes.submit(cmd)).await {
             Err(_) => Err(ProposeError::NoQuorum),

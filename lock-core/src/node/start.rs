@@ -8,12 +8,14 @@ use std::time::Instant;
 use openraft::Config as RaftConfig;
 use tokio::task::JoinHandle;
 
+use super::ops::{self, AuditLog, OpsState};
 use super::waits::{WaitOutcome, WaitRegistry};
 use super::{Clock, Metrics, Node, NodeConfig, NodeError, Revocation, Revocations};
 use crate::machine::Effect;
 use crate::net::{FaultLayer, NetworkFactory, PeerClient};
 use crate::raft::{FencegateRaft, NodeInfo, RaftConfigExt};
 use crate::store::{self, EffectSink};
+use crate::wire::{ElectionRecord, ResourceEvent};
 
 /// A node with raft and its background tasks running. Dropping it does not stop the node;
 /// call [`RunningNode::stop`].
@@ -59,16 +61,25 @@ pub async fn start(
     let waits = WaitRegistry::default();
     let revocations = Revocations::default();
     let metrics = Metrics::new(config.id);
+    std::fs::create_dir_all(&config.data_dir)?;
+    let audit = AuditLog::open(
+        &config.data_dir.join("audit"),
+        config.audit_max_bytes,
+        config.audit_keep,
+    )?;
+    let ops = Arc::new(OpsState::new(audit));
 
     let sink: EffectSink = {
         let waits = waits.clone();
         let revocations = revocations.clone();
         let metrics = metrics.clone();
+        let ops = ops.clone();
         Arc::new(move |_index, effects: &[Effect]| {
-            dispatch_effects(&waits, &revocations, &metrics, effects)
+            dispatch_effects(&waits, &revocations, &metrics, effects);
+            // For the operators' page only: when this node saw it, by its wall clock.
+            note_effects(&ops, super::clock::unix_ms(), effects);
         })
     };
-    std::fs::create_dir_all(&config.data_dir)?;
     let (log_store, mut sm_store) = store::open(&config.data_dir, sink)?;
     sm_store.observe_apply_with(metrics.apply_seconds.clone());
     let machine = sm_store.shared();
@@ -99,6 +110,7 @@ pub async fn start(
         clock,
         advertise,
         writes,
+        ops,
     });
 
     maybe_initialize(&node).await?;
@@ -107,6 +119,8 @@ pub async fn start(
         tokio::spawn(super::batcher::run(node.clone(), write_queue)),
         tokio::spawn(super::sweeper::run(node.clone())),
         tokio::spawn(watch_leader(node.clone())),
+        tokio::spawn(ops::run_health_probes(node.clone())),
+        tokio::spawn(ops::run_sampler(node.clone())),
     ];
     Ok(RunningNode { node, tasks })
 }
@@ -187,6 +201,35 @@ fn dispatch_effects(
     }
 }
 
+/// Hand-offs and expiries reach every replica as effects: the resource page shows them on
+/// every node, not only on the one that proposed the command.
+fn note_effects(ops: &OpsState, now_ms: u64, effects: &[Effect]) {
+    for e in effects {
+        let (resource, kind, token, outcome) = match e {
+            Effect::HandedOff { grant, .. } => {
+                (&grant.resource, "handoff", grant.fencing_token, "granted")
+            }
+            Effect::Expired {
+                resource,
+                fencing_token,
+            } => (resource, "expire", *fencing_token, "expired"),
+            Effect::WaiterRemoved { .. } | Effect::Revoke { .. } | Effect::Revoked { .. } => {
+                continue
+            }
+        };
+        ops.hot.event(
+            resource,
+            ResourceEvent {
+                at_ms: now_ms,
+                kind: kind.to_string(),
+                fencing_token: Some(token),
+                outcome: outcome.to_string(),
+            },
+            None,
+        );
+    }
+}
+
 /// Counts leader changes and measures how long the node was without a leader.
 async fn watch_leader(node: Arc<Node>) {
     let mut rx = node.raft.metrics();
@@ -201,11 +244,18 @@ async fn watch_leader(node: Arc<Node>) {
             None => leaderless_since = Some(Instant::now()),
             Some(l) => {
                 node.metrics.leader_changes.inc();
-                if let Some(since) = leaderless_since.take() {
-                    node.metrics
-                        .election_seconds
-                        .observe(since.elapsed().as_secs_f64());
+                // A node may see the new leader without having seen "no leader" first (it
+                // voted and heard from the winner at once): that election took it no time.
+                let took = leaderless_since.take().map(|since| since.elapsed());
+                if let Some(took) = took {
+                    node.metrics.election_seconds.observe(took.as_secs_f64());
                 }
+                node.ops.record_election(ElectionRecord {
+                    at_ms: node.now_ms(),
+                    duration_ms: took.map_or(0, |t| t.as_millis() as u64),
+                    leader_id: l,
+                    term: rx.borrow().current_term,
+                });
                 tracing::info!(node = node.id, leader = l, "leader changed");
             }
         }

@@ -11,6 +11,7 @@
 //! dev-dependencies.
 
 mod api_client;
+mod bulk;
 mod cluster;
 mod relay;
 mod wait;

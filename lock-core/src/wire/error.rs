@@ -88,6 +88,9 @@ error_codes! {
     FenceResourceMismatch = ("fence_resource_mismatch", 400),
     /// Fencing proxy: more than one `Fence-Token` or `Fence-Resource` header.
     DuplicateFenceHeader = ("duplicate_fence_header", 400),
+    /// Fencing proxy: the path has dot segments, empty segments or encoded separators that a
+    /// store could resolve to another resource.
+    InvalidPath = ("invalid_path", 400),
     /// Fencing proxy: no route matches the path.
     NoRoute = ("no_route", 404),
     /// Fencing proxy: the client's request could not be read.
@@ -114,6 +117,13 @@ error_codes! {
     IdempotencyOutcomeUnknown = ("idempotency_outcome_unknown", 409),
     /// Fencing proxy: the key's record has expired; use a new key for a new request.
     IdempotencyKeyExpired = ("idempotency_key_expired", 422),
+    /// An operator action without the admin credential (`Authorization: Bearer <token>`).
+    Unauthorized = ("unauthorized", 401),
+    /// An operator action with a wrong credential, or on a node without an admin token.
+    Forbidden = ("forbidden", 403),
+    /// An operator action could not be completed (e.g. no other voter took over a drain);
+    /// the message says what state the cluster was left in.
+    ActionFailed = ("action_failed", 409),
     /// Fencing proxy: the tenant's rate limit is used up here; retry after `Retry-After` when
     /// the answer has one.
     RateLimited = ("rate_limited", 429),

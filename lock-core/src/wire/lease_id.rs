@@ -17,6 +17,15 @@ impl fmt::Display for LeaseId {
     }
 }
 
+impl LeaseId {
+    /// A short digest for logs and the audit trail, where the id itself (a bearer
+    /// capability) must not appear: 64 bits folded from the 128, enough to match lines that
+    /// concern one lease.
+    pub fn digest(&self) -> String {
+        format!("{:016x}", (self.0 >> 64) as u64 ^ self.0 as u64)
+    }
+}
+
 impl fmt::Debug for LeaseId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Only a prefix: debug output ends up in logs, and the id is a capability.

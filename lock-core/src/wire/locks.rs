@@ -127,10 +127,17 @@ pub struct LockView {
     pub waiters: u32,
 }
 
-/// `GET /v1/locks?prefix=&limit=`: held or waited-on resources in name order.
+/// `GET /v1/locks?prefix=&limit=&after=`: held or waited-on resources in name order.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockList {
     pub locks: Vec<LockView>,
+    /// Set when more may follow: pass it as `after` to get the next page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
+    /// Log time the list was read at, ms since the Unix epoch (time left = `expires_at_ms` −
+    /// this).
+    #[serde(default)]
+    pub now_ms: u64,
 }
 
 impl AcquireResponse {

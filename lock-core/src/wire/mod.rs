@@ -6,11 +6,14 @@
 //!
 //! - [`locks`]: acquire, renew, release, cancel, get and list.
 //! - [`cluster`]: cluster status, membership, health and fault injection.
+//! - [`admin`]: what the admin UI reads (overview, resource detail, hot resources, metrics
+//!   series, audit tail) and the operator actions.
 //! - [`error`]: the error body, its stable codes with their HTTP statuses, and [`classify`],
 //!   which sorts any answer into success, a definite refusal or an uncertain outcome.
 //! - [`headers`]: the header names the fencing proxy reads.
 //! - [`demo_store`]: the demo store's log of accepted writes.
 
+pub mod admin;
 pub mod cluster;
 pub mod demo_store;
 pub mod error;
@@ -18,6 +21,12 @@ pub mod headers;
 mod lease_id;
 pub mod locks;
 
+pub use admin::{
+    AdminAddMember, AdminRemoveMember, AuditEntry, AuditTail, ClusterOverview, DrainResponse,
+    ElectionRecord, ForceReleaseResponse, GrantView, HotEntry, HotResources, LeaseDetail,
+    MetricsSample, MetricsSeries, OperatorRequest, PeerHealth, Quantiles, ResourceDetail,
+    ResourceEvent, SnapshotResponse, WaiterView,
+};
 pub use cluster::{
     AddMemberRequest, ClusterStatus, FaultRule, FaultSnapshot, HealthStatus, LockStats, Member,
     MembershipResponse, ReadyStatus, RemoveMemberRequest, Role,

@@ -35,6 +35,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (res.clone(), pick()).prop_map(|(res, pick)| Op::Renew { res, pick }),
         3 => (res.clone(), pick()).prop_map(|(res, pick)| Op::Release { res, pick }),
         2 => (res.clone(), 0..REQUEST_IDS).prop_map(|(res, rid)| Op::Cancel { res, rid }),
+        1 => res.clone().prop_map(|res| Op::ForceRelease { res }),
         3 => (
             res.clone(),
             prop_oneof![3 => Just(TokenPick::Current), 1 => any::<u64>().prop_map(TokenPick::Any)],

@@ -154,6 +154,21 @@ impl Model {
                 fencing_token,
                 proxy,
             } => self.revoke_ack(resource, *fencing_token, *proxy, &mut fx),
+            // An operator's forced release ends whatever lease is live, like its holder's release.
+            Command::ForceRelease { resource, .. } => {
+                self.settle(resource, &mut fx);
+                let token = self
+                    .res
+                    .get(resource)
+                    .and_then(|r| r.lease.as_ref())
+                    .map(|l| l.token);
+                if token.is_some() {
+                    self.free(resource, &mut fx);
+                }
+                Response::ForceReleased {
+                    fencing_token: token,
+                }
+            }
             Command::Tick { max_items } => self.tick(*max_items as usize, &mut fx),
             // Idempotency records are applied by the storage layer, not the lock machine.
             Command::Idem(_) => Response::Noop,

@@ -50,6 +50,10 @@ pub enum Op {
         res: usize,
         rid: u8,
     },
+    /// An operator ends whatever lease the resource has.
+    ForceRelease {
+        res: usize,
+    },
     /// A fencing proxy asks to forward writes with a token.
     Admit {
         res: usize,
@@ -212,6 +216,10 @@ impl World {
             Op::Cancel { res, rid } => Command::Cancel {
                 resource: RESOURCE_NAMES[*res].to_string(),
                 request_id: format!("req-{rid}"),
+            },
+            Op::ForceRelease { res } => Command::ForceRelease {
+                resource: RESOURCE_NAMES[*res].to_string(),
+                operator: "ops".to_string(),
             },
             Op::Admit {
                 res,
@@ -479,7 +487,8 @@ impl World {
             // unless that command released it.
             for (resource, (id, _, exp_before)) in &before.leases {
                 let released = matches!(&p.cmd,
-                    Command::Release { resource: r, lease_id } if r == resource && lease_id == id);
+                    Command::Release { resource: r, lease_id } if r == resource && lease_id == id)
+                    || matches!(&p.cmd, Command::ForceRelease { resource: r, .. } if r == resource);
                 if *exp_before > before.now && !released {
                     prop_assert_eq!(self.m.lease(resource).map(|l| l.lease_id), Some(*id));
                 }

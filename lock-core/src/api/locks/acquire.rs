@@ -2,9 +2,9 @@
 //! (a long poll) until granted, timed out or cancelled.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::{audit, lock_held, unexpected};
+use super::{lock_held, unexpected, Audit};
 use crate::api::{parse_json, ApiError};
 use crate::machine::{Acquire, Command, Grant, Response, WaiterGone};
 use crate::node::{Node, WaitOutcome, WaitTicket};
@@ -18,6 +18,7 @@ pub(super) async fn acquire(
     resource: &str,
     body: &[u8],
 ) -> Result<AcquireResponse, ApiError> {
+    let started = Instant::now();
     let req: AcquireRequest = parse_json(body)?;
     let cmd = node
         .acquire_command(resource, req)
@@ -78,15 +79,18 @@ pub(super) async fn acquire(
         },
         other => Err(unexpected(other)),
     };
+    let audit = |lease, token| Audit {
+        op: "acquire",
+        resource,
+        lease,
+        token,
+        caller: cmd.holder.clone(),
+    };
     match &outcome {
-        Ok(g) => audit(
-            "acquire",
-            resource,
-            Some(&g.lease_id),
-            Some(g.fencing_token),
-            "granted",
-        ),
-        Err(e) => audit("acquire", resource, None, None, e.code().as_str()),
+        Ok(g) => {
+            audit(Some(&g.lease_id), Some(g.fencing_token)).record(node, "granted", Some(started))
+        }
+        Err(e) => audit(None, None).record(node, e.code().as_str(), Some(started)),
     }
     outcome.map(|g| AcquireResponse {
         resource: g.resource,

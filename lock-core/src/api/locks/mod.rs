@@ -19,9 +19,11 @@ use axum::Json;
 use serde::Serialize;
 
 pub use read::{get, list};
+pub(crate) use release::wait_revoked;
 
 use super::ApiError;
 use crate::machine::{LeaseId, Response};
+use crate::node::ops::LockCallRecord;
 use crate::node::Node;
 use crate::wire::{validate_resource, ErrorCode, LOCK_ACTIONS};
 
@@ -90,14 +92,57 @@ fn record(node: &Node, op: &str, started: Instant, error: Option<&ApiError>) {
         .inc();
 }
 
-/// One audit line per lock call that reached the state machine.
-fn audit(op: &str, resource: &str, lease: Option<&LeaseId>, token: Option<u64>, outcome: &str) {
-    // A digest, not the lease id: the id is a bearer capability and logs are widely readable.
-    let digest = lease.map(|l| format!("{:016x}", (l.0 >> 64) as u64 ^ l.0 as u64));
-    tracing::info!(
-        target: "fencegate::audit",
-        op, resource, lease = digest.as_deref(), token, outcome
-    );
+/// One audit line per lock call that reached the state machine (written by the node's audit
+/// log, which never sees the lease id itself, only its digest).
+struct Audit<'a> {
+    op: &'a str,
+    resource: &'a str,
+    lease: Option<&'a LeaseId>,
+    token: Option<u64>,
+    caller: Option<String>,
+}
+
+impl Audit<'_> {
+    fn record(self, node: &Node, outcome: &str, took: Option<Instant>) {
+        node.record_lock_call(LockCallRecord {
+            op: self.op,
+            resource: self.resource,
+            lease: self.lease,
+            token: self.token,
+            caller: self.caller,
+            outcome,
+            took_ms: took.map(|t| t.elapsed().as_millis() as u64),
+        });
+    }
+}
+
+/// The holder name and token of a lease, for the audit of renew and release (their bodies
+/// carry only the lease id). Read from this node's state; a node that has not applied the grant
+/// yet (a follower right after the acquire) first catches up with a read barrier, so the line
+/// names the lease's holder rather than nobody. The barrier gets a short bound of its own: the
+/// audit must not delay the call itself by more than a moment (e.g. on a node without quorum).
+const AUDIT_CATCH_UP: std::time::Duration = std::time::Duration::from_millis(200);
+
+async fn lease_facts(
+    node: &Node,
+    resource: &str,
+    lease_id: &LeaseId,
+) -> (Option<String>, Option<u64>) {
+    let lookup = || {
+        node.machine.read(|m| {
+            m.lease(resource)
+                .filter(|l| l.lease_id == *lease_id)
+                .map(|l| (l.holder.clone(), l.fencing_token))
+        })
+    };
+    if let Some((holder, token)) = lookup() {
+        return (holder, Some(token));
+    }
+    let barrier = tokio::time::timeout(AUDIT_CATCH_UP, node.read_barrier()).await;
+    if !matches!(barrier, Ok(Ok(()))) {
+        return (None, None);
+    }
+    lookup().map_or((None, None), |(holder, token)| (holder, Some(token)))
 }
 
 fn lock_held(retry_after_ms: u64, message: &str) -> ApiError {

@@ -44,9 +44,12 @@ pub struct ListQuery {
     #[serde(default)]
     prefix: String,
     limit: Option<usize>,
+    /// The cursor of the previous page (its `next_after`).
+    after: Option<String>,
 }
 
-/// `GET /v1/locks?prefix=&limit=`: held or waited-on resources, in name order.
+/// `GET /v1/locks?prefix=&limit=&after=`: held or waited-on resources, in name order, one page
+/// at a time.
 pub async fn list(
     State(node): State<Arc<Node>>,
     query: Result<Query<ListQuery>, QueryRejection>,
@@ -59,6 +62,13 @@ pub async fn list(
         )));
     }
     node.read_barrier().await?;
-    let locks = node.machine.read(|m| m.list(&q.prefix, limit, m.now_ms()));
-    Ok(Json(LockList { locks }))
+    let (locks, next_after, now_ms) = node.machine.read(|m| {
+        let (page, next) = m.list_after(&q.prefix, q.after.as_deref(), limit, m.now_ms());
+        (page, next, m.now_ms())
+    });
+    Ok(Json(LockList {
+        locks,
+        next_after,
+        now_ms,
+    }))
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{audit, required_lease, unexpected};
+use super::{lease_facts, required_lease, unexpected, Audit};
 use crate::api::{parse_json, ApiError};
 use crate::machine::{Command, Response};
 use crate::node::Node;
@@ -17,7 +17,7 @@ const MAX_REVOKE_WAIT: Duration = Duration::from_secs(5);
 /// Waits until no fencing proxy forwards the released token any more: every proxy that held a
 /// grant confirmed, or the grants ran out. So once the caller hears `released: true`, a write
 /// with the released token is refused by every proxy, and the next holder can be granted.
-async fn wait_revoked(node: &Node, resource: &str) {
+pub(crate) async fn wait_revoked(node: &Node, resource: &str) {
     let mut completions = node.revocations.completions();
     let started = Instant::now();
     // A follower may not have applied the release yet; its state must include it. If it
@@ -58,15 +58,18 @@ pub(super) async fn release(
         resource: resource.to_string(),
         lease_id,
     };
+    // Read before the release: afterwards the lease (and its holder's name) is gone.
+    let (caller, token) = lease_facts(node, resource, &lease_id).await;
     match node.propose(cmd).await? {
         Response::Released(released) => {
-            audit(
-                "release",
+            Audit {
+                op: "release",
                 resource,
-                Some(&lease_id),
-                None,
-                if released { "released" } else { "not_held" },
-            );
+                lease: Some(&lease_id),
+                token: token.filter(|_| released),
+                caller,
+            }
+            .record(node, if released { "released" } else { "not_held" }, None);
             if released {
                 wait_revoked(node, resource).await;
             }

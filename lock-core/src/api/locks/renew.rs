@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{audit, required_lease, unexpected};
+use super::{lease_facts, required_lease, unexpected, Audit};
 use crate::api::{parse_json, ApiError};
 use crate::machine::{Command, Response};
 use crate::node::Node;
@@ -19,15 +19,17 @@ pub(super) async fn renew(
         resource: resource.to_string(),
         lease_id,
     };
+    let (caller, _) = lease_facts(node, resource, &lease_id).await;
+    let audit = |token| Audit {
+        op: "renew",
+        resource,
+        lease: Some(&lease_id),
+        token,
+        caller: caller.clone(),
+    };
     match node.propose(cmd).await? {
         Response::Renewed(g) => {
-            audit(
-                "renew",
-                resource,
-                Some(&lease_id),
-                Some(g.fencing_token),
-                "renewed",
-            );
+            audit(Some(g.fencing_token)).record(node, "renewed", None);
             Ok(RenewResponse {
                 lease_id: g.lease_id,
                 fencing_token: g.fencing_token,
@@ -37,7 +39,7 @@ pub(super) async fn renew(
         }
         Response::LeaseLost => {
             node.metrics.renew_failures.inc();
-            audit("renew", resource, Some(&lease_id), None, "lease_lost");
+            audit(None).record(node, "lease_lost", None);
             Err(ApiError::new(
                 ErrorCode::LeaseLost,
                 "This lease is no longer held (expired, released or replaced); stop work and \

@@ -161,6 +161,6 @@ async fn unknown_paths_actions_and_methods_are_json_errors() {
 
     phase("nothing was created by those calls");
     let (s, v) = c.get(leader, "/v1/locks").await;
-    assert_eq!((s, v), (200, json!({ "locks": [] })));
+    assert_eq!((s, &v["locks"]), (200, &json!([])), "{v}");
     c.shutdown().await;
 }

@@ -296,3 +296,53 @@ async fn removing_the_leader_hands_leadership_over() {
     assert_eq!(v["held"], true, "{v}");
     c.shutdown().await;
 }
+
+/// An empty node joins a cluster holding the seeds' 20,000 active leases whose leader has
+/// purged its log behind a snapshot: it can only catch up by installing that snapshot, and it
+/// becomes a voter only after it did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_joining_node_catches_up_by_snapshot_at_scale_before_it_votes() {
+    let policy = lock_core::node::Policy {
+        max_ttl_ms: 3_600_000,
+        ..lock_core::node::Policy::default()
+    };
+    let mut c = TestCluster::start_with(3, policy).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+
+    phase("20,000 leases, then a snapshot and a purged log on the leader");
+    let grants = c.acquire_many(leader, "join", 20_000, 64, 3_600_000).await;
+    let purged = c.snapshot_and_purge(leader).await;
+
+    phase("an empty node 4 is added: a learner until it installed the snapshot");
+    let addr4 = c.start_joining(4).await;
+    let (code, body) = c
+        .post(
+            leader,
+            "/v1/cluster/members/add",
+            json!({
+                "node_id": 4,
+                "addr": addr4,
+                "peer_addr": c.peer_addrs[&4],
+                "catch_up_timeout_ms": 120_000
+            }),
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let r: MembershipResponse = serde_json::from_value(body).expect("voters");
+    assert_eq!(r.voters, BTreeSet::from([1, 2, 3, 4]));
+    let installed = c.node(4).node.raft.metrics().borrow().snapshot;
+    assert!(
+        installed.is_some_and(|s| s.index >= purged),
+        "node 4 caught up through the snapshot: {installed:?}"
+    );
+
+    phase("node 4 serves linearizable reads of the state it received");
+    for grant in grants.iter().step_by(211) {
+        let resource = grant["resource"].as_str().expect("resource");
+        let (status, lock) = c.get(4, &format!("/v1/locks/{resource}")).await;
+        assert_eq!(status, 200, "{lock}");
+        assert_eq!(lock["held"], true, "{lock}");
+        assert_eq!(lock["fencing_token"], grant["fencing_token"], "{lock}");
+    }
+    c.shutdown().await;
+}

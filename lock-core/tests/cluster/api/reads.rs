@@ -73,7 +73,8 @@ async fn get_and_list_show_state_but_never_lease_ids() {
     phase("list: only held resources matching the prefix, in name order, without lease ids");
     let (s, v) = c.get(f[1], "/v1/locks?prefix=list:&limit=10").await;
     assert_eq!(s, 200, "{v}");
-    assert_eq!(keys(&v), set(&["locks"]));
+    // `now_ms` is the log time read at; `next_after` appears only when more pages follow.
+    assert_eq!(keys(&v), set(&["locks", "now_ms"]));
     let locks = v["locks"].as_array().expect("locks");
     let names: Vec<&str> = locks
         .iter()
@@ -106,7 +107,7 @@ async fn get_and_list_show_state_but_never_lease_ids() {
         .collect();
     assert_eq!(names, ["list:a", "list:c", "other:x"]);
     let (s, v) = c.get(f[0], "/v1/locks?prefix=nothing-here").await;
-    assert_eq!((s, v), (200, json!({ "locks": [] })));
+    assert_eq!((s, &v["locks"]), (200, &json!([])), "{v}");
 
     phase("list: limit 0, limit 5000 and a non-numeric limit are 400");
     for q in ["limit=0", "limit=5000", "prefix=list:&limit=0", "limit=ten"] {

@@ -92,6 +92,38 @@ async fn t31_a_replayed_grant_of_an_ended_lease_is_not_handed_out() {
     c.shutdown().await;
 }
 
+/// A process that continues another's acquire with the same (caller-chosen) request id — say
+/// after a restart — gets the deduplicated original grant. The client verifies it with a renew
+/// instead of trusting it from its own send time: a lease that has already ended is an error,
+/// a live one gets a deadline measured from the renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t32_a_reused_request_id_is_verified_before_it_is_trusted() {
+    let c = TestCluster::start(3).await;
+    let first = direct_client(&c);
+
+    phase("a first process acquires with request id job-7 (1 s lease) and goes away");
+    let guard = first
+        .acquire("kv:restart", AcquireOptions::new(SEC).request_id("job-7"))
+        .await
+        .expect("first acquire");
+    let _lease = guard.detach();
+    eventually(5 * SEC, "the lease expired", async || {
+        lock_status(&c, "kv:restart").await["held"] == false
+    })
+    .await;
+
+    phase("a restarted process continues with the same request id: refused, not trusted");
+    let second = direct_client(&c);
+    match second
+        .acquire("kv:restart", AcquireOptions::new(SEC).request_id("job-7"))
+        .await
+    {
+        Err(Error::LeaseLost { .. }) => {}
+        other => panic!("expected LeaseLost for a replayed ended grant, got {other:?}"),
+    }
+    c.shutdown().await;
+}
+
 /// Dropping a waiting acquire cancels its wait on the server, so the lock is never handed to a
 /// caller that left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

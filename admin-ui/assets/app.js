@@ -1,0 +1,521 @@
+// fencegate admin page: plain JavaScript, no build step, no network beyond this node's API.
+// Every view polls the node's JSON API (/v1/...) about once a second while it is shown.
+"use strict";
+
+const POLL_MS = 1000;
+const state = {
+  view: "cluster",
+  overview: null,
+  locks: { prefix: "", pages: [null], page: 0, list: null, fetchedAt: 0 },
+  series: { samples: [], elections: [], last: 0 },
+  resource: null,
+};
+
+// ---- small helpers ------------------------------------------------------------------------
+
+const $ = (sel) => document.querySelector(sel);
+
+/** Builds an element; text children are added as text, never parsed as HTML. */
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined) continue;
+    if (k === "class") e.className = v;
+    else if (k.startsWith("data-")) e.setAttribute(k, v);
+    else if (k in e) e[k] = v;
+    else e.setAttribute(k, v);
+  }
+  for (const c of children) {
+    if (c === null || c === undefined) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+function replaceRows(tbody, rows) {
+  tbody.replaceChildren(...rows);
+}
+
+const fmtTime = (ms) => (ms ? new Date(ms).toLocaleTimeString() : "—");
+const dash = (v) => (v === null || v === undefined || v === "" ? "—" : v);
+
+function fmtLeft(ms) {
+  if (ms <= 0) return "expired";
+  const s = ms / 1000;
+  return s >= 60 ? `${Math.floor(s / 60)} min ${Math.floor(s % 60)} s` : `${s.toFixed(1)} s`;
+}
+
+async function getJson(path) {
+  const r = await fetch(path, { headers: { Accept: "application/json" } });
+  const body = await r.json().catch(() => ({}));
+  if (!r.ok) throw new Error(`${r.status} ${body.error || ""}: ${body.message || r.statusText}`);
+  return body;
+}
+
+function showError(e) {
+  const p = $("#error");
+  if (e) {
+    p.textContent = `Could not reach this node's API: ${e.message || e}`;
+    p.hidden = false;
+  } else {
+    p.hidden = true;
+  }
+}
+
+// ---- routing ------------------------------------------------------------------------------
+
+function route() {
+  const hash = decodeURIComponent(location.hash.slice(1)) || "cluster";
+  let view = hash;
+  if (hash.startsWith("resource/")) {
+    view = "resource";
+    state.resource = hash.slice("resource/".length);
+  }
+  if (!document.querySelector(`[data-view="${view}"]`)) view = "cluster";
+  state.view = view;
+  for (const s of document.querySelectorAll("[data-view]")) s.hidden = s.dataset.view !== view;
+  for (const a of document.querySelectorAll("nav a")) {
+    if (a.getAttribute("href") === `#${view}`) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+  refresh();
+}
+
+// ---- cluster ------------------------------------------------------------------------------
+
+async function refreshOverview() {
+  const o = await getJson("/v1/admin/overview");
+  state.overview = o;
+  const s = o.status;
+  $("#served-by").textContent = `node ${s.node_id}`;
+  $("#leader").textContent = s.leader_id ? `node ${s.leader_id}` : "none (election in progress)";
+  $("#term").textContent = s.term;
+  $("#actions-off").hidden = o.actions_enabled;
+  if (state.view !== "cluster") return;
+  $("#role").textContent = s.role;
+  $("#last-log").textContent = dash(s.last_log_index);
+  $("#applied").textContent = s.last_applied;
+  $("#snapshot-index").textContent = dash(s.snapshot_index);
+  $("#purged-index").textContent = dash(s.purged_index);
+  $("#active-locks").textContent = s.locks.active_locks;
+  $("#waiters").textContent = s.locks.waiters;
+  $("#last-token").textContent = s.locks.last_token;
+  const last = o.elections[o.elections.length - 1];
+  $("#last-election").textContent = last
+    ? `${fmtTime(last.at_ms)}: node ${last.leader_id} won term ${last.term}, ${last.duration_ms} ms without a leader`
+    : "none seen";
+  replaceRows(
+    $("#members tbody"),
+    o.peers.map((p) =>
+      el(
+        "tr",
+        { "data-node": p.id, class: p.up ? "up" : "down" },
+        el("th", { scope: "row" }, `node ${p.id}${p.id === s.node_id ? " (this page)" : ""}`),
+        el("td", {}, p.addr),
+        el("td", { class: "health" }, p.up ? "up" : "down", p.error ? el("small", {}, ` — ${p.error}`) : null),
+        el("td", { class: "role" }, dash(p.role)),
+        el("td", {}, p.voter ? "yes" : "learner"),
+        el("td", {}, p.leader_id ? `node ${p.leader_id}` : "—"),
+        el("td", {}, dash(p.matched_index)),
+        el("td", {}, dash(p.lag)),
+        el("td", {}, fmtTime(p.last_seen_ms)),
+      ),
+    ),
+  );
+  replaceRows(
+    $("#elections"),
+    o.elections
+      .slice()
+      .reverse()
+      .map((e) =>
+        el("li", {}, `${fmtTime(e.at_ms)} — node ${e.leader_id} leads term ${e.term} (${e.duration_ms} ms without a leader)`),
+      ),
+  );
+}
+
+// ---- locks --------------------------------------------------------------------------------
+
+async function refreshLocks() {
+  const L = state.locks;
+  const size = $("#page-size").value;
+  const after = L.pages[L.page];
+  const q = new URLSearchParams({ prefix: L.prefix, limit: size });
+  if (after) q.set("after", after);
+  const list = await getJson(`/v1/locks?${q}`);
+  L.list = list;
+  L.fetchedAt = performance.now();
+  L.pages[L.page + 1] = list.next_after || undefined;
+  replaceRows(
+    $("#locks-table tbody"),
+    list.locks.map((l) =>
+      el(
+        "tr",
+        { "data-resource": l.resource },
+        el("th", { scope: "row" }, el("a", { href: `#resource/${encodeURIComponent(l.resource)}` }, l.resource)),
+        el("td", {}, dash(l.holder)),
+        el("td", { class: "token" }, dash(l.fencing_token)),
+        el("td", { class: "left", "data-expires": l.expires_at_ms || "" }, l.expires_at_ms ? "" : "—"),
+        el("td", {}, l.waiters),
+      ),
+    ),
+  );
+  $("#page-info").textContent = `page ${L.page + 1} · ${list.locks.length} shown`;
+  $("#prev-page").disabled = L.page === 0;
+  $("#next-page").disabled = !list.next_after;
+  tickCountdown();
+}
+
+/** Time left counts down between polls from the server's log time at the last fetch. */
+function tickCountdown() {
+  const L = state.locks;
+  if (!L.list) return;
+  const serverNow = L.list.now_ms + (performance.now() - L.fetchedAt);
+  for (const td of document.querySelectorAll("#locks-table td.left[data-expires]")) {
+    const exp = Number(td.dataset.expires);
+    if (exp) td.textContent = fmtLeft(exp - serverNow);
+  }
+}
+
+// ---- resource -----------------------------------------------------------------------------
+
+async function refreshResource() {
+  const name = state.resource;
+  $("#resource-name").textContent = name;
+  const d = await getJson(`/v1/admin/resources/${name.split("/").map(encodeURIComponent).join("/")}`);
+  const facts = [
+    ["Held", d.view.held ? "yes" : "no"],
+    ["Holder", dash(d.lease && d.lease.holder)],
+    ["Current token", d.lease ? d.lease.fencing_token : "—"],
+    ["Lease digest", d.lease ? d.lease.lease_digest : "—"],
+    ["Time left", d.lease ? fmtLeft(d.lease.expires_at_ms - d.now_ms) : "—"],
+    ["Highest token issued", d.last_token],
+    ["Highest token admitted by a proxy", d.admitted],
+    ["Next token deferred until", d.reissue_at_ms ? fmtTime(d.reissue_at_ms) : "—"],
+  ];
+  $("#resource-facts").replaceChildren(...facts.map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", {}, v))));
+  replaceRows(
+    $("#resource-queue"),
+    d.queue.length
+      ? d.queue.map((w) => el("li", {}, `${dash(w.holder)} — waits until ${fmtTime(w.deadline_ms)}, ttl ${w.ttl_ms} ms`))
+      : [el("li", { class: "empty" }, "nobody waits")],
+  );
+  replaceRows(
+    $("#resource-grants"),
+    d.grants.length
+      ? d.grants.map((g) => el("li", {}, `proxy ${g.proxy}: token ${g.fencing_token} until ${fmtTime(g.until_ms)}`))
+      : [el("li", { class: "empty" }, "none live")],
+  );
+  replaceRows(
+    $("#resource-events tbody"),
+    d.events.length
+      ? d.events
+          .slice()
+          .reverse()
+          .map((e) => el("tr", {}, el("td", {}, fmtTime(e.at_ms)), el("td", {}, e.kind), el("td", {}, dash(e.fencing_token)), el("td", {}, e.outcome)))
+      : [el("tr", {}, el("td", { colSpan: 4, class: "empty" }, "This node has seen no calls or fence decisions for this resource; other nodes keep their own."))],
+  );
+}
+
+// ---- hot ----------------------------------------------------------------------------------
+
+async function refreshHot() {
+  const h = await getJson("/v1/admin/hot?limit=10");
+  const lists = [
+    ["By acquire rate (per s, last minute)", h.by_acquire_rate, (v) => v.toFixed(2)],
+    ["By wait time (ms, moving average)", h.by_wait_ms, (v) => v.toFixed(0)],
+    ["By queue depth", h.by_queue_depth, (v) => v],
+    ["By fencing rejections (last minute)", h.by_fence_rejections, (v) => v],
+  ];
+  $("#hot-lists").replaceChildren(
+    ...lists.map(([title, entries, fmt]) =>
+      el(
+        "section",
+        { class: "card" },
+        el("h3", {}, title),
+        el(
+          "ol",
+          {},
+          ...(entries.length
+            ? entries.map((e) => el("li", {}, el("a", { href: `#resource/${encodeURIComponent(e.resource)}` }, e.resource), ` — ${fmt(e.value)}`))
+            : [el("li", { class: "empty" }, "nothing yet")]),
+        ),
+      ),
+    ),
+  );
+}
+
+// ---- charts -------------------------------------------------------------------------------
+
+async function refreshSeries() {
+  const S = state.series;
+  const r = await getJson(`/v1/admin/series?since=${S.last}`);
+  S.samples.push(...r.samples);
+  if (S.samples.length > 600) S.samples.splice(0, S.samples.length - 600);
+  if (r.samples.length) S.last = r.samples[r.samples.length - 1].at_ms;
+  S.elections = r.elections;
+  if (state.view === "charts") drawCharts();
+}
+
+const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"];
+
+/** A line chart in inline SVG: one polyline per series, dashed verticals at elections. */
+function lineChart(title, series, unit) {
+  const W = 560, H = 180, L = 48, B = 20, T = 8, R = 8;
+  const all = series.flatMap((s) => s.points);
+  const t0 = all.length ? Math.min(...all.map((p) => p[0])) : 0;
+  const t1 = all.length ? Math.max(...all.map((p) => p[0])) : 1;
+  const vmax = Math.max(0, ...all.map((p) => p[1])) || 1;
+  const x = (t) => L + ((t - t0) / Math.max(1, t1 - t0)) * (W - L - R);
+  const y = (v) => H - B - (v / vmax) * (H - B - T);
+  const ns = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("role", "img");
+  const latest = series.map((s) => `${s.name} ${s.points.length ? s.points[s.points.length - 1][1].toFixed(2) : "—"}`).join(", ");
+  svg.setAttribute("aria-label", `${title}; latest: ${latest} ${unit}`);
+  const add = (tag, attrs, text) => {
+    const e = document.createElementNS(ns, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    svg.append(e);
+  };
+  add("line", { x1: L, y1: H - B, x2: W - R, y2: H - B, class: "axis" });
+  add("line", { x1: L, y1: T, x2: L, y2: H - B, class: "axis" });
+  add("text", { x: L - 4, y: T + 10, "text-anchor": "end", class: "tick" }, vmax.toPrecision(3));
+  add("text", { x: L - 4, y: H - B, "text-anchor": "end", class: "tick" }, "0");
+  if (all.length) {
+    add("text", { x: L, y: H - 4, class: "tick" }, fmtTime(t0));
+    add("text", { x: W - R, y: H - 4, "text-anchor": "end", class: "tick" }, fmtTime(t1));
+  } else {
+    add("text", { x: (L + W) / 2, y: H / 2, "text-anchor": "middle", class: "tick" }, "no data yet");
+  }
+  for (const e of state.series.elections) {
+    if (e.at_ms < t0 || e.at_ms > t1) continue;
+    add("line", { x1: x(e.at_ms), y1: T, x2: x(e.at_ms), y2: H - B, class: "election" });
+    // Labels near the right edge grow leftwards, so they stay inside the chart.
+    const right = x(e.at_ms) > (L + W) / 2;
+    add(
+      "text",
+      { x: x(e.at_ms) + (right ? -3 : 3), y: T + 10, "text-anchor": right ? "end" : "start", class: "tick" },
+      `election → node ${e.leader_id}`,
+    );
+  }
+  series.forEach((s, i) => {
+    if (!s.points.length) return;
+    add("polyline", {
+      points: s.points.map((p) => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" "),
+      fill: "none",
+      stroke: COLORS[i % COLORS.length],
+      "stroke-width": 1.5,
+    });
+  });
+  const legend = el(
+    "ul",
+    { class: "legend" },
+    ...series.map((s, i) => el("li", { style: `--c:${COLORS[i % COLORS.length]}` }, s.name)),
+  );
+  return el("figure", { class: "card chart" }, el("figcaption", {}, `${title} (${unit})`), svg, legend);
+}
+
+function drawCharts() {
+  const S = state.series.samples;
+  const pts = (f) => S.map((s) => [s.at_ms, f(s)]);
+  const lat = (op) =>
+    ["p50", "p95", "p99"].map((q) => ({
+      name: `${op} ${q}`,
+      points: S.filter((s) => s.latency[op] && s.latency[op].count > 0).map((s) => [s.at_ms, s.latency[op][`${q}_ms`]]),
+    }));
+  const fenceKeys = [...new Set(S.flatMap((s) => Object.keys(s.fence)))].sort();
+  $("#charts-grid").replaceChildren(
+    lineChart("Acquire latency", lat("acquire"), "ms"),
+    lineChart("Renew latency", lat("renew"), "ms"),
+    lineChart("Release latency", lat("release"), "ms"),
+    lineChart("Commits per second", [{ name: "applied entries/s", points: pts((s) => s.commits_per_s) }], "1/s"),
+    lineChart(
+      "Active locks and waiters",
+      [
+        { name: "active locks", points: pts((s) => s.active_locks) },
+        { name: "waiters", points: pts((s) => s.waiters) },
+      ],
+      "count",
+    ),
+    lineChart(
+      "Fence decisions by outcome/reason",
+      fenceKeys.map((k) => ({ name: k, points: pts((s) => s.fence[k] || 0) })),
+      "per s",
+    ),
+  );
+}
+
+// ---- audit --------------------------------------------------------------------------------
+
+async function refreshAudit() {
+  const q = new URLSearchParams({
+    resource: $("#audit-resource").value.trim(),
+    outcome: $("#audit-outcome").value.trim(),
+    caller: $("#audit-caller").value.trim(),
+    limit: "200",
+  });
+  const t = await getJson(`/v1/admin/audit?${q}`);
+  replaceRows(
+    $("#audit-table tbody"),
+    t.entries
+      .slice()
+      .reverse()
+      .map((e) =>
+        el(
+          "tr",
+          { "data-op": e.op },
+          el("td", {}, fmtTime(e.time_ms)),
+          el("td", {}, e.node_id),
+          el("td", {}, e.op),
+          el("td", {}, dash(e.resource)),
+          el("td", {}, dash(e.lease_digest)),
+          el("td", {}, dash(e.token)),
+          el("td", { class: "caller" }, dash(e.caller)),
+          el("td", { class: "outcome" }, e.outcome),
+          el("td", {}, dash(e.detail)),
+        ),
+      ),
+  );
+}
+
+// ---- actions ------------------------------------------------------------------------------
+
+/** Asks for confirmation in a modal dialog; resolves true only on "Do it". */
+function confirmAction(text) {
+  const d = $("#confirm");
+  $("#confirm-text").textContent = text;
+  return new Promise((resolve) => {
+    d.addEventListener("close", () => resolve(d.returnValue === "yes"), { once: true });
+    d.returnValue = "";
+    d.showModal();
+  });
+}
+
+async function runAction(what, path, body) {
+  const out = $("#action-result");
+  if (!(await confirmAction(what))) {
+    out.textContent = `Cancelled: ${what}`;
+    return;
+  }
+  out.textContent = `Working: ${what}…`;
+  const token = $("#admin-token").value;
+  sessionStorage.setItem("fencegate-operator", $("#operator").value);
+  const headers = { "Content-Type": "application/json" };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  try {
+    const r = await fetch(path, {
+      method: "POST",
+      headers,
+      body: JSON.stringify({ operator: $("#operator").value.trim(), ...body }),
+    });
+    const answer = await r.json().catch(() => ({}));
+    out.dataset.status = r.status;
+    out.textContent = r.ok
+      ? `Done (${r.status}): ${what} — ${JSON.stringify(answer)}`
+      : `Refused (${r.status} ${answer.error || ""}): ${answer.message || r.statusText}`;
+  } catch (e) {
+    out.dataset.status = "network";
+    out.textContent = `Failed: ${e.message}`;
+  }
+  refresh();
+}
+
+function forceRelease(resource) {
+  const path = `/v1/admin/force-release/${resource.split("/").map(encodeURIComponent).join("/")}`;
+  return runAction(`force release of ${resource}`, path, {});
+}
+
+function wireActions() {
+  $("#operator").value = sessionStorage.getItem("fencegate-operator") || "";
+  const on = (id, f) =>
+    $(id).addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      f();
+    });
+  on("#form-force", () => forceRelease($("#fr-resource").value.trim()));
+  on("#form-drain", () => runAction("drain the leader (another voter takes over)", "/v1/admin/drain", {}));
+  on("#form-snapshot", () => runAction("take a snapshot on this node", "/v1/admin/snapshot", {}));
+  on("#form-add", () =>
+    runAction(`add node ${$("#add-id").value} at ${$("#add-addr").value}`, "/v1/admin/members/add", {
+      node_id: Number($("#add-id").value),
+      addr: $("#add-addr").value.trim(),
+      peer_addr: $("#add-peer").value.trim(),
+    }),
+  );
+  on("#form-remove", () =>
+    runAction(`remove node ${$("#remove-id").value}`, "/v1/admin/members/remove", { node_id: Number($("#remove-id").value) }),
+  );
+  $("#resource-force").addEventListener("click", () => {
+    $("#fr-resource").value = state.resource;
+    location.hash = "#actions";
+    forceRelease(state.resource);
+  });
+}
+
+// ---- polling ------------------------------------------------------------------------------
+
+// One refresh at a time; a request made meanwhile (a click) runs right after it.
+let busy = false;
+let again = false;
+async function refresh() {
+  if (busy) {
+    again = true;
+    return;
+  }
+  busy = true;
+  try {
+    await refreshOverview();
+    await refreshSeries();
+    if (state.view === "locks") await refreshLocks();
+    if (state.view === "resource" && state.resource) await refreshResource();
+    if (state.view === "hot") await refreshHot();
+    if (state.view === "audit") await refreshAudit();
+    showError(null);
+  } catch (e) {
+    showError(e);
+  } finally {
+    busy = false;
+  }
+  if (again) {
+    again = false;
+    refresh();
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("#lock-search").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    state.locks.prefix = $("#prefix").value.trim();
+    state.locks.pages = [null];
+    state.locks.page = 0;
+    refresh();
+  });
+  $("#page-size").addEventListener("change", () => {
+    state.locks.pages = [null];
+    state.locks.page = 0;
+    refresh();
+  });
+  $("#next-page").addEventListener("click", () => {
+    if (state.locks.pages[state.locks.page + 1]) {
+      state.locks.page += 1;
+      refresh();
+    }
+  });
+  $("#prev-page").addEventListener("click", () => {
+    if (state.locks.page > 0) {
+      state.locks.page -= 1;
+      refresh();
+    }
+  });
+  $("#audit-filters").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    refresh();
+  });
+  wireActions();
+  window.addEventListener("hashchange", route);
+  route();
+  setInterval(refresh, POLL_MS);
+  setInterval(tickCountdown, 250);
+});

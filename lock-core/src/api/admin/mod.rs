@@ -1,0 +1,10 @@
+//! The operator endpoints under `/v1/admin/`: the reads the admin UI polls, and the operator
+//! actions behind the admin credential. The page at `/ui` uses only these and the v1 API.
+
+mod actions;
+mod auth;
+mod reads;
+
+pub use actions::{add_member, drain, force_release, remove_member, snapshot};
+pub use auth::check_admin_if_configured;
+pub use reads::{audit, hot, overview, resource, series};

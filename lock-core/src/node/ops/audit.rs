@@ -1,0 +1,253 @@
+//! The audit log: one JSON line per lock call and operator action, written to
+//! `<data_dir>/audit/audit.log` with size-based rotation (`audit.log.1` … `audit.log.N`), and
+//! kept in memory (the newest lines) for the admin UI's audit tail.
+//!
+//! Durability: every line is one `write` to the file as soon as the call is answered, so a
+//! process crash loses nothing already written; operator actions are also fsynced before their
+//! answer, so an acknowledged action is on disk even across a power loss. Lock-call lines ride
+//! on the OS's write-back instead: an fsync per lock call would double the cost of every
+//! commit.
+
+use std::collections::VecDeque;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::wire::AuditEntry;
+
+/// Lines kept in memory for the audit tail.
+const RECENT: usize = 10_000;
+const FILE_NAME: &str = "audit.log";
+
+/// What the audit tail filters on; every given field must match exactly.
+#[derive(Clone, Debug, Default)]
+pub struct AuditFilter {
+    pub resource: Option<String>,
+    pub outcome: Option<String>,
+    pub caller: Option<String>,
+}
+
+impl AuditFilter {
+    fn matches(&self, e: &AuditEntry) -> bool {
+        let eq = |want: &Option<String>, got: &Option<String>| {
+            want.as_ref()
+                .is_none_or(|w| got.as_deref() == Some(w.as_str()))
+        };
+        eq(&self.resource, &e.resource)
+            && self.outcome.as_ref().is_none_or(|o| *o == e.outcome)
+            && eq(&self.caller, &e.caller)
+    }
+}
+
+pub struct AuditLog {
+    writer: Mutex<Option<Writer>>,
+    recent: Mutex<VecDeque<AuditEntry>>,
+}
+
+struct Writer {
+    dir: PathBuf,
+    file: File,
+    size: u64,
+    max_bytes: u64,
+    keep: usize,
+}
+
+impl AuditLog {
+    /// Opens (appending) the audit log in `dir`, rotating at `max_bytes` and keeping `keep`
+    /// rotated files besides the current one.
+    pub fn open(dir: &Path, max_bytes: u64, keep: usize) -> std::io::Result<AuditLog> {
+        fs::create_dir_all(dir)?;
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(FILE_NAME))?;
+        let size = file.metadata()?.len();
+        Ok(AuditLog {
+            writer: Mutex::new(Some(Writer {
+                dir: dir.to_path_buf(),
+                file,
+                size,
+                max_bytes: max_bytes.max(1),
+                keep,
+            })),
+            recent: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    /// Writes one line; `sync` also fsyncs it (operator actions). A failed write is logged
+    /// and the line is still shown in the tail: an audit problem must not fail lock calls.
+    pub fn record(&self, entry: AuditEntry, sync: bool) {
+        tracing::info!(
+            target: "fencegate::audit",
+            op = %entry.op,
+            resource = entry.resource.as_deref(),
+            lease = entry.lease_digest.as_deref(),
+            token = entry.token,
+            caller = entry.caller.as_deref(),
+            outcome = %entry.outcome,
+            detail = entry.detail.as_deref(),
+        );
+        match serde_json::to_vec(&entry) {
+            Ok(mut line) => {
+                line.push(b'\n');
+                let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(w) = w.as_mut() {
+                    if let Err(e) = w.write(&line, sync) {
+                        tracing::error!(error = %e, "audit log write failed");
+                    }
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "audit line not serialisable"),
+        }
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        if recent.len() == RECENT {
+            recent.pop_front();
+        }
+        recent.push_back(entry);
+    }
+
+    /// The newest `limit` lines matching `filter`, oldest first.
+    pub fn tail(&self, filter: &AuditFilter, limit: usize) -> Vec<AuditEntry> {
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<AuditEntry> = recent
+            .iter()
+            .rev()
+            .filter(|e| filter.matches(e))
+            .take(limit)
+            .cloned()
+            .collect();
+        out.reverse();
+        out
+    }
+}
+
+impl Writer {
+    fn write(&mut self, line: &[u8], sync: bool) -> std::io::Result<()> {
+        if self.size > 0 && self.size + line.len() as u64 > self.max_bytes {
+            self.rotate()?;
+        }
+        self.file.write_all(line)?;
+        self.size += line.len() as u64;
+        if sync {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    /// `audit.log.{k-1}` → `audit.log.k` down to `audit.log` → `audit.log.1`; the oldest
+    /// beyond `keep` is deleted.
+    fn rotate(&mut self) -> std::io::Result<()> {
+        let path = |i: usize| {
+            if i == 0 {
+                self.dir.join(FILE_NAME)
+            } else {
+                self.dir.join(format!("{FILE_NAME}.{i}"))
+            }
+        };
+        self.file.sync_data()?;
+        if self.keep == 0 {
+            fs::remove_file(path(0))?;
+        } else {
+            let _ = fs::remove_file(path(self.keep));
+            for i in (0..self.keep).rev() {
+                if path(i).exists() {
+                    fs::rename(path(i), path(i + 1))?;
+                }
+            }
+        }
+        self.file = OpenOptions::new().create(true).append(true).open(path(0))?;
+        self.size = 0;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(i: u64, resource: &str, outcome: &str) -> AuditEntry {
+        AuditEntry {
+            time_ms: i,
+            node_id: 1,
+            op: "acquire".into(),
+            resource: Some(resource.into()),
+            lease_digest: Some(format!("{i:016x}")),
+            token: Some(i),
+            caller: Some("worker".into()),
+            outcome: outcome.into(),
+            detail: None,
+        }
+    }
+
+    fn lines(path: &Path) -> Vec<AuditEntry> {
+        fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("each line is one JSON entry"))
+            .collect()
+    }
+
+    /// Rotation keeps at most `keep` old files, every file stays under the size bound (one
+    /// line may start a file), and reopening appends instead of truncating.
+    #[test]
+    fn rotates_by_size_keeps_n_files_and_reopens_appending() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let one = serde_json::to_vec(&entry(100, "kv:a", "granted"))
+            .expect("json")
+            .len() as u64
+            + 1;
+        let log = AuditLog::open(dir.path(), one * 3, 2).expect("open");
+        for i in 100..110 {
+            log.record(entry(i, "kv:a", "granted"), false);
+        }
+        let current = lines(&dir.path().join("audit.log"));
+        let r1 = lines(&dir.path().join("audit.log.1"));
+        let r2 = lines(&dir.path().join("audit.log.2"));
+        assert!(!dir.path().join("audit.log.3").exists(), "only 2 kept");
+        assert_eq!(current.len(), 1);
+        assert_eq!((r1.len(), r2.len()), (3, 3));
+        assert_eq!(current[0].time_ms, 109);
+        assert_eq!(r1[0].time_ms, 106);
+        assert_eq!(r2[0].time_ms, 103);
+        drop(log);
+
+        let log = AuditLog::open(dir.path(), one * 3, 2).expect("reopen");
+        log.record(entry(110, "kv:b", "lock_held"), true);
+        let current = lines(&dir.path().join("audit.log"));
+        assert_eq!(
+            current.iter().map(|e| e.time_ms).collect::<Vec<_>>(),
+            [109, 110]
+        );
+    }
+
+    #[test]
+    fn tail_filters_and_returns_the_newest_oldest_first() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = AuditLog::open(dir.path(), 1 << 20, 1).expect("open");
+        for i in 0..10 {
+            let res = if i % 2 == 0 { "kv:even" } else { "kv:odd" };
+            log.record(
+                entry(i, res, if i < 5 { "granted" } else { "lock_held" }),
+                false,
+            );
+        }
+        let f = AuditFilter {
+            resource: Some("kv:even".into()),
+            ..Default::default()
+        };
+        let got: Vec<u64> = log.tail(&f, 3).iter().map(|e| e.time_ms).collect();
+        assert_eq!(got, [4, 6, 8]);
+        let f = AuditFilter {
+            outcome: Some("lock_held".into()),
+            caller: Some("worker".into()),
+            ..Default::default()
+        };
+        assert_eq!(log.tail(&f, 100).len(), 5);
+        let f = AuditFilter {
+            caller: Some("nobody".into()),
+            ..Default::default()
+        };
+        assert!(log.tail(&f, 100).is_empty());
+    }
+}

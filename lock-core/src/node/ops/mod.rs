@@ -1,0 +1,168 @@
+//! What a node keeps for its operators, beside the replicated state: the audit log, activity
+//! counters per resource, the health of the other members, a short metrics history, the
+//! elections it saw, and whether it is handing off leadership.
+//!
+//! All of it is this node's own view (nothing here is replicated): each node audits the calls
+//! it answered and counts what it saw.
+
+mod audit;
+mod health;
+mod hot;
+mod series;
+
+use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
+
+pub use audit::{AuditFilter, AuditLog};
+pub use health::{HealthTable, Probe};
+pub use hot::HotTable;
+pub use series::Series;
+
+pub(super) use health::run as run_health_probes;
+pub(super) use series::run as run_sampler;
+
+use crate::machine::AdmitOutcome;
+use crate::wire::{AuditEntry, ElectionRecord, LeaseId, ResourceEvent};
+
+/// Elections remembered for the page.
+const ELECTIONS: usize = 50;
+
+pub struct OpsState {
+    pub audit: AuditLog,
+    pub hot: HotTable,
+    pub health: HealthTable,
+    pub series: Series,
+    elections: Mutex<VecDeque<ElectionRecord>>,
+    /// Set while this leader steps aside (`drain`): it proposes nothing, so another voter's
+    /// election can succeed.
+    pub draining: AtomicBool,
+}
+
+impl OpsState {
+    pub fn new(audit: AuditLog) -> Self {
+        OpsState {
+            audit,
+            hot: HotTable::default(),
+            health: HealthTable::default(),
+            series: Series::default(),
+            elections: Mutex::new(VecDeque::new()),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    pub fn elections(&self) -> Vec<ElectionRecord> {
+        let e = self.elections.lock().unwrap_or_else(|e| e.into_inner());
+        e.iter().cloned().collect()
+    }
+
+    pub fn record_election(&self, record: ElectionRecord) {
+        let mut e = self.elections.lock().unwrap_or_else(|e| e.into_inner());
+        if e.len() == ELECTIONS {
+            e.pop_front();
+        }
+        e.push_back(record);
+    }
+}
+
+/// One lock call as the audit log and the activity counters see it.
+pub struct LockCallRecord<'a> {
+    pub op: &'a str,
+    pub resource: &'a str,
+    pub lease: Option<&'a LeaseId>,
+    pub token: Option<u64>,
+    pub caller: Option<String>,
+    pub outcome: &'a str,
+    /// How long the call took to answer (counted as wait time for acquires).
+    pub took_ms: Option<u64>,
+}
+
+impl super::Node {
+    /// Audits a lock call that reached the state machine and counts it for the resource.
+    pub fn record_lock_call(&self, call: LockCallRecord<'_>) {
+        let now = self.now_ms();
+        self.ops.hot.event(
+            call.resource,
+            ResourceEvent {
+                at_ms: now,
+                kind: call.op.to_string(),
+                fencing_token: call.token,
+                outcome: call.outcome.to_string(),
+            },
+            call.took_ms,
+        );
+        self.ops.audit.record(
+            AuditEntry {
+                time_ms: now,
+                node_id: self.id,
+                op: call.op.to_string(),
+                resource: Some(call.resource.to_string()),
+                lease_digest: call.lease.map(LeaseId::digest),
+                token: call.token,
+                caller: call.caller,
+                outcome: call.outcome.to_string(),
+                detail: None,
+            },
+            false,
+        );
+    }
+
+    /// Audits an operator action, fsynced before the action is answered.
+    pub fn record_operator_action(
+        &self,
+        op: &str,
+        operator: &str,
+        resource: Option<&str>,
+        token: Option<u64>,
+        outcome: &str,
+        detail: Option<String>,
+    ) {
+        let now = self.now_ms();
+        if let Some(resource) = resource {
+            self.ops.hot.event(
+                resource,
+                ResourceEvent {
+                    at_ms: now,
+                    kind: op.to_string(),
+                    fencing_token: token,
+                    outcome: outcome.to_string(),
+                },
+                None,
+            );
+        }
+        self.ops.audit.record(
+            AuditEntry {
+                time_ms: now,
+                node_id: self.id,
+                op: op.to_string(),
+                resource: resource.map(str::to_string),
+                lease_digest: None,
+                token,
+                caller: Some(format!("operator:{operator}")),
+                outcome: outcome.to_string(),
+                detail,
+            },
+            true,
+        );
+    }
+
+    /// Counts a fencing proxy's admission decision made through this node.
+    pub fn record_fence_decision(&self, resource: &str, token: u64, outcome: &AdmitOutcome) {
+        let outcome = match outcome {
+            AdmitOutcome::Admitted { .. } => "admitted",
+            AdmitOutcome::Stale { .. } => "stale",
+            AdmitOutcome::Unknown => "unknown",
+            AdmitOutcome::Ended => "ended",
+        };
+        self.ops.hot.event(
+            resource,
+            ResourceEvent {
+                at_ms: self.now_ms(),
+                kind: "fence".to_string(),
+                fencing_token: Some(token),
+                outcome: outcome.to_string(),
+            },
+            None,
+        );
+    }
+}

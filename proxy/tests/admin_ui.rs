@@ -1,0 +1,901 @@
+//! The admin UI in a real browser: Debian's chromium, driven over WebDriver (chromedriver,
+//! started here on a free port), against a real 3-node cluster (real raft, real fjall, real
+//! HTTP) with a fencing proxy per node in front of the bundled demo store.
+//!
+//! Each test reads as phases. With `FENCEGATE_SCREENSHOTS=<dir>` set, the tests save what
+//! the browser showed as `admin-ui-*.png` there (the docs' screenshots come from this run:
+//! `FENCEGATE_SCREENSHOTS=$PWD/docs/img cargo test -p proxy --test admin_ui`).
+//!
+//! Needs `chromium` and `chromedriver` (Debian packages `chromium`, `chromium-driver`;
+//! `scripts/install-build-deps.sh --tests` installs them).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use fencegate_proxy::config::ProxyConfig;
+use lock_core::net::PeerSecret;
+use lock_core::node::{MemberAddrs, NodeConfig};
+use lock_core::server::{self, NodeHandle};
+use lock_core::testkit::{eventually, phase};
+use lock_core::wire::{
+    AcquireRequest, AcquireResponse, ClusterOverview, ErrorBody, LockView, OperatorRequest,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
+/// How long a test waits for something it can observe (an election, a poll of the page).
+const EVENT: Duration = Duration::from_secs(20);
+
+// ---- the cluster ---------------------------------------------------------------------------
+
+struct Proxy {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+/// Three nodes with the admin token configured, a proxy per node, the demo store.
+struct Cluster {
+    _dir: TempDir,
+    addrs: BTreeMap<u64, String>,
+    nodes: BTreeMap<u64, Option<NodeHandle>>,
+    proxies: BTreeMap<u64, (String, Proxy)>,
+    http: reqwest::Client,
+}
+
+impl Cluster {
+    async fn start() -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut listeners = BTreeMap::new();
+        let mut addrs = BTreeMap::new();
+        let mut members = BTreeMap::new();
+        for id in 1..=3u64 {
+            let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let p = TcpListener::bind("127.0.0.1:0").await.expect("bind peer");
+            let api = l.local_addr().expect("addr").to_string();
+            let peer = p.local_addr().expect("addr").to_string();
+            addrs.insert(id, api.clone());
+            members.insert(id, MemberAddrs { api, peer });
+            listeners.insert(id, (l, p));
+        }
+        let secret = PeerSecret::new(&PeerSecret::generate()).expect("secret");
+        let store = TcpListener::bind("127.0.0.1:0").await.expect("bind store");
+        let store_addr = store.local_addr().expect("addr").to_string();
+        tokio::spawn(fencegate_proxy::demo_store::serve(
+            store,
+            std::future::pending(),
+        ));
+        let proxy_config = ProxyConfig::dev(String::new(), store_addr);
+        let mut nodes = BTreeMap::new();
+        let mut proxies = BTreeMap::new();
+        for (id, (l, p)) in listeners {
+            let mut config = NodeConfig::new(
+                id,
+                dir.path().join(format!("node{id}")),
+                members.clone(),
+                secret.clone(),
+            );
+            config.admin_token = Some(ADMIN_TOKEN.to_string());
+            let handle = server::start(config, l, p, std::future::pending())
+                .await
+                .expect("start node");
+            let pl = std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+            let paddr = pl.local_addr().expect("addr").to_string();
+            let (stop, stop_rx) = oneshot::channel();
+            let task = fencegate_proxy::server::start(
+                handle.node.clone(),
+                &proxy_config,
+                pl,
+                async move {
+                    let _ = stop_rx.await;
+                },
+            )
+            .expect("start proxy");
+            proxies.insert(id, (paddr, Proxy { stop, task }));
+            nodes.insert(id, Some(handle));
+        }
+        let c = Cluster {
+            _dir: dir,
+            addrs,
+            nodes,
+            proxies,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .expect("client"),
+        };
+        c.wait_leader(None).await;
+        c
+    }
+
+    fn url(&self, id: u64, path: &str) -> String {
+        format!("http://{}{}", self.addrs[&id], path)
+    }
+
+    async fn get<T: DeserializeOwned>(&self, id: u64, path: &str) -> T {
+        let r = self.http.get(self.url(id, path)).send().await.expect("get");
+        assert!(r.status().is_success(), "GET {path}: {}", r.status());
+        r.json().await.expect("json")
+    }
+
+    /// POSTs a typed body; returns the status and the raw body for the caller to decode.
+    async fn post<B: Serialize>(
+        &self,
+        id: u64,
+        path: &str,
+        body: &B,
+        token: Option<&str>,
+    ) -> (u16, String) {
+        let mut req = self.http.post(self.url(id, path)).json(body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let r = req.send().await.expect("post");
+        (r.status().as_u16(), r.text().await.expect("body"))
+    }
+
+    async fn acquire(&self, id: u64, resource: &str, holder: &str) -> AcquireResponse {
+        let req = AcquireRequest {
+            request_id: format!("{resource}-{holder}"),
+            holder: Some(holder.to_string()),
+            // Long enough to outlast the test's phases; the page counts it down.
+            ttl_ms: Some(120_000),
+            ..Default::default()
+        };
+        let (status, body) = self
+            .post(id, &format!("/v1/locks/{resource}/acquire"), &req, None)
+            .await;
+        assert_eq!(status, 200, "acquire {resource}: {body}");
+        serde_json::from_str(&body).expect("acquire response")
+    }
+
+    /// The leader every running node agrees on (other than `not`).
+    async fn wait_leader(&self, not: Option<u64>) -> u64 {
+        let mut leader = 0;
+        eventually(
+            EVENT,
+            "one leader named by every running node",
+            async || {
+                let mut seen = Vec::new();
+                for (id, h) in &self.nodes {
+                    if h.is_some() {
+                        seen.push(
+                            self.get::<ClusterOverview>(*id, "/v1/admin/overview")
+                                .await
+                                .status
+                                .leader_id,
+                        );
+                    }
+                }
+                match seen.first() {
+                    Some(Some(l)) if seen.iter().all(|s| *s == Some(*l)) && Some(*l) != not => {
+                        leader = *l;
+                        true
+                    }
+                    _ => false,
+                }
+            },
+        )
+        .await;
+        leader
+    }
+
+    async fn crash(&mut self, id: u64) {
+        if let Some((_, p)) = self.proxies.remove(&id) {
+            let _ = p.stop.send(());
+            let _ = p.task.await;
+        }
+        if let Some(h) = self.nodes.get_mut(&id).and_then(Option::take) {
+            h.crash().await;
+        }
+    }
+
+    /// A write through node `id`'s proxy: `PUT /kv/{key}` with `Fence-Token`.
+    async fn put(&self, id: u64, key: &str, token: u64, value: &str) -> (u16, Option<ErrorBody>) {
+        let r = self
+            .http
+            .put(format!("http://{}/kv/{key}", self.proxies[&id].0))
+            .header("fence-token", token.to_string())
+            .body(value.to_string())
+            .send()
+            .await
+            .expect("proxy put");
+        let status = r.status().as_u16();
+        (status, r.json().await.ok())
+    }
+}
+
+// ---- the browser ---------------------------------------------------------------------------
+
+struct Browser {
+    client: Client,
+    driver: Child,
+    shots: Option<PathBuf>,
+}
+
+impl Browser {
+    /// Starts chromedriver on a free port and a headless chromium session through it.
+    async fn start() -> Browser {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+            l.local_addr().expect("addr").port()
+        };
+        let driver = Command::new(std::env::var("CHROMEDRIVER").unwrap_or("chromedriver".into()))
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect(
+                "chromedriver is not installed: run scripts/install-build-deps.sh --tests (Debian \
+                 packages chromium and chromium-driver)",
+            );
+        let profile = tempfile::tempdir().expect("profile dir");
+        let binary = std::env::var("CHROMIUM").unwrap_or("/usr/bin/chromium".into());
+        let caps: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_value(serde_json::json!({
+                "browserName": "chrome",
+                "goog:chromeOptions": {
+                    "binary": binary,
+                    "args": [
+                        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                        "--no-first-run", "--disable-background-networking",
+                        "--disable-component-update", "--disable-sync",
+                        "--disable-dev-shm-usage", "--window-size=1280,800",
+                        format!("--user-data-dir={}", profile.path().display()),
+                    ]
+                }
+            }))
+            .expect("capabilities");
+        let url = format!("http://127.0.0.1:{port}");
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        let mut client = None;
+        // chromedriver takes a moment to listen; its session endpoint is the event we await.
+        eventually(
+            EVENT,
+            "chromedriver to accept a session",
+            async || match ClientBuilder::new(connector.clone())
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
+                Ok(c) => {
+                    client = Some(c);
+                    true
+                }
+                Err(_) => false,
+            },
+        )
+        .await;
+        let client = client.expect("session");
+        client
+            .set_window_size(1280, 800)
+            .await
+            .expect("window size");
+        // The profile must outlive the browser; it is removed with the temp dir at exit.
+        std::mem::forget(profile);
+        Browser {
+            client,
+            driver,
+            shots: std::env::var_os("FENCEGATE_SCREENSHOTS").map(PathBuf::from),
+        }
+    }
+
+    async fn open(&self, base: &str, view: &str) {
+        self.client
+            .goto(&format!("{base}/ui#{view}"))
+            .await
+            .expect("goto");
+    }
+
+    async fn text(&self, css: &str) -> String {
+        match self.client.find(Locator::Css(css)).await {
+            Ok(e) => e.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        }
+    }
+
+    /// Runs a script that returns JSON and decodes it.
+    async fn eval<T: DeserializeOwned>(&self, script: &str) -> T {
+        let v = self.client.execute(script, vec![]).await.expect("script");
+        serde_json::from_value(v).expect("script result")
+    }
+
+    async fn wait_text(&self, css: &str, what: &str, want: impl Fn(&str) -> bool) -> String {
+        let mut last = String::new();
+        eventually(EVENT, what, async || {
+            last = self.text(css).await;
+            want(&last)
+        })
+        .await;
+        last
+    }
+
+    async fn click(&self, css: &str) {
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("find {css}: {e}"))
+            .click()
+            .await
+            .unwrap_or_else(|e| panic!("click {css}: {e}"));
+    }
+
+    async fn fill(&self, css: &str, value: &str) {
+        let e = self
+            .client
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("find {css}: {e}"));
+        e.clear().await.expect("clear");
+        e.send_keys(value).await.expect("type");
+    }
+
+    /// Rows of the locks table as (resource, token).
+    async fn lock_rows(&self) -> Vec<(String, String)> {
+        self.eval(
+            "return [...document.querySelectorAll('#locks-table tbody tr')]
+                .map(r => [r.dataset.resource, r.querySelector('.token').textContent]);",
+        )
+        .await
+    }
+
+    async fn screenshot(&self, name: &str) {
+        let Some(dir) = &self.shots else { return };
+        std::fs::create_dir_all(dir).expect("screenshot dir");
+        let png = self.client.screenshot().await.expect("screenshot");
+        std::fs::write(dir.join(format!("admin-ui-{name}.png")), png).expect("write screenshot");
+    }
+
+    async fn close(mut self) {
+        let _ = self.client.close().await;
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+// ---- the tests -----------------------------------------------------------------------------
+
+/// The page names the leader; a lock taken through the API shows up with its token without a
+/// reload; prefix search and server-side paging over 1,000 resources; a forced release from
+/// the page fences the old token at the proxy (412) and is in the audit tail with the
+/// operator's name; without the credential an action is refused and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn operators_see_locks_page_through_them_and_force_a_release() {
+    let cluster = Cluster::start().await;
+    let leader = cluster.wait_leader(None).await;
+    let page_node = 1;
+    let base = format!("http://{}", cluster.addrs[&page_node]);
+    let browser = Browser::start().await;
+
+    phase("the page loads and names the leader");
+    browser.open(&base, "cluster").await;
+    browser
+        .wait_text("#leader", "the leader in the header", |t| {
+            t == format!("node {leader}")
+        })
+        .await;
+    let members: Vec<(String, String)> = browser
+        .eval(
+            "return [...document.querySelectorAll('#members tbody tr')]
+                .map(r => [r.dataset.node, r.querySelector('.health').textContent]);",
+        )
+        .await;
+    assert_eq!(members.len(), 3, "{members:?}");
+
+    phase("a lock acquired through the API appears with its token, without a reload");
+    browser.open(&base, "locks").await;
+    browser
+        .wait_text("#page-info", "the locks view", |t| t.starts_with("page 1"))
+        .await;
+    let lease = cluster.acquire(2, "kv:order-42", "billing-worker").await;
+    let shown_at = Instant::now();
+    eventually(EVENT, "kv:order-42 in the locks table", async || {
+        browser
+            .lock_rows()
+            .await
+            .contains(&("kv:order-42".to_string(), lease.fencing_token.to_string()))
+    })
+    .await;
+    eprintln!(
+        "shown {} ms after the acquire answered",
+        shown_at.elapsed().as_millis()
+    );
+    // The countdown runs: a 120 s lease shows minutes and seconds left.
+    let left = browser
+        .wait_text(
+            "#locks-table tr[data-resource='kv:order-42'] .left",
+            "time left",
+            |t| t.ends_with(" s"),
+        )
+        .await;
+    assert!(left.contains("min"), "{left}");
+
+    phase("prefix search finds it and only it");
+    cluster.acquire(1, "other:1", "someone").await;
+    browser.fill("#prefix", "kv:order").await;
+    browser.click("#search").await;
+    eventually(EVENT, "only kv:order* listed", async || {
+        let rows = browser.lock_rows().await;
+        rows.len() == 1 && rows[0].0 == "kv:order-42"
+    })
+    .await;
+    browser.screenshot("locks").await;
+
+    phase("1,000 resources page through on the server, 500 at a time");
+    let mut tasks = tokio::task::JoinSet::new();
+    let cluster = std::sync::Arc::new(cluster);
+    for chunk in 0..20 {
+        let c = cluster.clone();
+        tasks.spawn(async move {
+            for i in (chunk * 50)..(chunk * 50 + 50) {
+                c.acquire(1 + (i % 3) as u64, &format!("page:{i:04}"), "pager")
+                    .await;
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.expect("acquire task");
+    }
+    browser.fill("#prefix", "page:").await;
+    browser
+        .client
+        .find(Locator::Css("#page-size"))
+        .await
+        .expect("page size")
+        .select_by_value("500")
+        .await
+        .expect("select");
+    browser.click("#search").await;
+    let first_and_last = async || {
+        let rows = browser.lock_rows().await;
+        (
+            rows.len(),
+            rows.first().map(|r| r.0.clone()).unwrap_or_default(),
+            rows.last().map(|r| r.0.clone()).unwrap_or_default(),
+        )
+    };
+    eventually(EVENT, "page 1: page:0000 … page:0499", async || {
+        first_and_last().await == (500, "page:0000".into(), "page:0499".into())
+    })
+    .await;
+    browser.click("#next-page").await;
+    eventually(EVENT, "page 2: page:0500 … page:0999", async || {
+        first_and_last().await == (500, "page:0500".into(), "page:0999".into())
+    })
+    .await;
+    let next_disabled: bool = browser
+        .eval("return document.querySelector('#next-page').disabled;")
+        .await;
+    assert!(next_disabled, "the last page has no next page");
+    browser.click("#prev-page").await;
+    eventually(EVENT, "back on page 1", async || {
+        first_and_last().await.1 == "page:0000"
+    })
+    .await;
+
+    phase("the resource page shows the lease; hot resources and charts render");
+    browser.open(&base, "resource/kv:order-42").await;
+    browser
+        .wait_text("#resource-facts", "the resource's facts", |t| {
+            t.contains("billing-worker") && t.contains(&lease.fencing_token.to_string())
+        })
+        .await;
+    browser.screenshot("resource").await;
+    browser.open(&base, "hot").await;
+    browser
+        .wait_text("#hot-lists", "hot resources", |t| {
+            t.contains("page:") || t.contains("kv:order-42")
+        })
+        .await;
+    browser.screenshot("hot").await;
+    browser.open(&base, "charts").await;
+    eventually(EVENT, "six charts with data", async || {
+        let n: usize = browser
+            .eval("return document.querySelectorAll('#charts-grid svg polyline').length;")
+            .await;
+        n >= 3
+    })
+    .await;
+    browser.screenshot("charts").await;
+
+    phase("without the credential a forced release is refused and nothing changes");
+    browser.open(&base, "actions").await;
+    browser.fill("#operator", "mallory").await;
+    browser.fill("#admin-token", "").await;
+    browser.fill("#fr-resource", "kv:order-42").await;
+    browser.click("#fr-submit").await;
+    browser.click("#confirm-yes").await;
+    let refused = browser
+        .wait_text("#action-result", "the refusal", |t| {
+            t.starts_with("Refused")
+        })
+        .await;
+    assert!(
+        refused.contains("401") && refused.contains("unauthorized"),
+        "{refused}"
+    );
+    browser.fill("#admin-token", "wrong-token").await;
+    browser.click("#fr-submit").await;
+    browser.click("#confirm-yes").await;
+    let refused = browser
+        .wait_text("#action-result", "the refusal", |t| t.contains("403"))
+        .await;
+    assert!(refused.contains("forbidden"), "{refused}");
+    let view: LockView = cluster.get(3, "/v1/locks/kv:order-42").await;
+    assert!(view.held, "a refused action changed nothing");
+    assert_eq!(view.fencing_token, Some(lease.fencing_token));
+    // The other actions refuse too, over plain HTTP.
+    let op = OperatorRequest {
+        operator: "mallory".into(),
+    };
+    for path in [
+        "/v1/admin/drain",
+        "/v1/admin/snapshot",
+        "/v1/admin/force-release/kv:order-42",
+    ] {
+        let (status, body) = cluster.post(2, path, &op, None).await;
+        assert_eq!(status, 401, "{path}: {body}");
+        let body: ErrorBody = serde_json::from_str(&body).expect("error body");
+        assert_eq!(body.error.as_str(), "unauthorized");
+        let (status, _) = cluster.post(2, path, &op, Some("nope")).await;
+        assert_eq!(status, 403, "{path}");
+    }
+    let (status, _) = cluster
+        .post(
+            2,
+            "/v1/cluster/members/remove",
+            &lock_core::wire::RemoveMemberRequest {
+                node_id: 3,
+                force: false,
+            },
+            None,
+        )
+        .await;
+    assert_eq!(status, 401, "membership needs the credential too");
+    let overview: ClusterOverview = cluster.get(1, "/v1/admin/overview").await;
+    assert_eq!(overview.status.members.len(), 3, "membership unchanged");
+    assert_eq!(
+        overview.status.leader_id,
+        Some(leader),
+        "leadership unchanged"
+    );
+    let view: LockView = cluster.get(1, "/v1/locks/kv:order-42").await;
+    assert!(view.held && view.fencing_token == Some(lease.fencing_token));
+
+    phase("the holder writes through the proxy with its token");
+    let (status, body) = cluster
+        .put(1, "order-42", lease.fencing_token, "paid")
+        .await;
+    assert_eq!(status, 200, "{body:?}");
+
+    phase("forced release from the page, with confirmation");
+    browser.fill("#operator", "alice").await;
+    browser.fill("#admin-token", ADMIN_TOKEN).await;
+    browser.click("#fr-submit").await;
+    // Cancelling the confirmation does nothing.
+    browser.click("#confirm-no").await;
+    browser
+        .wait_text("#action-result", "cancelled", |t| {
+            t.starts_with("Cancelled")
+        })
+        .await;
+    assert!(
+        cluster
+            .get::<LockView>(1, "/v1/locks/kv:order-42")
+            .await
+            .held
+    );
+    browser.click("#fr-submit").await;
+    browser.screenshot("confirm").await;
+    browser.click("#confirm-yes").await;
+    let done = browser
+        .wait_text("#action-result", "the forced release", |t| {
+            t.starts_with("Done")
+        })
+        .await;
+    assert!(
+        done.contains(&format!("\"fencing_token\":{}", lease.fencing_token)),
+        "{done}"
+    );
+    browser.screenshot("actions").await;
+    let view: LockView = cluster.get(2, "/v1/locks/kv:order-42").await;
+    assert!(!view.held, "the lease is gone on every node");
+
+    phase("the old token's write through every proxy is refused (412)");
+    // Proxy 1 admitted the token before the release; like a holder's release, the forced one
+    // answered only after the token was revoked at every proxy holding a grant.
+    for id in 1..=3 {
+        let (status, body) = cluster
+            .put(id, "order-42", lease.fencing_token, "zombie")
+            .await;
+        assert_eq!(status, 412, "proxy {id}: {body:?}");
+        assert_eq!(
+            body.expect("error body").error.as_str(),
+            "stale_fencing_token"
+        );
+    }
+
+    phase("the audit tail shows the operator's action, filtered by caller");
+    browser.open(&base, "audit").await;
+    browser.fill("#audit-caller", "operator:alice").await;
+    browser.click("#audit-apply").await;
+    let rows: Vec<(String, String, String)> = {
+        let mut rows: Vec<(String, String, String)> = Vec::new();
+        eventually(
+            EVENT,
+            "alice's forced release in the audit tail",
+            async || {
+                rows = browser
+                    .eval(
+                        "return [...document.querySelectorAll('#audit-table tbody tr')]
+                        .map(r => [r.dataset.op, r.querySelector('.caller').textContent,
+                                   r.querySelector('.outcome').textContent]);",
+                    )
+                    .await;
+                // Once the filter applies, alice's lines are all that is left.
+                rows.iter().all(|r| r.1 == "operator:alice")
+                    && rows
+                        .iter()
+                        .any(|r| r.0 == "force_release" && r.2 == "released")
+            },
+        )
+        .await;
+        rows
+    };
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    browser.fill("#audit-caller", "").await;
+    browser.click("#audit-apply").await;
+    browser
+        .wait_text(
+            "#audit-table tbody",
+            "denied attempts are audited too",
+            |t| t.contains("operator:mallory") && t.contains("unauthorized"),
+        )
+        .await;
+    browser.screenshot("audit").await;
+    browser.open(&base, "cluster").await;
+    browser
+        .wait_text("#leader", "the leader", |t| t.starts_with("node "))
+        .await;
+    browser.screenshot("cluster").await;
+    browser
+        .client
+        .set_window_size(390, 844)
+        .await
+        .expect("phone size");
+    browser.open(&base, "locks").await;
+    browser
+        .wait_text("#page-info", "the locks view on a phone", |t| {
+            t.starts_with("page 1")
+        })
+        .await;
+    browser.screenshot("phone").await;
+    browser.close().await;
+}
+
+/// A stopped node shows as down, and after the leader is killed the page names the new leader
+/// and lists the election.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_leader_shows_as_down_and_the_election_appears() {
+    let mut cluster = Cluster::start().await;
+    let leader = cluster.wait_leader(None).await;
+    // The page is served by a node that survives.
+    let page_node = (1..=3).find(|id| *id != leader).expect("a follower");
+    let base = format!("http://{}", cluster.addrs[&page_node]);
+    let browser = Browser::start().await;
+    browser.open(&base, "cluster").await;
+    browser
+        .wait_text("#leader", "the leader", |t| t == format!("node {leader}"))
+        .await;
+    let before: usize = browser
+        .eval("return document.querySelectorAll('#elections li').length;")
+        .await;
+
+    phase("kill the leader");
+    cluster.crash(leader).await;
+    let new_leader = cluster.wait_leader(Some(leader)).await;
+
+    phase("the page shows it down, names the new leader and lists the election");
+    let health = format!("#members tr[data-node='{leader}'] .health");
+    browser
+        .wait_text(&health, "the old leader shown as down", |t| {
+            t.starts_with("down")
+        })
+        .await;
+    browser
+        .wait_text("#leader", "the new leader", |t| {
+            t == format!("node {new_leader}")
+        })
+        .await;
+    browser
+        .wait_text("#elections", "the election in the list", |t| {
+            t.lines()
+                .next()
+                .is_some_and(|l| l.contains(&format!("node {new_leader} leads")))
+        })
+        .await;
+    let after: usize = browser
+        .eval("return document.querySelectorAll('#elections li').length;")
+        .await;
+    assert!(after > before, "{before} -> {after}");
+    assert!(browser
+        .text("#last-election")
+        .await
+        .contains(&format!("node {new_leader} won")));
+    browser.screenshot("election").await;
+    browser.open(&base, "charts").await;
+    eventually(EVENT, "the election marked on a chart", async || {
+        let n: usize = browser
+            .eval("return document.querySelectorAll('#charts-grid line.election').length;")
+            .await;
+        n > 0
+    })
+    .await;
+    browser.screenshot("charts-election").await;
+    browser.close().await;
+}
+
+/// The other operator actions over HTTP (the page calls the same endpoints): a drain asked of
+/// a follower is relayed to the leader, which steps aside until another voter leads; a
+/// snapshot is built on the node asked; a member is removed; each is audited with the
+/// operator's name on the node that answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn drain_snapshot_and_membership_actions_work_and_are_audited() {
+    use lock_core::wire::{
+        AdminRemoveMember, AuditTail, DrainResponse, MembershipResponse, SnapshotResponse,
+    };
+    let cluster = Cluster::start().await;
+    let leader = cluster.wait_leader(None).await;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    let op = OperatorRequest {
+        operator: "bob".into(),
+    };
+
+    phase("drain, asked of a follower: another voter takes over");
+    let (status, body) = cluster
+        .post(follower, "/v1/admin/drain", &op, Some(ADMIN_TOKEN))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let drained: DrainResponse = serde_json::from_str(&body).expect("drain response");
+    assert_eq!(drained.old_leader, leader);
+    assert_ne!(drained.new_leader, leader);
+    let now = cluster.wait_leader(Some(leader)).await;
+    assert_eq!(now, drained.new_leader);
+    let tail: AuditTail = cluster
+        .get(leader, "/v1/admin/audit?caller=operator:bob")
+        .await;
+    assert!(
+        tail.entries
+            .iter()
+            .any(|e| e.op == "drain" && e.outcome == "done"),
+        "{tail:?}"
+    );
+
+    phase("writes go on under the new leader");
+    cluster.acquire(leader, "kv:after-drain", "w").await;
+
+    phase("snapshot on one node");
+    let (status, body) = cluster
+        .post(follower, "/v1/admin/snapshot", &op, Some(ADMIN_TOKEN))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let snap: SnapshotResponse = serde_json::from_str(&body).expect("snapshot response");
+    assert_eq!(snap.node_id, follower);
+    let overview: ClusterOverview = cluster.get(follower, "/v1/admin/overview").await;
+    assert!(overview.status.snapshot_index.is_some());
+    assert!(overview.status.snapshot_index >= snap.snapshot_index);
+
+    phase("remove a member through the admin endpoint");
+    let gone = (1..=3)
+        .find(|id| *id != now && *id != follower)
+        .unwrap_or(leader);
+    let (status, body) = cluster
+        .post(
+            follower,
+            "/v1/admin/members/remove",
+            &AdminRemoveMember {
+                operator: "bob".into(),
+                node_id: gone,
+            },
+            Some(ADMIN_TOKEN),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let voters: MembershipResponse = serde_json::from_str(&body).expect("membership");
+    assert!(!voters.voters.contains(&gone), "{voters:?}");
+    let tail: AuditTail = cluster
+        .get(follower, "/v1/admin/audit?caller=operator:bob")
+        .await;
+    let ops: Vec<&str> = tail.entries.iter().map(|e| e.op.as_str()).collect();
+    assert!(
+        ops.contains(&"snapshot") && ops.contains(&"remove_member"),
+        "{ops:?}"
+    );
+}
+
+/// Lock calls are audited on the node that answered, in memory for the tail and as JSON lines
+/// in `<data_dir>/audit/audit.log`, with a lease digest and never the lease id; the admin reads
+/// refuse bad input with a clear 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_calls_are_audited_on_disk_without_lease_ids_and_bad_reads_are_400() {
+    use lock_core::wire::{AuditEntry, AuditTail, LeaseRequest};
+    let cluster = Cluster::start().await;
+    let leader = cluster.wait_leader(None).await;
+    // A follower answers: it forwards both calls and audits them itself, though it may not
+    // have applied the grant yet when the release arrives.
+    let f = (1..=3).find(|id| *id != leader).expect("a follower");
+    let other = (1..=3).find(|id| *id != f).expect("another node");
+
+    phase("acquire and release through a follower");
+    let lease = cluster.acquire(f, "kv:audited", "auditor").await;
+    let (status, body) = cluster
+        .post(
+            f,
+            "/v1/locks/kv:audited/release",
+            &LeaseRequest {
+                lease_id: Some(lease.lease_id),
+            },
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+
+    phase("the tail and the file hold both calls, with the digest, never the id");
+    let tail: AuditTail = cluster.get(f, "/v1/admin/audit?resource=kv:audited").await;
+    let ops: Vec<(&str, &str)> = tail
+        .entries
+        .iter()
+        .map(|e| (e.op.as_str(), e.outcome.as_str()))
+        .collect();
+    assert_eq!(ops, [("acquire", "granted"), ("release", "released")]);
+    for e in &tail.entries {
+        assert_eq!(e.lease_digest, Some(lease.lease_id.digest()));
+        assert_eq!(e.token, Some(lease.fencing_token));
+        assert_eq!(e.caller.as_deref(), Some("auditor"));
+        assert_eq!(e.node_id, f);
+    }
+    let file = cluster._dir.path().join(format!("node{f}/audit/audit.log"));
+    let text = std::fs::read_to_string(&file).expect("audit file");
+    assert!(
+        !text.contains(&lease.lease_id.to_string()),
+        "lease id in the audit log"
+    );
+    let on_disk: Vec<AuditEntry> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON entry per line"))
+        .filter(|e: &AuditEntry| e.resource.as_deref() == Some("kv:audited"))
+        .collect();
+    assert_eq!(on_disk, tail.entries);
+    // Another node answered none of these calls.
+    let tail: AuditTail = cluster
+        .get(other, "/v1/admin/audit?resource=kv:audited")
+        .await;
+    assert!(tail.entries.is_empty(), "{tail:?}");
+
+    phase("bad reads are 400 with the usual error body");
+    for path in [
+        "/v1/admin/hot?limit=0",
+        "/v1/admin/hot?limit=100000",
+        "/v1/admin/audit?limit=ten",
+        "/v1/admin/series?since=yesterday",
+        "/v1/admin/resources/bad%20name",
+        "/v1/locks?limit=0",
+    ] {
+        let r = cluster
+            .http
+            .get(cluster.url(1, path))
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(r.status().as_u16(), 400, "{path}");
+        let body: ErrorBody = r.json().await.expect("error body");
+        assert_eq!(body.error.as_str(), "invalid_request", "{path}");
+    }
+}
