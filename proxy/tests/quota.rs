@@ -143,6 +143,26 @@ async fn harness(policy: QuotaPolicy) -> FenceHarness {
     .await
 }
 
+/// A follower's proxy under 50/s of load, once it admits.
+async fn loaded_follower(h: &FenceHarness) -> (u64, Load) {
+    let leader = h.leader().await;
+    let follower = h
+        .cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != leader)
+        .expect("a follower");
+    let load = Load::start(&h.client, &[follower], "acme");
+    load.offer(0, 50);
+    eventually(EVENT, "the follower's proxy admits", async || {
+        load.samples()
+            .iter()
+            .any(|s| s.proxy == follower && s.status == 200)
+    })
+    .await;
+    (follower, load)
+}
+
 /// Rejections are 429 `rate_limited`; a `Retry-After` comes only with a known time.
 async fn probe_rejection(c: &FenceClient, proxy: u64, tenant: &str) -> (u16, String) {
     let w = Write::new(Method::GET, "/limited/probe", "").header("X-Tenant", tenant);
@@ -224,21 +244,7 @@ async fn t10_shifting_load_stays_within_rate_and_burst_and_converges() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t20_isolated_proxy_stops_at_lease_expiry() {
     let h = harness(QuotaPolicy::Strict).await;
-    let leader = h.leader().await;
-    let isolated = h
-        .cluster
-        .running()
-        .into_iter()
-        .find(|id| *id != leader)
-        .expect("a follower");
-    let load = Load::start(&h.client, &[isolated], "acme");
-    load.offer(0, 50);
-    eventually(EVENT, "the follower's proxy admits", async || {
-        load.samples()
-            .iter()
-            .any(|s| s.proxy == isolated && s.status == 200)
-    })
-    .await;
+    let (isolated, load) = loaded_follower(&h).await;
 
     phase("isolate the follower's node");
     h.cluster.isolate(isolated);
@@ -351,21 +357,7 @@ async fn t30_leader_kill_keeps_every_lease_counted() {
 async fn t40_isolated_proxy_admits_at_most_its_emergency_allowance() {
     const E: u64 = 15;
     let h = harness(QuotaPolicy::Emergency { allowance: E }).await;
-    let leader = h.leader().await;
-    let isolated = h
-        .cluster
-        .running()
-        .into_iter()
-        .find(|id| *id != leader)
-        .expect("a follower");
-    let load = Load::start(&h.client, &[isolated], "acme");
-    load.offer(0, 50);
-    eventually(EVENT, "the follower's proxy admits", async || {
-        load.samples()
-            .iter()
-            .any(|s| s.proxy == isolated && s.status == 200)
-    })
-    .await;
+    let (isolated, load) = loaded_follower(&h).await;
 
     phase("isolate the follower's node; its leases run out within two lease durations");
     h.cluster.isolate(isolated);
