@@ -73,11 +73,15 @@ struct GateState {
 
 impl GateState {
     fn inflight(&mut self, resource: &str) -> InFlightGuard {
-        let counter = self
-            .inflight
-            .entry(resource.to_string())
-            .or_insert_with(|| Arc::new(InFlight::default()))
-            .clone();
+        // The hot path: look up before allocating a key.
+        let counter = match self.inflight.get(resource) {
+            Some(c) => c.clone(),
+            None => {
+                let c = Arc::new(InFlight::default());
+                self.inflight.insert(resource.to_string(), c.clone());
+                c
+            }
+        };
         counter.count.fetch_add(1, Ordering::AcqRel);
         InFlightGuard(counter)
     }
