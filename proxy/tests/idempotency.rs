@@ -469,30 +469,7 @@ async fn t60_follower_behind_a_compacted_log_gets_the_records_in_the_snapshot() 
     }
 
     phase("the leader snapshots and purges its log past the follower's last entry");
-    let raft = h.cluster.node(leader).node.raft.clone();
-    let applied = h.cluster.node(leader).node.machine.last_applied_index();
-    raft.trigger().snapshot().await.expect("trigger snapshot");
-    let snapshot_index = raft
-        .wait(Some(EVENT))
-        .metrics(
-            |m| m.snapshot.is_some_and(|s| s.index >= applied),
-            "snapshot built",
-        )
-        .await
-        .expect("snapshot")
-        .snapshot
-        .map_or(0, |s| s.index);
-    raft.trigger()
-        .purge_log(snapshot_index)
-        .await
-        .expect("purge");
-    raft.wait(Some(EVENT))
-        .metrics(
-            |m| m.purged.is_some_and(|p| p.index >= snapshot_index),
-            "log purged",
-        )
-        .await
-        .expect("purge done");
+    let snapshot_index = h.cluster.snapshot_and_purge(leader).await;
 
     phase("the follower restarts, installs the snapshot, and holds every record itself");
     h.restart(f).await;

@@ -154,30 +154,7 @@ async fn t60_crashed_follower_catches_up() {
     assert_ne!(leader, f);
     c.crash(f).await;
     let more = write_many(&c, leader, "compact:", 40).await;
-    let raft = c.node(leader).node.raft.clone();
-    let applied = c.node(leader).node.machine.last_applied_index();
-    raft.trigger().snapshot().await.expect("trigger snapshot");
-    let snapshot_index = raft
-        .wait(Some(EVENT))
-        .metrics(
-            |m| m.snapshot.is_some_and(|s| s.index >= applied),
-            "snapshot built",
-        )
-        .await
-        .expect("snapshot")
-        .snapshot
-        .map_or(0, |s| s.index);
-    raft.trigger()
-        .purge_log(snapshot_index)
-        .await
-        .expect("purge");
-    raft.wait(Some(EVENT))
-        .metrics(
-            |m| m.purged.is_some_and(|p| p.index >= snapshot_index),
-            "log purged",
-        )
-        .await
-        .expect("purge done");
+    let snapshot_index = c.snapshot_and_purge(leader).await;
     let token_before = machine_last_token(&c, leader);
     assert!(token_before >= more.last().unwrap().token);
 
