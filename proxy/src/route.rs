@@ -249,12 +249,14 @@ pub fn check_path(path: &str) -> Result<(), String> {
     if path.contains('\\') {
         return Err("backslashes are not allowed in the path".into());
     }
-    let lower = path.to_ascii_lowercase();
-    for encoded in ["%2e", "%2f", "%5c", "%25"] {
-        if lower.contains(encoded) {
+    // Every request passes here: scan the bytes instead of allocating a lowercase copy.
+    let bytes = path.as_bytes();
+    for (i, _) in bytes.iter().enumerate().filter(|(_, b)| **b == b'%') {
+        let escape = bytes.get(i + 1..i + 3).map(|e| e.to_ascii_lowercase());
+        if let Some(e) = escape.filter(|e| matches!(e.as_slice(), b"2e" | b"2f" | b"5c" | b"25")) {
             return Err(format!(
-                "percent-encoded '{}' is not allowed in the path",
-                &path[lower.find(encoded).unwrap_or(0)..][..3]
+                "percent-encoded '%{}' is not allowed in the path",
+                String::from_utf8_lossy(&e).to_ascii_uppercase()
             ));
         }
     }
