@@ -1,35 +1,27 @@
 //! The lock state machine as openraft sees it (`RaftStateMachine`), and its snapshots.
 //!
 //! The machine lives in memory behind a [`SharedMachine`] so the API can read it between
-//! applies. It is persisted only as snapshots in the `snapshot` keyspace: a JSON payload of
-//! `{last_applied, last_membership, image}`, cut into chunks, plus a small header with the
-//! snapshot meta. Header and chunks are written in one synced batch, so a reader never sees half
-//! of a snapshot.
+//! applies. It is persisted only as snapshots: an encoded payload of
+//! `{last_applied, last_membership, image}` in a snapshot file (see `snapshot_file.rs`).
 
 use std::io::Cursor;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockWriteGuard};
+use std::path::Path;
+use std::sync::{Arc, PoisonError, RwLock, RwLockWriteGuard};
 
-use fjall::PersistMode;
 use openraft::storage::RaftStateMachine;
 use openraft::{
-    Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot, SnapshotMeta,
-    StorageError, StorageIOError, StoredMembership,
+    Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder, Snapshot, StorageError,
+    StorageIOError, StoredMembership,
 };
 use serde::{Deserialize, Serialize};
 
 use super::idempotency::{slot, IdemEntry, IdemStore};
+use super::snapshot_file::{Meta, SnapshotFiles};
 use super::{blocking, decode, encode, Db, EffectSink, StoreError};
 use crate::machine::{Command, Effect, IdemRecord, IdemScope, LockMachine, MachineImage, Response};
 use crate::raft::{NodeInfo, TypeConfig};
 
 type Membership = StoredMembership<u64, NodeInfo>;
-type Meta = SnapshotMeta<u64, NodeInfo>;
-
-const HEADER_KEY: &[u8] = b"header";
-const CHUNK_PREFIX: &[u8] = b"chunk/";
-/// Snapshot bytes are stored in values of at most this size.
-const CHUNK_SIZE: usize = 1 << 20;
 
 /// The in-memory state: the lock machine plus what raft needs to know about it. Both are
 /// updated under one lock so a snapshot always pairs an image with the log id it reflects.
@@ -105,133 +97,23 @@ struct SnapshotPayload {
     idempotency_index: Option<u64>,
 }
 
-/// The persisted description of the current snapshot.
-#[derive(Clone, Serialize, Deserialize)]
-struct SnapshotHeader {
-    meta: Meta,
-    /// Total length of the snapshot bytes and the number of chunks they are stored in.
-    len: u64,
-    chunks: u32,
-    /// Build counter at the time it was written; restarts continue after it so snapshot ids
-    /// stay unique.
-    seq: u64,
-}
-
-/// The snapshot keyspace. Writes and reads of the current snapshot are serialised by `current`,
-/// which also caches its header.
-struct SnapshotStore {
-    db: Arc<Db>,
-    current: Mutex<Option<SnapshotHeader>>,
-    seq: AtomicU64,
-}
-
-fn chunk_key(n: u32) -> Vec<u8> {
-    let mut key = CHUNK_PREFIX.to_vec();
-    key.extend_from_slice(&n.to_be_bytes());
-    key
-}
-
-impl SnapshotStore {
-    fn open(db: Arc<Db>) -> Result<Self, StoreError> {
-        let header: Option<SnapshotHeader> = match db.snapshot.get(HEADER_KEY)? {
-            Some(v) => Some(decode("snapshot header", &v)?),
-            None => None,
-        };
-        let seq = header.as_ref().map_or(0, |h| h.seq);
-        Ok(SnapshotStore {
-            db,
-            current: Mutex::new(header),
-            seq: AtomicU64::new(seq),
-        })
-    }
-
-    fn next_seq(&self) -> u64 {
-        self.seq.fetch_add(1, Ordering::Relaxed) + 1
-    }
-
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Option<SnapshotHeader>>, StoreError> {
-        self.current.lock().map_err(|_| StoreError::Poisoned)
-    }
-
-    /// Makes `data` the current snapshot, synced to disk. Unless `force`, a snapshot older than
-    /// the current one is not written: a build that raced with an installed snapshot must not
-    /// replace it, or a restart would come back behind the purged log. Returns whether it wrote.
-    fn persist(&self, meta: &Meta, data: &[u8], seq: u64, force: bool) -> Result<bool, StoreError> {
-        let mut current = self.lock()?;
-        let old_chunks = match current.as_ref() {
-            Some(cur) if !force && cur.meta.last_log_id > meta.last_log_id => return Ok(false),
-            Some(cur) => cur.chunks,
-            None => 0,
-        };
-        let chunks =
-            u32::try_from(data.len().div_ceil(CHUNK_SIZE)).map_err(|_| StoreError::Corrupt {
-                what: "snapshot",
-                detail: format!("{} bytes is too large", data.len()),
-            })?;
-        let header = SnapshotHeader {
-            meta: meta.clone(),
-            len: data.len() as u64,
-            chunks,
-            seq,
-        };
-        let mut batch = self.db.db.batch().durability(Some(PersistMode::SyncAll));
-        for (n, chunk) in (0u32..).zip(data.chunks(CHUNK_SIZE)) {
-            batch.insert(&self.db.snapshot, chunk_key(n), chunk);
-        }
-        for n in chunks..old_chunks {
-            batch.remove(&self.db.snapshot, chunk_key(n));
-        }
-        batch.insert(
-            &self.db.snapshot,
-            HEADER_KEY,
-            encode("snapshot header", &header)?,
-        );
-        batch.commit()?;
-        *current = Some(header);
-        Ok(true)
-    }
-
-    /// Reads the current snapshot back from disk.
-    fn read_current(&self) -> Result<Option<(Meta, Vec<u8>)>, StoreError> {
-        let current = self.lock()?;
-        let Some(header) = current.as_ref() else {
-            return Ok(None);
-        };
-        let mut data = Vec::with_capacity(usize::try_from(header.len).unwrap_or(0));
-        for n in 0..header.chunks {
-            let chunk = self
-                .db
-                .snapshot
-                .get(chunk_key(n))?
-                .ok_or_else(|| StoreError::Corrupt {
-                    what: "snapshot",
-                    detail: format!("chunk {n} of {} missing", header.chunks),
-                })?;
-            data.extend_from_slice(&chunk);
-        }
-        if data.len() as u64 != header.len {
-            return Err(StoreError::Corrupt {
-                what: "snapshot",
-                detail: format!("{} bytes read, header says {}", data.len(), header.len),
-            });
-        }
-        Ok(Some((header.meta.clone(), data)))
-    }
-}
-
 /// openraft's state machine: applies committed entries to the [`LockMachine`] and manages its
 /// snapshots.
 pub struct StateMachineStore {
     shared: SharedMachine,
-    snapshots: Arc<SnapshotStore>,
+    snapshots: Arc<SnapshotFiles>,
     effects: EffectSink,
     apply_seconds: Option<prometheus::Histogram>,
 }
 
 impl StateMachineStore {
-    pub(crate) fn open(db: Arc<Db>, effects: EffectSink) -> Result<Self, StoreError> {
+    pub(crate) fn open(
+        db: Arc<Db>,
+        data_dir: &Path,
+        effects: EffectSink,
+    ) -> Result<Self, StoreError> {
         let idem = IdemStore::new(db.clone());
-        let snapshots = SnapshotStore::open(db)?;
+        let snapshots = SnapshotFiles::open(data_dir, db)?;
         let applied = match snapshots.read_current()? {
             Some((meta, data)) => {
                 let payload: SnapshotPayload = decode("snapshot", &data)?;
@@ -470,7 +352,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 /// Builds snapshots of the current state, concurrently with apply.
 pub struct SnapshotBuilder {
     shared: SharedMachine,
-    snapshots: Arc<SnapshotStore>,
+    snapshots: Arc<SnapshotFiles>,
 }
 
 impl SnapshotBuilder {
