@@ -67,7 +67,10 @@ fn main() {
         let now = start_ms + second * 1000;
         let mut cmds = Vec::new();
         // Release what was taken HOLD_S ago, renew what is half-way.
-        while held.front().is_some_and(|(at, _, _)| *at + HOLD_S <= second) {
+        while held
+            .front()
+            .is_some_and(|(at, _, _)| *at + HOLD_S <= second)
+        {
             let (_, resource, lease_id) = held.pop_front().expect("checked");
             cmds.push(Command::Release { resource, lease_id });
         }
@@ -107,15 +110,17 @@ fn main() {
     let bytes = LIVE.load(Ordering::Relaxed) - baseline;
     let stats = machine.stats();
     let image = machine.image();
-    let image_json = serde_json::to_vec(&image).map(|v| v.len()).unwrap_or(0);
+    let image_bytes = rmp_serde::to_vec_named(&image)
+        .map(|v| v.len())
+        .unwrap_or(0);
     println!(
         "{seconds} s of log time at {RATE} acquires/s over {RESOURCES} resources, applied in {:.1} s",
         elapsed.as_secs_f64()
     );
     println!("{stats:?}");
     println!(
-        "machine heap: {:.1} MiB; snapshot image as JSON: {:.1} MiB",
+        "machine heap: {:.1} MiB; snapshot image (MessagePack): {:.1} MiB",
         bytes as f64 / (1 << 20) as f64,
-        image_json as f64 / (1 << 20) as f64
+        image_bytes as f64 / (1 << 20) as f64
     );
 }

@@ -1,17 +1,16 @@
 //! Snapshots: the machine as a plain image, and back (rebuilding the derived indexes).
 
 use super::lock_machine::LockMachine;
-use super::state::MachineImage;
+use super::state::{dedup_key, DedupEntry, MachineImage};
 
 impl LockMachine {
     pub fn image(&self) -> MachineImage {
-        let mut dedup: Vec<_> = self
+        // In key order, so every replica writes byte-identical snapshots.
+        let dedup_records: Vec<_> = self
             .dedup
             .iter()
-            .map(|((r, q), rec)| (r.clone(), q.clone(), rec.clone()))
+            .map(|(key, rec)| DedupEntry::of(*key, rec))
             .collect();
-        // HashMap order differs between replicas; snapshots should be byte-identical.
-        dedup.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
         MachineImage {
             now_ms: self.now_ms,
             term: self.term,
@@ -22,7 +21,8 @@ impl LockMachine {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
-            dedup,
+            dedup_records,
+            dedup: Vec::new(),
             quotas: self.quotas.clone(),
         }
     }
@@ -53,12 +53,16 @@ impl LockMachine {
             }
             m.resources.insert(name, res);
         }
-        for (r, q, rec) in image.dedup {
+        let legacy = image
+            .dedup
+            .into_iter()
+            .map(|(resource, request_id, rec)| (dedup_key(&resource, &request_id), rec));
+        let current = image.dedup_records.into_iter().map(DedupEntry::into_record);
+        for (key, rec) in current.chain(legacy) {
             if rec.expires_at_ms != u64::MAX {
-                m.dedup_expiry
-                    .insert((rec.expires_at_ms, r.clone(), q.clone()));
+                m.dedup_expiry.insert((rec.expires_at_ms, key));
             }
-            m.dedup.insert((r, q), rec);
+            m.dedup.insert(key, rec);
         }
         m
     }

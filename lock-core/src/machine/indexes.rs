@@ -66,16 +66,16 @@ impl LockMachine {
         if by == 0 {
             return;
         }
-        let kept: Vec<(u64, String, String)> = self
+        let kept: Vec<(u64, DedupKey)> = self
             .dedup_expiry
-            .range((prev.saturating_add(1), String::new(), String::new())..)
+            .range((prev.saturating_add(1), [0, 0])..)
             .cloned()
             .collect();
-        for (exp, res, rid) in kept {
-            self.dedup_expiry.remove(&(exp, res.clone(), rid.clone()));
+        for (exp, key) in kept {
+            self.dedup_expiry.remove(&(exp, key));
             let moved = exp.saturating_add(by);
-            self.dedup_expiry.insert((moved, res.clone(), rid.clone()));
-            if let Some(rec) = self.dedup.get_mut(&(res, rid)) {
+            self.dedup_expiry.insert((moved, key));
+            if let Some(rec) = self.dedup.get_mut(&key) {
                 rec.expires_at_ms = moved;
             }
         }
@@ -118,31 +118,28 @@ impl LockMachine {
 
     /// Records the outcome of an acquire for retries. A waiting acquire's record has no expiry
     /// (it lives exactly as long as the waiter); a granted one lives for `retain_ms`.
-    pub(super) fn remember(&mut self, key: &DedupKey, state: DedupState, retain_ms: u64) {
+    pub(super) fn remember(&mut self, key: DedupKey, state: DedupState, retain_ms: u64) {
         let expires = match state {
             DedupState::Waiting => u64::MAX,
             DedupState::Granted(_) => self.now_ms.saturating_add(retain_ms),
         };
         if let Some(old) = self.dedup.insert(
-            key.clone(),
+            key,
             DedupRecord {
                 state,
                 expires_at_ms: expires,
             },
         ) {
-            self.dedup_expiry
-                .remove(&(old.expires_at_ms, key.0.clone(), key.1.clone()));
+            self.dedup_expiry.remove(&(old.expires_at_ms, key));
         }
         if expires != u64::MAX {
-            self.dedup_expiry
-                .insert((expires, key.0.clone(), key.1.clone()));
+            self.dedup_expiry.insert((expires, key));
         }
     }
 
-    pub(super) fn forget(&mut self, key: &DedupKey) {
-        if let Some(old) = self.dedup.remove(key) {
-            self.dedup_expiry
-                .remove(&(old.expires_at_ms, key.0.clone(), key.1.clone()));
+    pub(super) fn forget(&mut self, key: DedupKey) {
+        if let Some(old) = self.dedup.remove(&key) {
+            self.dedup_expiry.remove(&(old.expires_at_ms, key));
         }
     }
 }

@@ -20,10 +20,13 @@
 
 // Persistent (structurally shared) collections: cloning the whole machine is O(1), so a
 // snapshot copies it under the lock in constant time and serialises outside the lock.
-use imbl::{HashMap, OrdMap, OrdSet};
+use imbl::{OrdMap, OrdSet};
 
 use super::quota::QuotaLedger;
-use super::state::{DedupKey, DedupRecord, DedupState, FenceGrant, Lease, ResourceState, Waiter};
+use super::state::{
+    dedup_key, DedupGrant, DedupKey, DedupRecord, DedupState, FenceGrant, Lease, ResourceState,
+    Waiter,
+};
 use super::types::{
     Acquire, AdmitOutcome, Batch, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone,
 };
@@ -37,7 +40,9 @@ pub struct LockMachine {
     /// The global fencing-token counter: tokens are globally monotonic. Only ever incremented.
     pub(super) last_token: u64,
     pub(super) resources: OrdMap<String, ResourceState>,
-    pub(super) dedup: HashMap<DedupKey, DedupRecord>,
+    // A B-tree rather than imbl's hash trie: with a million records the trie's mostly empty
+    // fixed-size nodes took three times the memory of the records themselves.
+    pub(super) dedup: OrdMap<DedupKey, DedupRecord>,
     /// Highest token of any resource record dropped as idle: a token at or below it for a
     /// resource without a record is stale, above it was never issued for that resource.
     pub(super) gc_floor: u64,
@@ -48,7 +53,7 @@ pub struct LockMachine {
     // below; `check_indexes` verifies them in tests.
     pub(super) lease_expiry: OrdSet<(u64, String)>,
     pub(super) waiter_deadlines: OrdSet<(u64, String, String)>,
-    pub(super) dedup_expiry: OrdSet<(u64, String, String)>,
+    pub(super) dedup_expiry: OrdSet<(u64, DedupKey)>,
     pub(super) idle_expiry: OrdSet<(u64, String)>,
     pub(super) reissue_index: OrdSet<(u64, String)>,
     pub(super) total_waiters: u64,
@@ -134,11 +139,13 @@ impl LockMachine {
 
     fn acquire(&mut self, a: &Acquire, fx: &mut Vec<Effect>) -> Response {
         self.settle(&a.resource, fx);
-        let key = (a.resource.clone(), a.request_id.clone());
+        let key = dedup_key(&a.resource, &a.request_id);
         // A retry of an acquire we already answered returns the original result.
         if let Some(rec) = self.dedup.get(&key) {
             return match &rec.state {
-                DedupState::Granted(g) => Response::Granted(self.current_view_of(g)),
+                DedupState::Granted(g) => {
+                    Response::Granted(self.current_view_of(g.to_grant(&a.resource)))
+                }
                 DedupState::Waiting => Response::Queued {
                     position: self.queue_position(&a.resource, &a.request_id),
                 },
@@ -149,7 +156,11 @@ impl LockMachine {
         if res.lease.is_none() && res.reissue_at_ms.is_none() {
             debug_assert!(res.waiters.is_empty(), "settled free resource has waiters");
             let grant = self.grant(&a.resource, a.lease_id, a.holder.clone(), a.ttl_ms);
-            self.remember(&key, DedupState::Granted(grant.clone()), a.retain_ms);
+            self.remember(
+                key,
+                DedupState::Granted(DedupGrant::of(&grant)),
+                a.retain_ms,
+            );
             return Response::Granted(grant);
         }
         let busy_until = res
@@ -184,7 +195,7 @@ impl LockMachine {
         self.total_waiters += 1;
         self.waiter_deadlines
             .insert((deadline, a.resource.clone(), a.request_id.clone()));
-        self.remember(&key, DedupState::Waiting, a.retain_ms);
+        self.remember(key, DedupState::Waiting, a.retain_ms);
         Response::Queued { position }
     }
 
@@ -250,14 +261,14 @@ impl LockMachine {
 
     fn cancel(&mut self, resource: &str, request_id: &str, fx: &mut Vec<Effect>) -> Response {
         self.settle(resource, fx);
-        let key = (resource.to_string(), request_id.to_string());
+        let key = dedup_key(resource, request_id);
         let Some(rec) = self.dedup.get(&key) else {
             return Response::Cancelled(false);
         };
         match rec.state.clone() {
             DedupState::Waiting => {
                 self.remove_waiter(resource, request_id);
-                self.forget(&key);
+                self.forget(key);
                 fx.push(Effect::WaiterRemoved {
                     resource: resource.to_string(),
                     request_id: request_id.to_string(),
@@ -321,7 +332,7 @@ impl LockMachine {
             }
             budget -= 1;
             self.remove_waiter(&res, &rid);
-            self.forget(&(res.clone(), rid.clone()));
+            self.forget(dedup_key(&res, &rid));
             fx.push(Effect::WaiterRemoved {
                 resource: res.clone(),
                 request_id: rid,
@@ -330,15 +341,14 @@ impl LockMachine {
             self.mark_idle_if_unused(&res);
         }
         while budget > 0 {
-            let Some((exp, res, rid)) = self.dedup_expiry.get_min().cloned() else {
+            let Some((exp, key)) = self.dedup_expiry.get_min().cloned() else {
                 break;
             };
             if exp > now {
                 break;
             }
             budget -= 1;
-            let key = (res, rid);
-            self.forget(&key);
+            self.forget(key);
         }
         while budget > 0 {
             let Some((until, res)) = self.idle_expiry.get_min().cloned() else {
@@ -534,9 +544,9 @@ impl LockMachine {
                 resource.to_string(),
                 w.request_id.clone(),
             ));
-            let key = (resource.to_string(), w.request_id.clone());
+            let key = dedup_key(resource, &w.request_id);
             if w.deadline_ms <= now {
-                self.forget(&key);
+                self.forget(key);
                 fx.push(Effect::WaiterRemoved {
                     resource: resource.to_string(),
                     request_id: w.request_id,
@@ -545,7 +555,11 @@ impl LockMachine {
                 continue;
             }
             let grant = self.grant(resource, w.lease_id, w.holder, w.ttl_ms);
-            self.remember(&key, DedupState::Granted(grant.clone()), w.retain_ms);
+            self.remember(
+                key,
+                DedupState::Granted(DedupGrant::of(&grant)),
+                w.retain_ms,
+            );
             fx.push(Effect::HandedOff {
                 request_id: w.request_id,
                 grant,
@@ -590,8 +604,7 @@ impl LockMachine {
     }
 
     /// A remembered grant, with the current expiry if that lease is still the live one.
-    fn current_view_of(&self, g: &Grant) -> Grant {
-        let mut g = g.clone();
+    fn current_view_of(&self, mut g: Grant) -> Grant {
         if let Some(l) = self
             .resources
             .get(&g.resource)

@@ -18,8 +18,8 @@ pub use quota::{
     QuotaGrant, QuotaLease, QuotaLedger, QuotaOutcome, QuotaPolicy, QuotaRequest, QuotaSpec, MILLI,
 };
 pub use state::{
-    DedupRecord, DedupState, FenceGrant, Lease, MachineImage, ResourceState, Waiter,
-    DEFAULT_IDLE_RETAIN_MS,
+    dedup_key, DedupEntry, DedupGrant, DedupKey, DedupRecord, DedupState, FenceGrant, Lease,
+    MachineImage, ResourceState, Waiter, DEFAULT_IDLE_RETAIN_MS,
 };
 pub use types::{
     Acquire, AdmitOutcome, Batch, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone,

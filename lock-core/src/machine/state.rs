@@ -66,8 +66,79 @@ pub struct FenceGrant {
 /// What a retried acquire with the same `request_id` gets back.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DedupState {
-    Granted(Grant),
+    Granted(DedupGrant),
     Waiting,
+}
+
+/// The grant a retried acquire gets back: the original lease and token. The resource is not
+/// stored (the retry names it), which keeps a full retry window of records small; for the
+/// same reason the lease id is held as two words (a `u128` would align every record, and the
+/// map's nodes, to 16 bytes). Images of earlier versions stored the whole `Grant`; its extra
+/// field is ignored on load.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "GrantFields", into = "GrantFields")]
+pub struct DedupGrant {
+    lease_id: [u64; 2],
+    pub fencing_token: u64,
+    pub ttl_ms: u64,
+    pub expires_at_ms: u64,
+}
+
+/// How a [`DedupGrant`] is written: the same fields as a `Grant` without the resource.
+#[derive(Clone, Serialize, Deserialize)]
+struct GrantFields {
+    lease_id: LeaseId,
+    fencing_token: u64,
+    ttl_ms: u64,
+    expires_at_ms: u64,
+}
+
+impl From<GrantFields> for DedupGrant {
+    fn from(g: GrantFields) -> Self {
+        DedupGrant {
+            lease_id: [(g.lease_id.0 >> 64) as u64, g.lease_id.0 as u64],
+            fencing_token: g.fencing_token,
+            ttl_ms: g.ttl_ms,
+            expires_at_ms: g.expires_at_ms,
+        }
+    }
+}
+
+impl From<DedupGrant> for GrantFields {
+    fn from(g: DedupGrant) -> Self {
+        GrantFields {
+            lease_id: g.lease_id(),
+            fencing_token: g.fencing_token,
+            ttl_ms: g.ttl_ms,
+            expires_at_ms: g.expires_at_ms,
+        }
+    }
+}
+
+impl DedupGrant {
+    pub(super) fn of(grant: &Grant) -> Self {
+        GrantFields {
+            lease_id: grant.lease_id,
+            fencing_token: grant.fencing_token,
+            ttl_ms: grant.ttl_ms,
+            expires_at_ms: grant.expires_at_ms,
+        }
+        .into()
+    }
+
+    pub fn lease_id(&self) -> LeaseId {
+        LeaseId(u128::from(self.lease_id[0]) << 64 | u128::from(self.lease_id[1]))
+    }
+
+    pub(super) fn to_grant(&self, resource: &str) -> Grant {
+        Grant {
+            resource: resource.to_string(),
+            lease_id: self.lease_id(),
+            fencing_token: self.fencing_token,
+            ttl_ms: self.ttl_ms,
+            expires_at_ms: self.expires_at_ms,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,7 +147,70 @@ pub struct DedupRecord {
     pub expires_at_ms: u64,
 }
 
-pub(super) type DedupKey = (String, String);
+/// A dedup record as a snapshot image stores it: a flat tuple `(key, expires_at_ms, grant)`,
+/// the grant as `(fencing_token, lease_id words, ttl_ms, expires_at_ms)` or none while the
+/// acquire waits. A full retry window is about a million of these, so no field names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DedupEntry(pub DedupKey, pub u64, pub Option<(u64, [u64; 2], u64, u64)>);
+
+impl DedupEntry {
+    pub(super) fn of(key: DedupKey, rec: &DedupRecord) -> Self {
+        let grant = match &rec.state {
+            DedupState::Granted(g) => {
+                Some((g.fencing_token, g.lease_id, g.ttl_ms, g.expires_at_ms))
+            }
+            DedupState::Waiting => None,
+        };
+        DedupEntry(key, rec.expires_at_ms, grant)
+    }
+
+    /// The record and its key, as the machine holds them.
+    pub fn into_record(self) -> (DedupKey, DedupRecord) {
+        let DedupEntry(key, expires_at_ms, grant) = self;
+        let state = match grant {
+            Some((fencing_token, lease_id, ttl_ms, granted_until)) => {
+                DedupState::Granted(DedupGrant {
+                    lease_id,
+                    fencing_token,
+                    ttl_ms,
+                    expires_at_ms: granted_until,
+                })
+            }
+            None => DedupState::Waiting,
+        };
+        (
+            key,
+            DedupRecord {
+                state,
+                expires_at_ms,
+            },
+        )
+    }
+}
+
+/// A dedup record is found by a 128-bit digest of its (resource, request_id) rather than by
+/// the two strings: at 2,000 acquires/s the 10-minute retry window holds over a million
+/// records, and the strings (kept twice, in the map and in the expiry index) were most of
+/// the machine's memory and snapshot size. A digest collision between two live records needs
+/// about 2^64 of them. Two words rather than a `u128`, for the alignment reason above.
+pub type DedupKey = [u64; 2];
+
+/// The digest naming the dedup record of `request_id` on `resource`. Deterministic (every
+/// replica computes the same key), length-prefixed so no two pairs share an input.
+pub fn dedup_key(resource: &str, request_id: &str) -> DedupKey {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update((resource.len() as u64).to_be_bytes());
+    h.update(resource.as_bytes());
+    h.update(request_id.as_bytes());
+    let digest = h.finalize();
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&digest[i * 8..i * 8 + 8]);
+        u64::from_be_bytes(w)
+    };
+    [word(0), word(1)]
+}
 
 /// The persistent part of the machine, as written into snapshots.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -87,6 +221,12 @@ pub struct MachineImage {
     #[serde(default)]
     pub gc_floor: u64,
     pub resources: Vec<(String, ResourceState)>,
+    /// Dedup records, in key order.
+    #[serde(default)]
+    pub dedup_records: Vec<DedupEntry>,
+    /// Dedup records as images of earlier versions stored them (by resource and request id);
+    /// read on load, never written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dedup: Vec<(String, String, DedupRecord)>,
     /// Absent in snapshots taken before quotas existed.
     #[serde(default)]

@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use lock_core::machine::{
-    Acquire, AdmitOutcome, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone,
-    DEFAULT_IDLE_RETAIN_MS,
+    dedup_key, Acquire, AdmitOutcome, Command, Effect, Grant, LeaseId, Proposal, Response,
+    WaiterGone, DEFAULT_IDLE_RETAIN_MS,
 };
 
 #[derive(Clone, Debug)]
@@ -495,7 +495,9 @@ impl Model {
             })
             .filter(|(d, _, _)| *d <= now)
             .collect();
-        due.sort();
+        // The machine sweeps records due at the same time in the order of their keys, which
+        // are digests of (resource, request id).
+        due.sort_by_key(|(expires, name, rid)| (*expires, dedup_key(name, rid)));
         for (_, name, rid) in due.into_iter().take(budget) {
             budget -= 1;
             self.res
@@ -521,7 +523,9 @@ impl Model {
                 _ => None,
             })
             .collect();
-        due.sort();
+        // The machine sweeps records due at the same time in the order of their keys, which
+        // are digests of (resource, request id).
+        due.sort_by_key(|(expires, name, rid)| (*expires, dedup_key(name, rid)));
         for (_, name, rid) in due.into_iter().take(budget) {
             budget -= 1;
             self.dedup.remove(&(name, rid));

@@ -1,7 +1,7 @@
 //! Idempotent retries: the same request id returns the original result and never a second
 //! lease or waiter.
 
-use lock_core::machine::{LockMachine, Response};
+use lock_core::machine::{dedup_key, LockMachine, Response};
 
 use crate::support::{
     cancel, granted, lease, release, renew, run, tick, try_once, wait, waiting, RETAIN, T0, TTL,
@@ -89,4 +89,42 @@ fn dedup_record_is_kept_for_the_retry_window() {
     assert_eq!(m.stats().dedup_records, 0);
     let fresh = granted(run(&mut m, T0 + RETAIN, try_once("a", "r1", 3)));
     assert_eq!((fresh.lease_id, fresh.fencing_token), (lease(3), 2));
+}
+
+/// Records are keyed by a digest of (resource, request id): the same request id on another
+/// resource is another acquire, and a snapshot image written by an earlier version (records
+/// stored by the two strings) restores into records a retry still finds.
+#[test]
+fn records_are_per_resource_and_survive_an_image_of_the_earlier_layout() {
+    let mut m = LockMachine::new();
+    let a = granted(run(&mut m, T0, try_once("a", "r1", 1)));
+    let b = granted(run(&mut m, T0 + 1, try_once("b", "r1", 2)));
+    assert_eq!((a.fencing_token, b.fencing_token), (1, 2));
+    // "ab" + "c" and "a" + "bc" must not name the same record.
+    assert_ne!(dedup_key("ab", "c"), dedup_key("a", "bc"));
+    granted(run(&mut m, T0 + 2, try_once("ab", "c", 3)));
+    granted(run(&mut m, T0 + 3, try_once("x", "bc", 4)));
+
+    let mut image = m.image();
+    assert_eq!(image.dedup_records.len(), 4);
+    let by_key: std::collections::HashMap<_, _> = image
+        .dedup_records
+        .drain(..)
+        .map(|e| e.into_record())
+        .collect();
+    for (resource, request_id) in [("a", "r1"), ("b", "r1"), ("ab", "c"), ("x", "bc")] {
+        let rec = by_key[&dedup_key(resource, request_id)].clone();
+        image
+            .dedup
+            .push((resource.to_string(), request_id.to_string(), rec));
+    }
+    let mut restored = LockMachine::from_image(image);
+    restored.check_indexes().expect("indexes");
+    assert_eq!(
+        restored.image(),
+        m.image(),
+        "the same state in the current layout"
+    );
+    let again = granted(run(&mut restored, T0 + 10, try_once("b", "r1", 9)));
+    assert_eq!((again.lease_id, again.fencing_token), (lease(2), 2));
 }

@@ -5,8 +5,8 @@
 use std::collections::{HashMap, HashSet};
 
 use lock_core::machine::{
-    Acquire, AdmitOutcome, Command, Effect, Grant, LeaseId, LockMachine, Proposal, Response,
-    WaiterGone,
+    dedup_key, Acquire, AdmitOutcome, Command, DedupKey, Effect, Grant, LeaseId, LockMachine,
+    Proposal, Response, WaiterGone,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -566,12 +566,14 @@ impl World {
         prop_assert_eq!(stats.resources as usize, self.model.res.len());
         prop_assert_eq!(stats.waiters as usize, self.model.total_waiters());
         prop_assert_eq!(stats.dedup_records as usize, self.model.dedup.len());
-        let dedup: Vec<(String, String)> = image
+        let dedup: Vec<DedupKey> = image.dedup_records.iter().map(|e| e.0).collect();
+        let mut want: Vec<DedupKey> = self
+            .model
             .dedup
-            .iter()
-            .map(|(r, q, _)| (r.clone(), q.clone()))
+            .keys()
+            .map(|(r, q)| dedup_key(r, q))
             .collect();
-        let want: Vec<(String, String)> = self.model.dedup.keys().cloned().collect();
+        want.sort_unstable();
         prop_assert_eq!(dedup, want);
         Ok(())
     }
