@@ -31,7 +31,7 @@ pub use cluster::{
     AddMemberRequest, ClusterStatus, FaultRule, FaultSnapshot, HealthStatus, LockStats, Member,
     MembershipResponse, ReadyStatus, RemoveMemberRequest, Role,
 };
-pub use demo_store::StoreLogEntry;
+pub use demo_store::{Order, StoreLogEntry};
 pub use error::{classify, ErrorBody, ErrorCode, Failure};
 pub use headers::{FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
 pub use lease_id::LeaseId;
