@@ -18,7 +18,7 @@ use openraft::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::idempotency::{slot, IdemEntry, IdemStore};
+use super::idempotency::{slot, IdemEntry, IdemStore, UnknownPage};
 use super::{blocking, decode, encode, Db, EffectSink, StoreError};
 use crate::machine::{Command, Effect, IdemRecord, IdemScope, LockMachine, MachineImage, Response};
 use crate::raft::{NodeInfo, TypeConfig};
@@ -67,6 +67,18 @@ impl SharedMachine {
     /// This node's copy of an idempotency record (as applied here: not a linearizable read).
     pub fn idem_record(&self, scope: &IdemScope) -> Result<Option<IdemRecord>, StoreError> {
         self.idem.get(scope)
+    }
+
+    /// Up to `limit` idempotency records that are `unknown` at log time `now_ms`, from the
+    /// cursor `after` (as applied here: not a linearizable read). See
+    /// [`UnknownPage`](super::idempotency::UnknownPage).
+    pub fn idem_unknown(
+        &self,
+        now_ms: u64,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<UnknownPage, StoreError> {
+        self.idem.unknown_page(now_ms, after, limit)
     }
 
     /// Index of the last applied log entry (0 before anything was applied).
@@ -231,6 +243,7 @@ pub struct StateMachineStore {
 impl StateMachineStore {
     pub(crate) fn open(db: Arc<Db>, effects: EffectSink) -> Result<Self, StoreError> {
         let idem = IdemStore::new(db.clone());
+        idem.upgrade()?;
         let snapshots = SnapshotStore::open(db)?;
         let applied = match snapshots.read_current()? {
             Some((meta, data)) => {
