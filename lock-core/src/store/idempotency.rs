@@ -313,7 +313,7 @@ impl IdemStore {
 
 impl IdemStore {
     /// Up to `limit` records that are `unknown` at log time `now_ms` (also those still stored
-    /// as processing whose owner's lease has ended) and not expired, in key order from the
+    /// as processing whose owner's lease has ended) and not expired, in index order from the
     /// cursor `after`. At most `limit * 8` index entries are read per page (in-flight records
     /// are skipped), so a page costs bounded work even while many requests are in flight; a
     /// short page with a `next` cursor means "more may follow".
