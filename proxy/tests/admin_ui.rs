@@ -1115,6 +1115,21 @@ async fn unknown_idempotency_outcomes_are_listed_and_resolved_from_the_page() {
     for want in ["succeeded", "never_ran", "idempotency_not_unknown"] {
         assert!(outcomes.contains(&want), "{want} in {outcomes:?}");
     }
+    let r = cluster
+        .http
+        .get(cluster.url(2, "/metrics"))
+        .send()
+        .await
+        .expect("metrics");
+    let metrics = r.text().await.expect("metrics text");
+    for resolution in ["succeeded", "never_ran"] {
+        let counted = metrics.lines().any(|l| {
+            l.starts_with("fencegate_idempotency_operator_resolutions_total{")
+                && l.contains(&format!("resolution=\"{resolution}\""))
+                && l.ends_with(" 1")
+        });
+        assert!(counted, "{resolution} counted once in\n{metrics}");
+    }
     browser.open(&base, "audit").await;
     browser
         .wait_text(

@@ -206,12 +206,24 @@ async fn t20_contract_replay_mismatch_missing_malformed_tenants() {
     assert_eq!(orders_with_key(&h, "k-1").await.len(), 2);
 
     phase("the metrics count the replay and the mismatch (each proxy on its node's /metrics)");
+    assert_counted(&h, &["replayed", "mismatch", "key_required", "invalid_key"]).await;
+    h.shutdown().await;
+}
+
+/// Every node's `/metrics`, concatenated.
+async fn metrics_text(h: &FenceHarness) -> String {
     let mut text = String::new();
     for id in h.cluster.running() {
         let (_, page) = h.cluster.get(id, "/metrics").await;
         text.push_str(page.as_str().unwrap_or_default());
     }
-    for outcome in ["replayed", "mismatch", "key_required", "invalid_key"] {
+    text
+}
+
+/// Some proxy counted each of `outcomes` in `fencegate_proxy_idempotency_requests_total`.
+async fn assert_counted(h: &FenceHarness, outcomes: &[&str]) {
+    let text = metrics_text(h).await;
+    for outcome in outcomes {
         assert!(
             text.contains(&format!(
                 "fencegate_proxy_idempotency_requests_total{{outcome=\"{outcome}\""
@@ -219,7 +231,6 @@ async fn t20_contract_replay_mismatch_missing_malformed_tenants() {
             "{outcome} in metrics:\n{text}"
         );
     }
-    h.shutdown().await;
 }
 
 /// Starts a request through node `x`'s proxy whose store answer is held after the order is
@@ -294,6 +305,7 @@ async fn t30_lost_answer_after_leader_death_is_reconciled_not_rerun() {
     );
     assert_eq!(b.body, a.body);
     assert_eq!(orders_with_key(&h, "lost-1").await.len(), 1);
+    assert_counted(&h, &["reconciled"]).await;
     h.shutdown().await;
 }
 
@@ -318,6 +330,7 @@ async fn t31_lost_answer_without_lookup_is_an_unknown_error() {
     let again = post_order(&h, other, Some("lost-2"), body, &[]).await;
     assert_eq!(again.code(), "idempotency_outcome_unknown", "{again:?}");
     assert_eq!(orders_with_key(&h, "lost-2").await.len(), 1);
+    assert_counted(&h, &["unknown"]).await;
     h.shutdown().await;
 }
 
@@ -369,6 +382,7 @@ async fn t32_claim_lost_before_forwarding_allows_one_new_attempt() {
     assert_eq!((b.status, b.replayed), (201, true), "{b:?}");
     assert_eq!(b.body["id"], a.body["id"]);
     assert_eq!(orders_with_key(&h, "never-sent").await.len(), 1);
+    assert_counted(&h, &["reconciled_new_attempt"]).await;
     h.shutdown().await;
 }
 
@@ -462,6 +476,40 @@ async fn t40_expired_key_is_refused_for_the_tombstone_window() {
     })
     .await;
     assert_eq!(orders_with_key(&h, "old").await.len(), 1);
+    assert_counted(&h, &["expired"]).await;
+    h.shutdown().await;
+}
+
+/// After retention and tombstone the record is forgotten on every node (counted in
+/// `fencegate_idempotency_records_forgotten_total`) and the key is new again: the documented
+/// end of the guarantee.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t41_a_record_past_its_tombstone_is_forgotten_and_counted() {
+    let h = FenceHarness::start_with(|c| {
+        let o = &mut c.routes[1].idempotency_options;
+        o.retain_ms = 300;
+        o.tombstone_ms = 300;
+    })
+    .await;
+    let first = post_order(&h, 1, Some("short"), "{}", &[]).await;
+    assert_eq!(first.status, 201, "{first:?}");
+
+    phase("every node forgets the record once its tombstone window is over");
+    eventually(EVENT, "the record forgotten on every node", async || {
+        let text = metrics_text(&h).await;
+        let forgotten = text
+            .lines()
+            .filter(|l| l.starts_with("fencegate_idempotency_records_forgotten_total"))
+            .filter(|l| l.rsplit(' ').next().is_some_and(|v| v != "0"))
+            .count();
+        forgotten == h.cluster.running().len()
+    })
+    .await;
+
+    phase("the key is new again: a request with it runs");
+    let again = post_order(&h, 2, Some("short"), "{}", &[]).await;
+    assert_eq!((again.status, again.replayed), (201, false), "{again:?}");
+    assert_eq!(orders_with_key(&h, "short").await.len(), 2);
     h.shutdown().await;
 }
 

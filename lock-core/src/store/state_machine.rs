@@ -238,6 +238,7 @@ pub struct StateMachineStore {
     snapshots: Arc<SnapshotStore>,
     effects: EffectSink,
     apply_seconds: Option<prometheus::Histogram>,
+    idem_forgotten: Option<prometheus::IntCounter>,
 }
 
 impl StateMachineStore {
@@ -278,12 +279,18 @@ impl StateMachineStore {
             snapshots: Arc::new(snapshots),
             effects,
             apply_seconds: None,
+            idem_forgotten: None,
         })
     }
 
     /// Records how long each applied batch takes in `histogram`.
     pub fn observe_apply_with(&mut self, histogram: prometheus::Histogram) {
         self.apply_seconds = Some(histogram);
+    }
+
+    /// Counts the idempotency records forgotten after their tombstone window in `counter`.
+    pub fn observe_idem_forgotten_with(&mut self, counter: prometheus::IntCounter) {
+        self.idem_forgotten = Some(counter);
     }
 
     /// A read handle on the applied state.
@@ -327,7 +334,10 @@ impl StateMachineStore {
                                     }
                                 }
                                 Command::Tick { max_items } => {
-                                    self.shared.idem.purge(at, now, *max_items)?;
+                                    let n = self.shared.idem.purge(at, now, *max_items)?;
+                                    if let Some(c) = &self.idem_forgotten {
+                                        c.inc_by(u64::from(n));
+                                    }
                                 }
                                 _ => {}
                             }

@@ -182,6 +182,10 @@ pub async fn resolve(
     match result {
         Ok(()) => {
             audit(req.resolution.as_str());
+            node.metrics
+                .idem_resolutions
+                .with_label_values(&[req.resolution.as_str()])
+                .inc();
             Ok(Json(IdemResolveResponse {
                 tenant: req.tenant,
                 route: req.route,
