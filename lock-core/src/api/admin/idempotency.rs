@@ -226,7 +226,7 @@ fn hex_encode(bytes: &[u8]) -> String {
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || s.len() > 2 * 1_024 {
+    if !s.len().is_multiple_of(2) || s.len() > 2 * 1_024 {
         return None;
     }
     (0..s.len())
