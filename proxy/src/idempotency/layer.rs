@@ -241,8 +241,9 @@ impl IdempotencyLayer {
             tombstone_ms: opts.tombstone_ms,
         };
         // The claim's lease starts when the leader stamps it, after this instant, and log time
-        // never runs faster than this clock: sending by `proposed + upstream timeout` keeps the
-        // whole exchange inside the lease, so nobody reconciles the key while it may still run.
+        // never runs faster than this clock: ending the exchange by `proposed + upstream timeout
+        // + half the margin` keeps it inside the lease with a second to spare, so nobody
+        // reconciles the key while the request may still reach the upstream.
         let mut proposed = Instant::now();
         let mut outcome = match self.propose(claim).await {
             Ok(o) => o,
@@ -266,8 +267,10 @@ impl IdempotencyLayer {
                             }
                         },
                     };
-                    let in_lease =
-                        proposed + Duration::from_millis(route.config.upstream_timeout_ms);
+                    let in_lease = proposed
+                        + Duration::from_millis(
+                            route.config.upstream_timeout_ms + CLAIM_MARGIN_MS / 2,
+                        );
                     let deadline = permit
                         .as_ref()
                         .map_or(in_lease, |p| p.send_by.min(in_lease));
