@@ -1,7 +1,7 @@
 //! The chaos harness end to end, as CI runs it: `fencegate-loadtest chaos` against
 //! three real `fencegate node` processes with every fault kind mixed in.
 //!
-//! - A fenced run must pass: all six invariant checks clean, exit status 0 — and it must
+//! - A fenced run must pass: all seven checks clean, exit status 0 — and it must
 //!   have actually exercised something (operations, faults, zombie writes), or passing
 //!   would mean nothing.
 //! - The same clients with the proxies' fencing turned off (`--unsafe-no-fencing`) must be
@@ -87,7 +87,7 @@ fn count(v: &Value, key: &str) -> u64 {
     v["violations"][key]["count"].as_u64().unwrap_or(u64::MAX)
 }
 
-/// The checker's six invariants under mixed faults, with fencing on: no violation.
+/// Every check under mixed faults (the order clients included), with fencing on: no violation.
 #[test]
 fn fenced_run_under_mixed_faults_passes() {
     let dir = out_dir("chaos-fenced");
