@@ -74,6 +74,7 @@ function route() {
   if (!document.querySelector(`[data-view="${view}"]`)) view = "cluster";
   state.view = view;
   for (const s of document.querySelectorAll("[data-view]")) s.hidden = s.dataset.view !== view;
+  for (const s of document.querySelectorAll("[data-views]")) s.hidden = !s.dataset.views.split(" ").includes(view);
   for (const a of document.querySelectorAll("nav a")) {
     if (a.getAttribute("href") === `#${view}`) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
@@ -393,17 +394,14 @@ function confirmAction(text) {
   });
 }
 
-async function runAction(what, path, body) {
-  const out = $("#action-result");
+async function runAction(what, path, body, out = $("#action-result")) {
   if (!(await confirmAction(what))) {
     out.textContent = `Cancelled: ${what}`;
     return;
   }
   out.textContent = `Working: ${what}…`;
-  const token = $("#admin-token").value;
   sessionStorage.setItem("fencegate-operator", $("#operator").value);
-  const headers = { "Content-Type": "application/json" };
-  if (token) headers.Authorization = `Bearer ${token}`;
+  const headers = { "Content-Type": "application/json", ...credential() };
   try {
     const r = await fetch(path, {
       method: "POST",
@@ -420,6 +418,70 @@ async function runAction(what, path, body) {
     out.textContent = `Failed: ${e.message}`;
   }
   refresh();
+}
+
+/** The Authorization header of the admin token typed in, if any. */
+function credential() {
+  const token = $("#admin-token").value;
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
+// ---- idempotency keys with an unknown outcome ---------------------------------------------
+
+async function refreshIdempotency() {
+  const note = $("#idem-note");
+  const auth = credential();
+  if (!auth.Authorization) {
+    note.textContent = "Enter the admin token above to list the keys.";
+    replaceRows($("#idem-table tbody"), []);
+    return;
+  }
+  const r = await fetch("/v1/admin/idempotency/unknown?limit=50", {
+    headers: { Accept: "application/json", ...auth },
+  });
+  const page = await r.json().catch(() => ({}));
+  if (!r.ok) {
+    note.textContent = `Cannot list (${r.status} ${page.error || ""}): ${page.message || r.statusText}`;
+    replaceRows($("#idem-table tbody"), []);
+    return;
+  }
+  note.textContent =
+    page.records.length === 0
+      ? "No key has an unknown outcome."
+      : `${page.records.length} key(s)${page.next ? "; more follow once these are settled" : ""}.`;
+  replaceRows(
+    $("#idem-table tbody"),
+    page.records.map((rec) => {
+      const name = `key ${rec.key} of tenant ${rec.tenant} on ${rec.route}`;
+      const resolve = (resolution, label, cls) =>
+        el(
+          "button",
+          {
+            type: "button",
+            class: `resolve-${resolution} ${cls}`,
+            onclick: () =>
+              runAction(
+                `resolve ${name} as "${label}"`,
+                "/v1/admin/idempotency/resolve",
+                { tenant: rec.tenant, route: rec.route, key: rec.key, attempt: rec.attempt, resolution },
+                $("#idem-result"),
+              ),
+          },
+          `${label}…`,
+        );
+      return el(
+        "tr",
+        { "data-key": rec.key, "data-tenant": rec.tenant },
+        el("td", {}, rec.tenant),
+        el("td", {}, rec.route),
+        el("td", { class: "key" }, rec.key),
+        el("td", {}, rec.attempt),
+        el("td", {}, fmtTime(rec.created_ms)),
+        el("td", {}, fmtTime(rec.expires_at_ms)),
+        el("td", { class: "row" }, resolve("succeeded", "It ran", ""), resolve("never_ran", "It never ran", "danger")),
+      );
+    }),
+  );
 }
 
 function forceRelease(resource) {
@@ -472,6 +534,7 @@ async function refresh() {
     if (state.view === "resource" && state.resource) await refreshResource();
     if (state.view === "hot") await refreshHot();
     if (state.view === "audit") await refreshAudit();
+    if (state.view === "idempotency") await refreshIdempotency();
     showError(null);
   } catch (e) {
     showError(e);

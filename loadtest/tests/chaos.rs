@@ -1,14 +1,18 @@
 //! The chaos harness end to end, as CI runs it: `fencegate-loadtest chaos` against
 //! three real `fencegate node` processes with every fault kind mixed in.
 //!
-//! - A fenced run must pass: all six invariant checks clean, exit status 0 — and it must
+//! - A fenced run must pass: all seven checks clean, exit status 0 — and it must
 //!   have actually exercised something (operations, faults, zombie writes), or passing
 //!   would mean nothing.
 //! - The same clients with the proxies' fencing turned off (`--unsafe-no-fencing`) must be
 //!   caught: exit status non-zero and invariant 3 violations in verdict.json. This is the
 //!   proof that the checker can fail.
 //!
-//! Both need the `fencegate` binary next to the harness (target/debug/fencegate), which
+//! - Idempotent create-order clients (retries, concurrent duplicates, answers lost after the
+//!   effect) under the same faults leave at most one order per (tenant, key); with the
+//!   proxies' idempotency records off (`--unsafe-no-idempotency`) the duplicates are caught.
+//!
+//! All need the `fencegate` binary next to the harness (target/debug/fencegate), which
 //! `cargo test --workspace` builds.
 
 use std::path::{Path, PathBuf};
@@ -83,7 +87,7 @@ fn count(v: &Value, key: &str) -> u64 {
     v["violations"][key]["count"].as_u64().unwrap_or(u64::MAX)
 }
 
-/// The checker's six invariants under mixed faults, with fencing on: no violation.
+/// Every check under mixed faults (the order clients included), with fencing on: no violation.
 #[test]
 fn fenced_run_under_mixed_faults_passes() {
     let dir = out_dir("chaos-fenced");
@@ -131,4 +135,62 @@ fn unfenced_run_is_caught() {
         "caught: {lost} invariant-3 violations; first: {}",
         v["violations"]["3_store_token_monotonic"]["first"]
     );
+}
+
+/// A chaos run of mostly order clients (one lock worker keeps the lock path busy).
+fn orders_chaos(out: &Path, extra: &[&str]) -> (bool, Value) {
+    let mut args = vec!["--workers", "1", "--zombies", "0", "--orderers", "6"];
+    args.extend_from_slice(extra);
+    chaos(out, &args)
+}
+
+/// Invariant 7 under mixed faults: the order clients retry lost and refused attempts with the
+/// same key, race themselves through different proxies and lose answers after the effect
+/// (the store holds some answers past the proxy's timeout); the store still has at most one
+/// order per (tenant, key), and every answer names it. Short: the orders alone.
+#[test]
+fn idempotent_orders_under_mixed_faults_pass() {
+    let dir = out_dir("chaos-orders");
+    phase("chaos run with order clients, 20 s, every fault kind mixed");
+    let (ok, v) = orders_chaos(&dir, &["--duration-s", "20"]);
+    assert!(ok, "the run must pass:\n{}", summary(&v));
+    assert_eq!(count(&v, "7_one_effect_per_key"), 0);
+
+    phase("it exercised retries of lost answers");
+    let orders = &v["operations"]["by_function"]["order"];
+    let n = |k: &str| orders[k].as_u64().unwrap_or(0);
+    assert!(n("ok") >= 50, "too few answered orders: {orders}");
+    // Attempts with no definite answer (held-back answers past the upstream timeout, dropped
+    // answers, killed proxies) were retried with their key: the cases the record exists for.
+    assert!(n("info") >= 3, "too few lost answers: {orders}");
+    let checked = v["violations"]["7_one_effect_per_key"]["checked_by_kind"]["orders_in_store"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(checked >= 50, "too few orders in the store: {checked}");
+}
+
+/// The duplicate check can fail: the same order clients with the proxies' idempotency records
+/// off; every retry and race creates another order.
+#[test]
+fn orders_without_idempotency_records_are_caught() {
+    let dir = out_dir("chaos-orders-unsafe");
+    phase("unsafe chaos run (idempotency records off), 15 s");
+    let (ok, v) = orders_chaos(&dir, &["--duration-s", "15", "--unsafe-no-idempotency"]);
+    assert!(!ok, "the unsafe run must exit non-zero");
+    let dups = count(&v, "7_one_effect_per_key");
+    assert!(
+        dups > 0 && dups != u64::MAX,
+        "invariant 7 must report duplicate orders: {:#}",
+        v["violations"]
+    );
+    let first = &v["violations"]["7_one_effect_per_key"]["first"];
+    assert!(
+        first["orders"].as_array().is_some_and(|o| o.len() > 1),
+        "{first}"
+    );
+    assert!(
+        first["attempts"].as_array().is_some_and(|a| !a.is_empty()),
+        "{first}"
+    );
+    eprintln!("caught: {dups} invariant-7 violations; first: {first}");
 }

@@ -26,6 +26,11 @@ pub struct ProxyConfig {
     /// fence prevents. Never enable in production.
     #[serde(default)]
     pub unsafe_no_fencing: bool,
+    /// DEMONSTRATIONS ONLY: forward requests on idempotent routes without reading or writing
+    /// any `Idempotency-Key` record, so a retried request runs again. The chaos harness uses it
+    /// to show that its checker catches duplicate effects. Never enable in production.
+    #[serde(default)]
+    pub unsafe_no_idempotency: bool,
 }
 
 /// Longest admission grant: how long a release waits at most for a proxy that cannot confirm
@@ -55,6 +60,7 @@ impl ProxyConfig {
             listen,
             grant_ms: default_grant_ms(),
             unsafe_no_fencing: false,
+            unsafe_no_idempotency: false,
             routes: vec![
                 RouteConfig::new("/kv/{key}", "kv:{key}", &demo_store),
                 RouteConfig {

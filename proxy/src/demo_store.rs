@@ -10,12 +10,15 @@
 //! `/limited/{key}` answers 200 to GET, PUT and POST: the upstream of the rate-limited route.
 //!
 //! Orders, for the proxy's `Idempotency-Key` handling: `POST /orders` creates an order with a
-//! new id (201 and the order as JSON; logged in `GET /log` with the `Idempotency-Key` it was
-//! sent), and `GET /orders/by-key/{key}` finds the order created with that key (404 if none) —
-//! the lookup the proxy reconciles lost answers with. The store itself knows nothing of
-//! deduplication: two posts with one key make two orders. A post may carry
+//! new id for the tenant named by `X-Tenant` (default `demo`) (201 and the order as JSON;
+//! logged in `GET /log` with the `Idempotency-Key` and tenant it was sent), and
+//! `GET /orders/by-key/{key}` finds the order the `X-Tenant` tenant created with that key (404
+//! if none) — the lookup the proxy reconciles lost answers with. The store itself knows nothing
+//! of deduplication: two posts with one key make two orders. A post may carry
 //! `X-Demo-Hold: NAME`: the order is created, then the answer waits until
-//! `POST /holds/NAME/release` (at most 60 s) — how tests lose an answer after the effect.
+//! `POST /holds/NAME/release` (at most 60 s) — how tests lose an answer after the effect; or
+//! `X-Demo-Answer-Delay-Ms: N`: the order is created, then the answer waits N ms (at most 60 s)
+//! — how the chaos harness makes the proxy's upstream timeout lose answers.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -28,7 +31,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
+use lock_core::wire::Order;
+use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
@@ -42,14 +46,20 @@ pub struct LogEntry {
     /// The `Idempotency-Key` header the write carried (orders).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// The tenant the order was created for (orders).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
-/// One created order, as `POST /orders` and the by-key lookup return it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Order {
-    pub id: String,
-    pub idempotency_key: Option<String>,
-    pub body: String,
+/// The tenant of an order posted without `X-Tenant` (the dev proxy's default tenant too).
+const DEFAULT_TENANT: &str = "demo";
+
+fn tenant_of(headers: &HeaderMap) -> String {
+    headers
+        .get("x-tenant")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or(DEFAULT_TENANT)
+        .to_string()
 }
 
 #[derive(Default)]
@@ -125,6 +135,7 @@ async fn put_key(
         fence_token: header("fence-token"),
         value: String::from_utf8_lossy(&body).into_owned(),
         idempotency_key: None,
+        tenant: None,
     });
     s.data.insert(key, body);
     (StatusCode::OK, Json(serde_json::json!({ "seq": seq }))).into_response()
@@ -145,6 +156,7 @@ async fn create_order(State(shared): State<Shared>, headers: HeaderMap, body: By
         let mut s = lock(&shared);
         let order = Order {
             id: format!("ord-{}", s.orders.len() + 1),
+            tenant: tenant_of(&headers),
             idempotency_key: text("idempotency-key"),
             body: String::from_utf8_lossy(&body).into_owned(),
         };
@@ -155,6 +167,7 @@ async fn create_order(State(shared): State<Shared>, headers: HeaderMap, body: By
             fence_token: None,
             value: order.body.clone(),
             idempotency_key: order.idempotency_key.clone(),
+            tenant: Some(order.tenant.clone()),
         });
         s.orders.push(order.clone());
         order
@@ -172,14 +185,23 @@ async fn create_order(State(shared): State<Shared>, headers: HeaderMap, body: By
         };
         let _ = tokio::time::timeout(Duration::from_secs(60), wait).await;
     }
+    let delay = text("x-demo-answer-delay-ms").and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(ms) = delay {
+        tokio::time::sleep(Duration::from_millis(ms.min(60_000))).await;
+    }
     (StatusCode::CREATED, Json(order)).into_response()
 }
 
-async fn order_by_key(State(shared): State<Shared>, Path(key): Path<String>) -> Response {
+async fn order_by_key(
+    State(shared): State<Shared>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let tenant = tenant_of(&headers);
     let found = lock(&shared)
         .orders
         .iter()
-        .find(|o| o.idempotency_key.as_deref() == Some(key.as_str()))
+        .find(|o| o.idempotency_key.as_deref() == Some(key.as_str()) && o.tenant == tenant)
         .cloned();
     match found {
         Some(order) => (StatusCode::OK, Json(order)).into_response(),

@@ -40,7 +40,10 @@ pub fn start(
     let routes =
         Routes::new(config.routes.clone()).map_err(|e| ProxyError::Config(e.to_string()))?;
     let metrics = ProxyMetrics::new(&node.metrics.registry);
-    let idempotency = Arc::new(IdempotencyLayer::new(node.clone(), &node.metrics.registry));
+    let idempotency = Arc::new(
+        IdempotencyLayer::new(node.clone(), &node.metrics.registry)
+            .with_unsafe_no_records(config.unsafe_no_idempotency),
+    );
     let quotas = (!config.quotas.is_empty()).then(|| {
         Arc::new(QuotaLimiter::new(
             node.clone(),
@@ -58,6 +61,12 @@ pub fn start(
         tracing::warn!(
             "fencing proxy started with unsafe_no_fencing = true: protected writes are forwarded \
              WITHOUT fence checks (demonstrations only)"
+        );
+    }
+    if config.unsafe_no_idempotency {
+        tracing::warn!(
+            "fencing proxy started with unsafe_no_idempotency = true: retried Idempotency-Key \
+             requests run again (demonstrations only)"
         );
     }
 

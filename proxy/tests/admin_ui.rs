@@ -47,6 +47,8 @@ struct Cluster {
     addrs: BTreeMap<u64, String>,
     nodes: BTreeMap<u64, Option<NodeHandle>>,
     proxies: BTreeMap<u64, (String, Proxy)>,
+    /// The demo store's address.
+    store: String,
     http: reqwest::Client,
 }
 
@@ -72,7 +74,7 @@ impl Cluster {
             store,
             std::future::pending(),
         ));
-        let proxy_config = ProxyConfig::dev(String::new(), store_addr);
+        let proxy_config = ProxyConfig::dev(String::new(), store_addr.clone());
         let mut nodes = BTreeMap::new();
         let mut proxies = BTreeMap::new();
         for (id, (l, p)) in listeners {
@@ -106,6 +108,7 @@ impl Cluster {
             addrs,
             nodes,
             proxies,
+            store: store_addr,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
                 .build()
@@ -898,4 +901,244 @@ async fn lock_calls_are_audited_on_disk_without_lease_ids_and_bad_reads_are_400(
         let body: ErrorBody = r.json().await.expect("error body");
         assert_eq!(body.error.as_str(), "invalid_request", "{path}");
     }
+}
+
+/// `POST /orders` through node `id`'s proxy with an `Idempotency-Key`: the status, whether it
+/// was a replay, who resolved it (if an operator did) and the body.
+async fn post_order(
+    cluster: &Cluster,
+    id: u64,
+    key: &str,
+    body: &str,
+) -> (u16, bool, Option<String>, String) {
+    let r = cluster
+        .http
+        .post(format!("http://{}/orders", cluster.proxies[&id].0))
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("POST /orders");
+    let header = |n: &str| {
+        r.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let replayed = header("idempotent-replayed").as_deref() == Some("true");
+    let resolved_by = header("idempotent-resolved-by");
+    let status = r.status().as_u16();
+    (status, replayed, resolved_by, r.text().await.expect("body"))
+}
+
+/// Operators settle idempotency keys whose outcome is unknown (the proxy lost the upstream's
+/// answer and refuses to run the request again): the page lists them behind the admin
+/// credential; "It ran" makes retries replay a fixed answer naming the operator, never a second
+/// effect; "It never ran" frees the key for exactly one new attempt; a resolution naming an
+/// attempt that is not the unknown one is refused; every resolution and refusal is audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unknown_idempotency_outcomes_are_listed_and_resolved_from_the_page() {
+    use fencegate_proxy::idempotency::contract::fingerprint;
+    use lock_core::machine::{Command, IdemCommand, IdemOutcome, IdemScope, Response};
+    use lock_core::wire::{
+        AuditTail, IdemResolution, IdemResolveRequest, IdemResolvedAnswer, IdemUnknownPage,
+        StoreLogEntry,
+    };
+    let cluster = Cluster::start().await;
+    cluster.wait_leader(None).await;
+    let body = r#"{"item":"lamp"}"#;
+
+    phase("two create-order claims whose proxies went silent before the upstream answered");
+    for (key, attempt) in [("ui-ran", 7u64), ("ui-never", 8)] {
+        let claim = IdemCommand::Claim {
+            scope: IdemScope {
+                tenant: "demo".into(),
+                route: "/orders".into(),
+                key: key.into(),
+            },
+            fingerprint: fingerprint(
+                "POST",
+                "/orders",
+                Some("application/json"),
+                body.as_bytes(),
+                std::iter::empty(),
+            ),
+            owner: 1,
+            attempt,
+            lease_ms: 300,
+            retain_ms: 3_600_000,
+            tombstone_ms: 3_600_000,
+        };
+        let node = &cluster.nodes[&1].as_ref().expect("node 1").node;
+        let answer = node.propose(Command::Idem(claim)).await.expect("claim");
+        assert_eq!(answer, Response::Idem(IdemOutcome::Claimed { attempt }));
+    }
+
+    phase("the list needs the credential; with it, both keys once their claims have ended");
+    let list = "/v1/admin/idempotency/unknown?limit=10";
+    let r = cluster
+        .http
+        .get(cluster.url(2, list))
+        .send()
+        .await
+        .expect("list");
+    assert_eq!(r.status().as_u16(), 401);
+    let mut page: Option<IdemUnknownPage> = None;
+    eventually(EVENT, "both keys listed as unknown", async || {
+        let r = cluster
+            .http
+            .get(cluster.url(2, list))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("list");
+        page = r.json().await.ok();
+        page.as_ref().is_some_and(|p| p.records.len() == 2)
+    })
+    .await;
+    let page = page.expect("a page");
+    let mut keys: Vec<(&str, &str)> = page
+        .records
+        .iter()
+        .map(|r| (r.key.as_str(), r.attempt.as_str()))
+        .collect();
+    keys.sort();
+    assert_eq!(keys, [("ui-never", "8"), ("ui-ran", "7")]);
+    assert_eq!(page.next, None);
+
+    // (A retry through a proxy now would reconcile: the dev route asks the store's lookup,
+    // which would prove "never ran". Keys without a lookup stay unknown until resolved.)
+    phase("a resolution naming another attempt is refused");
+    let wrong = IdemResolveRequest {
+        operator: "carol".into(),
+        tenant: "demo".into(),
+        route: "/orders".into(),
+        key: "ui-ran".into(),
+        attempt: "999".into(),
+        resolution: IdemResolution::NeverRan,
+    };
+    let path = "/v1/admin/idempotency/resolve";
+    let (status, text) = cluster.post(2, path, &wrong, None).await;
+    assert_eq!(status, 401, "{text}");
+    let (status, text) = cluster.post(2, path, &wrong, Some(ADMIN_TOKEN)).await;
+    assert_eq!(status, 409, "{text}");
+    let refusal: ErrorBody = serde_json::from_str(&text).expect("error body");
+    assert_eq!(refusal.error.as_str(), "idempotency_not_unknown");
+
+    phase("on the page: 'It ran' on one key, 'It never ran' on the other");
+    let browser = Browser::start().await;
+    let base = format!("http://{}", cluster.addrs[&2]);
+    browser.open(&base, "idempotency").await;
+    browser
+        .wait_text("#idem-note", "the page asks for the credential", |t| {
+            t.contains("admin token")
+        })
+        .await;
+    browser.fill("#operator", "carol").await;
+    browser.fill("#admin-token", ADMIN_TOKEN).await;
+    browser
+        .wait_text("#idem-table tbody", "both keys on the page", |t| {
+            t.contains("ui-ran") && t.contains("ui-never")
+        })
+        .await;
+    browser.screenshot("idempotency").await;
+    browser
+        .click(r#"#idem-table tr[data-key="ui-ran"] .resolve-succeeded"#)
+        .await;
+    browser.click("#confirm-yes").await;
+    let done = browser
+        .wait_text("#idem-result", "the first resolution", |t| {
+            t.starts_with("Done") || t.starts_with("Refused")
+        })
+        .await;
+    assert!(done.starts_with("Done (200)"), "{done}");
+    browser
+        .wait_text(
+            "#idem-table tbody",
+            "the resolved key leaves the list",
+            |t| !t.contains("ui-ran") && t.contains("ui-never"),
+        )
+        .await;
+    browser
+        .click(r#"#idem-table tr[data-key="ui-never"] .resolve-never_ran"#)
+        .await;
+    browser.click("#confirm-yes").await;
+    browser
+        .wait_text("#idem-note", "no key left unknown", |t| {
+            t.contains("No key has an unknown outcome")
+        })
+        .await;
+    let done = browser.text("#idem-result").await;
+    assert!(done.starts_with("Done (200)"), "{done}");
+
+    phase("retries: the key that ran replays the operator's answer; the freed key runs once");
+    let (status, replayed, resolved_by, text) = post_order(&cluster, 1, "ui-ran", body).await;
+    assert_eq!(
+        (status, replayed, resolved_by.as_deref()),
+        (200, true, Some("carol")),
+        "{text}"
+    );
+    let answer: IdemResolvedAnswer = serde_json::from_str(&text).expect("resolved answer");
+    assert_eq!(answer.resolved_by, "carol");
+    let (status, replayed, _, first) = post_order(&cluster, 2, "ui-never", body).await;
+    assert_eq!((status, replayed), (201, false), "{first}");
+    let (status, replayed, _, again) = post_order(&cluster, 3, "ui-never", body).await;
+    assert_eq!((status, replayed), (201, true), "{again}");
+    assert_eq!(again, first);
+    let log: Vec<StoreLogEntry> = cluster
+        .http
+        .get(format!("http://{}/log", cluster.store))
+        .send()
+        .await
+        .expect("store log")
+        .json()
+        .await
+        .expect("log JSON");
+    let orders = |key: &str| {
+        log.iter()
+            .filter(|e| e.idempotency_key.as_deref() == Some(key))
+            .count()
+    };
+    assert_eq!((orders("ui-ran"), orders("ui-never")), (0, 1), "{log:?}");
+
+    phase("the audit panel shows both resolutions and the refusal");
+    let tail: AuditTail = cluster
+        .get(2, "/v1/admin/audit?caller=operator:carol")
+        .await;
+    let outcomes: Vec<&str> = tail
+        .entries
+        .iter()
+        .filter(|e| e.op == "idempotency_resolve")
+        .map(|e| e.outcome.as_str())
+        .collect();
+    for want in ["succeeded", "never_ran", "idempotency_not_unknown"] {
+        assert!(outcomes.contains(&want), "{want} in {outcomes:?}");
+    }
+    let r = cluster
+        .http
+        .get(cluster.url(2, "/metrics"))
+        .send()
+        .await
+        .expect("metrics");
+    let metrics = r.text().await.expect("metrics text");
+    for resolution in ["succeeded", "never_ran"] {
+        let counted = metrics.lines().any(|l| {
+            l.starts_with("fencegate_idempotency_operator_resolutions_total{")
+                && l.contains(&format!("resolution=\"{resolution}\""))
+                && l.ends_with(" 1")
+        });
+        assert!(counted, "{resolution} counted once in\n{metrics}");
+    }
+    browser.open(&base, "audit").await;
+    browser
+        .wait_text(
+            "#audit-table tbody",
+            "resolutions in the audit panel",
+            |t| {
+                t.contains("idempotency_resolve") && t.contains("never_ran") && t.contains("ui-ran")
+            },
+        )
+        .await;
+    browser.close().await;
 }

@@ -206,12 +206,24 @@ async fn t20_contract_replay_mismatch_missing_malformed_tenants() {
     assert_eq!(orders_with_key(&h, "k-1").await.len(), 2);
 
     phase("the metrics count the replay and the mismatch (each proxy on its node's /metrics)");
+    assert_counted(&h, &["replayed", "mismatch", "key_required", "invalid_key"]).await;
+    h.shutdown().await;
+}
+
+/// Every node's `/metrics`, concatenated.
+async fn metrics_text(h: &FenceHarness) -> String {
     let mut text = String::new();
     for id in h.cluster.running() {
         let (_, page) = h.cluster.get(id, "/metrics").await;
         text.push_str(page.as_str().unwrap_or_default());
     }
-    for outcome in ["replayed", "mismatch", "key_required", "invalid_key"] {
+    text
+}
+
+/// Some proxy counted each of `outcomes` in `fencegate_proxy_idempotency_requests_total`.
+async fn assert_counted(h: &FenceHarness, outcomes: &[&str]) {
+    let text = metrics_text(h).await;
+    for outcome in outcomes {
         assert!(
             text.contains(&format!(
                 "fencegate_proxy_idempotency_requests_total{{outcome=\"{outcome}\""
@@ -219,7 +231,6 @@ async fn t20_contract_replay_mismatch_missing_malformed_tenants() {
             "{outcome} in metrics:\n{text}"
         );
     }
-    h.shutdown().await;
 }
 
 /// Starts a request through node `x`'s proxy whose store answer is held after the order is
@@ -294,6 +305,7 @@ async fn t30_lost_answer_after_leader_death_is_reconciled_not_rerun() {
     );
     assert_eq!(b.body, a.body);
     assert_eq!(orders_with_key(&h, "lost-1").await.len(), 1);
+    assert_counted(&h, &["reconciled"]).await;
     h.shutdown().await;
 }
 
@@ -318,15 +330,13 @@ async fn t31_lost_answer_without_lookup_is_an_unknown_error() {
     let again = post_order(&h, other, Some("lost-2"), body, &[]).await;
     assert_eq!(again.code(), "idempotency_outcome_unknown", "{again:?}");
     assert_eq!(orders_with_key(&h, "lost-2").await.len(), 1);
+    assert_counted(&h, &["unknown"]).await;
     h.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t32_claim_lost_before_forwarding_allows_one_new_attempt() {
-    let h = FenceHarness::start().await;
-    let body = r#"{"item":"desk"}"#;
-
-    phase("a proxy on node 1 claims the key and dies before forwarding (claim committed directly)");
+/// A proxy on node 1 claims `key` for `tenant` and dies before forwarding (the claim is
+/// committed directly, as attempt 42 with a 1 s lease).
+async fn claim_and_vanish(h: &FenceHarness, tenant: &str, key: &str, body: &str) {
     let fp = fingerprint(
         "POST",
         "/orders",
@@ -336,9 +346,9 @@ async fn t32_claim_lost_before_forwarding_allows_one_new_attempt() {
     );
     let claim = IdemCommand::Claim {
         scope: IdemScope {
-            tenant: "demo".into(),
+            tenant: tenant.into(),
             route: "/orders".into(),
-            key: "never-sent".into(),
+            key: key.into(),
         },
         fingerprint: fp,
         owner: 1,
@@ -355,6 +365,15 @@ async fn t32_claim_lost_before_forwarding_allows_one_new_attempt() {
         .await
         .expect("claim");
     assert_eq!(resp, Response::Idem(IdemOutcome::Claimed { attempt: 42 }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t32_claim_lost_before_forwarding_allows_one_new_attempt() {
+    let h = FenceHarness::start().await;
+    let body = r#"{"item":"desk"}"#;
+
+    phase("a proxy on node 1 claims the key and dies before forwarding (claim committed directly)");
+    claim_and_vanish(&h, "demo", "never-sent", body).await;
 
     phase("a retry: the lookup proves it never ran, so it runs once; later retries replay");
     let a = post_until_settled(&h, 2, "never-sent", body).await;
@@ -363,6 +382,69 @@ async fn t32_claim_lost_before_forwarding_allows_one_new_attempt() {
     assert_eq!((b.status, b.replayed), (201, true), "{b:?}");
     assert_eq!(b.body["id"], a.body["id"]);
     assert_eq!(orders_with_key(&h, "never-sent").await.len(), 1);
+    assert_counted(&h, &["reconciled_new_attempt"]).await;
+    h.shutdown().await;
+}
+
+/// Sends for `tenant` until the answer is not "in flight" (the vanished claim's lease).
+async fn post_while_in_use(
+    h: &FenceHarness,
+    id: u64,
+    key: &str,
+    body: &str,
+    tenant: &str,
+) -> Answer {
+    let deadline = std::time::Instant::now() + EVENT;
+    loop {
+        let a = post_order(h, id, Some(key), body, &[("x-tenant", tenant)]).await;
+        if a.code() != "idempotency_key_in_use" || std::time::Instant::now() >= deadline {
+            return a;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Two tenants may use the same key: reconciling one tenant's lost attempt asks the lookup
+/// for that tenant's effect only, so another tenant's order with the same key proves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t33_reconciliation_asks_for_the_tenants_own_effect() {
+    let h = FenceHarness::start().await;
+    let body = r#"{"item":"stool"}"#;
+
+    phase("tenant acme creates an order with key shared-1");
+    let acme = post_order(&h, 2, Some("shared-1"), body, &[("x-tenant", "acme")]).await;
+    assert_eq!(acme.status, 201, "{acme:?}");
+
+    phase("tenant globex's claim of the same key is lost before forwarding");
+    claim_and_vanish(&h, "globex", "shared-1", body).await;
+
+    phase("globex's retry: its own effect is absent, so it runs once (not acme's order replayed)");
+    let globex = post_while_in_use(&h, 3, "shared-1", body, "globex").await;
+    assert_eq!((globex.status, globex.replayed), (201, false), "{globex:?}");
+    assert_eq!(globex.body["tenant"], "globex");
+    assert_ne!(globex.body["id"], acme.body["id"]);
+    let orders = orders_with_key(&h, "shared-1").await;
+    assert_eq!(orders.len(), 2, "one order per tenant: {orders:#?}");
+
+    phase("globex's own effect of a lost attempt is found by the lookup: replayed, not rerun");
+    let created = reqwest::Client::new()
+        .post(format!("http://{}/orders", h.client.store_addr))
+        .header("idempotency-key", "shared-2")
+        .header("x-tenant", "globex")
+        .body(body)
+        .send()
+        .await
+        .expect("the lost attempt's effect");
+    assert_eq!(created.status().as_u16(), 201);
+    claim_and_vanish(&h, "globex", "shared-2", body).await;
+    let found = post_while_in_use(&h, 2, "shared-2", body, "globex").await;
+    assert_eq!(
+        (found.status, found.replayed, found.reconciled),
+        (200, true, true),
+        "{found:?}"
+    );
+    assert_eq!(found.body["tenant"], "globex");
+    assert_eq!(orders_with_key(&h, "shared-2").await.len(), 1);
     h.shutdown().await;
 }
 
@@ -394,6 +476,40 @@ async fn t40_expired_key_is_refused_for_the_tombstone_window() {
     })
     .await;
     assert_eq!(orders_with_key(&h, "old").await.len(), 1);
+    assert_counted(&h, &["expired"]).await;
+    h.shutdown().await;
+}
+
+/// After retention and tombstone the record is forgotten on every node (counted in
+/// `fencegate_idempotency_records_forgotten_total`) and the key is new again: the documented
+/// end of the guarantee.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t41_a_record_past_its_tombstone_is_forgotten_and_counted() {
+    let h = FenceHarness::start_with(|c| {
+        let o = &mut c.routes[1].idempotency_options;
+        o.retain_ms = 300;
+        o.tombstone_ms = 300;
+    })
+    .await;
+    let first = post_order(&h, 1, Some("short"), "{}", &[]).await;
+    assert_eq!(first.status, 201, "{first:?}");
+
+    phase("every node forgets the record once its tombstone window is over");
+    eventually(EVENT, "the record forgotten on every node", async || {
+        let text = metrics_text(&h).await;
+        let forgotten = text
+            .lines()
+            .filter(|l| l.starts_with("fencegate_idempotency_records_forgotten_total"))
+            .filter(|l| l.rsplit(' ').next().is_some_and(|v| v != "0"))
+            .count();
+        forgotten == h.cluster.running().len()
+    })
+    .await;
+
+    phase("the key is new again: a request with it runs");
+    let again = post_order(&h, 2, Some("short"), "{}", &[]).await;
+    assert_eq!((again.status, again.replayed), (201, false), "{again:?}");
+    assert_eq!(orders_with_key(&h, "short").await.len(), 2);
     h.shutdown().await;
 }
 

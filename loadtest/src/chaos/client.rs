@@ -16,14 +16,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use lock_core::wire::{
     classify, AcquireRequest, AcquireResponse, ClusterStatus, ErrorBody, Failure, LeaseId,
-    LeaseRequest, LockView, ReleaseResponse, RenewResponse, StoreLogEntry, FENCE_TOKEN_HEADER,
+    LeaseRequest, LockView, Order, ReleaseResponse, RenewResponse, StoreLogEntry,
+    FENCE_TOKEN_HEADER,
 };
 use rand::Rng;
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::history::{EventType, History, LockCall, ReadCall, Trouble, WriteCall, WriteRole};
+use super::history::{
+    EventType, History, LockCall, OrderCall, ReadCall, Trouble, WriteCall, WriteRole,
+};
 
 /// One node's endpoints.
 #[derive(Clone, Debug)]
@@ -62,7 +65,7 @@ fn json<T: DeserializeOwned>(body: Bytes) -> Option<T> {
     serde_json::from_slice(&body).ok()
 }
 
-/// The drop-responses nemesis: while on, some lock calls lose their answer. Half of them are
+/// The drop-responses nemesis: while on, some lock calls and orders lose their answer. Half of them are
 /// sent and answered in full, then the answer is thrown away (the server committed; the client
 /// never hears it); the other half are abandoned 1–80 ms after sending (the client hangs up
 /// mid-request, so it is unknown whether the server acted).
@@ -73,7 +76,7 @@ pub struct DropSwitch {
     pub abandoned: AtomicU64,
 }
 
-/// Probability that a lock call is hit while the drop-responses nemesis is on.
+/// Probability that a lock call or order is hit while the drop-responses nemesis is on.
 const DROP_P: f64 = 0.4;
 
 impl DropSwitch {
@@ -101,6 +104,8 @@ enum Kind {
     Lock,
     /// A protected write through a fencing proxy.
     Write,
+    /// A create-order with an `Idempotency-Key` through a fencing proxy.
+    Order,
     /// A read; never retried on, never checked as an effect.
     Read,
 }
@@ -264,6 +269,35 @@ impl Client {
         .and_then(|_| Some(()))
     }
 
+    /// `POST /orders` through node `node`'s fencing proxy with `Idempotency-Key: key` and
+    /// `X-Tenant: tenant`. The answer is the order: the one this attempt created, or the one a
+    /// replay or reconciliation names.
+    pub async fn order(&self, process: &str, node: u64, call: &OrderCall) -> Outcome<Order> {
+        let url = format!("{}/orders", self.endpoint(node).proxy);
+        self.call(
+            process,
+            "order",
+            node,
+            Kind::Order,
+            call,
+            Duration::from_secs(4),
+            |h| {
+                let mut req = h
+                    .post(url)
+                    .header("idempotency-key", &call.key)
+                    .header("x-tenant", &call.tenant)
+                    .header("content-type", "application/json")
+                    .body(call.body.clone());
+                if let Some(ms) = call.answer_delay_ms {
+                    req = req.header("x-demo-answer-delay-ms", ms.to_string());
+                }
+                req
+            },
+        )
+        .await
+        .and_then(json)
+    }
+
     /// `GET /kv/{key}` straight from the store (what a zombie looks at before waking up).
     pub async fn read_kv(&self, process: &str, key: &str) -> Outcome<String> {
         let url = format!("{}/kv/{key}", self.store);
@@ -330,7 +364,7 @@ impl Client {
     }
 
     fn drop_mode(&self, kind: Kind) -> Drop {
-        if kind != Kind::Lock || !self.drops.is_on() {
+        if !matches!(kind, Kind::Lock | Kind::Order) || !self.drops.is_on() {
             return Drop::Keep;
         }
         let mut rng = rand::rng();
@@ -462,9 +496,13 @@ fn sort(kind: Kind, status: u16, body: &[u8]) -> EventType {
             Err(Failure::Uncertain(_)) => EventType::Info,
         },
         _ if success => EventType::Ok,
+        // An idempotent route: a refusal (400, 409 in use or outcome unknown, 422) forwarded
+        // nothing new; any 5xx may follow an effect (even 503: the upstream answered, the
+        // answer could not be recorded).
+        Kind::Order if status >= 500 => EventType::Info,
         // The proxy: a rejection (400/404/412/428) and 503 `no_quorum` forward nothing
         // (docs/fencing.md); 502/504 "may or may not have reached the upstream".
         Kind::Write if (500..600).contains(&status) && status != 503 => EventType::Info,
-        Kind::Write | Kind::Read => EventType::Fail,
+        Kind::Write | Kind::Order | Kind::Read => EventType::Fail,
     }
 }

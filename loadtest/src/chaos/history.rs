@@ -105,6 +105,22 @@ pub struct WriteCall {
     pub role: WriteRole,
 }
 
+/// The invocation of an idempotent create-order (`POST /orders` through a fencing proxy).
+/// Every attempt of one logical order carries the same tenant, key and body.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct OrderCall {
+    pub tenant: String,
+    pub key: String,
+    pub body: String,
+    /// The demo store holds its answer back this long after creating the order (past the
+    /// proxy's upstream timeout, the answer is lost after the effect).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_delay_ms: Option<u64>,
+    /// Sent alongside other attempts of the same order (a client racing itself).
+    #[serde(default)]
+    pub concurrent: bool,
+}
+
 /// The invocation of a read: `{"resource": …}`, `{"key": …}` or `{"url": …}`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

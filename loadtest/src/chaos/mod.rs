@@ -6,11 +6,13 @@
 //! fencegate-loadtest chaos --duration-s 60 --out /tmp/chaos            # mixed faults, must pass
 //! fencegate-loadtest chaos --nemesis pause,partition-leader            # selected faults only
 //! fencegate-loadtest chaos --unsafe-no-fencing --duration-s 30         # must be caught
+//! fencegate-loadtest chaos --unsafe-no-idempotency --duration-s 15     # must be caught too
 //! fencegate-loadtest chaos --recheck /tmp/chaos                        # re-run the checker
 //! ```
 //!
 //! One run: start three `fencegate node` processes with proxies and a demo store
-//! ([`crate::cluster`]); run honest workers and zombies ([`workers`]) through the raw HTTP
+//! ([`crate::cluster`]); run honest workers and zombies ([`workers`]) and idempotent
+//! create-order clients ([`orders`]) through the raw HTTP
 //! clients that record every invocation and completion ([`client`], [`history`]); let the
 //! [`nemesis`] break things one at a time; heal, let the clients stop, read the final state
 //! and the store's log; then check the history, one function per invariant ([`checker`]).
@@ -21,6 +23,7 @@ mod checker;
 mod client;
 mod history;
 mod nemesis;
+mod orders;
 mod verdict;
 mod workers;
 
@@ -48,14 +51,15 @@ use crate::cluster::{ClusterSpec, LocalCluster, ProxySpec};
 /// The chaos cluster: fault injection on, a proxy per node. A short grant keeps hand-offs on
 /// contended keys quick (a release defers the next lease by at most one grant,
 /// docs/fencing.md).
-fn cluster_spec(unsafe_no_fencing: bool) -> ClusterSpec {
+fn cluster_spec(args: &ChaosArgs) -> ClusterSpec {
     ClusterSpec {
         tmp_prefix: "fencegate-chaos-",
         log_env: "FENCEGATE_CHAOS_NODE_LOG",
         proxies: Some(ProxySpec {
             grant_ms: 1_500,
             upstream_timeout_ms: 1_000,
-            unsafe_no_fencing,
+            unsafe_no_fencing: args.unsafe_no_fencing,
+            unsafe_no_idempotency: args.unsafe_no_idempotency,
         }),
         fault_injection: true,
     }
@@ -90,12 +94,21 @@ pub struct ChaosArgs {
     /// checker must then report violations (invariant 3): proof that it can fail.
     #[arg(long)]
     pub unsafe_no_fencing: bool,
+    /// Run the proxies without Idempotency-Key records (every attempt of an order is
+    /// forwarded). The checker must then report duplicate orders (invariant 7): proof that
+    /// it can fail.
+    #[arg(long)]
+    pub unsafe_no_idempotency: bool,
     /// Honest workers.
     #[arg(long, default_value_t = 8)]
     pub workers: usize,
     /// Zombie workers (stall past their lease, then write).
     #[arg(long, default_value_t = 3)]
     pub zombies: usize,
+    /// Create-order clients on the idempotent `POST /orders` route (retries, concurrent
+    /// duplicates, lost answers).
+    #[arg(long, default_value_t = 3)]
+    pub orderers: usize,
     /// Contended keys (`/kv/k0` … through the proxies, resources `kv:k0` …).
     #[arg(long, default_value_t = 5)]
     pub keys: usize,
@@ -159,7 +172,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let bin = find_fencegate_bin(args.fencegate_bin.as_deref())?;
     let data_dir = fresh_data_dir(&args)?;
     announce(&args, &faults, seed);
-    let cluster = LocalCluster::start(bin.clone(), data_dir, cluster_spec(args.unsafe_no_fencing))?;
+    let cluster = LocalCluster::start(bin.clone(), data_dir, cluster_spec(&args))?;
     eprintln!("chaos: cluster starting in {}", cluster.dir.display());
     let leader = cluster.wait_ready(Duration::from_secs(60)).await?;
     eprintln!("chaos: cluster ready, leader {leader}");
@@ -178,9 +191,11 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
             "seed": seed,
             "duration_s": args.duration_s,
             "unsafe_no_fencing": args.unsafe_no_fencing,
+            "unsafe_no_idempotency": args.unsafe_no_idempotency,
             "faults": faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
             "workers": args.workers,
             "zombies": args.zombies,
+            "orderers": args.orderers,
             "keys": args.keys,
             "fencegate_bin": bin.display().to_string(),
         }),
@@ -283,10 +298,11 @@ fn fresh_data_dir(args: &ChaosArgs) -> anyhow::Result<Option<PathBuf>> {
 }
 
 fn announce(args: &ChaosArgs, faults: &[Fault], seed: u64) {
-    let mode = if args.unsafe_no_fencing {
-        "UNSAFE (fencing off)"
-    } else {
-        "fenced"
+    let mode = match (args.unsafe_no_fencing, args.unsafe_no_idempotency) {
+        (false, false) => "fenced",
+        (true, false) => "UNSAFE (fencing off)",
+        (false, true) => "UNSAFE (idempotency records off)",
+        (true, true) => "UNSAFE (fencing and idempotency records off)",
     };
     let faults = if faults.is_empty() {
         "none".to_string()
@@ -295,8 +311,9 @@ fn announce(args: &ChaosArgs, faults: &[Fault], seed: u64) {
         names.join(",")
     };
     eprintln!(
-        "chaos: {}s, {} workers + {} zombies on {} keys, {mode}, faults: {faults}, seed {seed}",
-        args.duration_s, args.workers, args.zombies, args.keys,
+        "chaos: {}s, {} workers + {} zombies on {} keys, {} orderers, {mode}, faults: {faults}, \
+         seed {seed}",
+        args.duration_s, args.workers, args.zombies, args.keys, args.orderers,
     );
 }
 
@@ -324,7 +341,7 @@ fn client_of(
     Client::new(endpoints, store, hist.clone(), drops.clone())
 }
 
-/// The honest workers and the zombies, each with its own seed, until `stop`.
+/// The honest workers, the zombies and the orderers, each with its own seed, until `stop`.
 fn spawn_clients(
     args: &ChaosArgs,
     client: &Client,
@@ -344,7 +361,11 @@ fn spawn_clients(
         let seed = seed.wrapping_add(1_000 + i as u64);
         tokio::spawn(workers::zombie(workload.clone(), i, seed))
     });
-    workers.chain(zombies).collect()
+    let orderers = (0..args.orderers).map(|i| {
+        let seed = seed.wrapping_add(2_000 + i as u64);
+        tokio::spawn(orders::orderer(workload.clone(), i, seed))
+    });
+    workers.chain(zombies).chain(orderers).collect()
 }
 
 /// The run itself: the clients and the nemesis at work, a progress line every 15 s.
@@ -427,10 +448,11 @@ fn run_verdict(
     problems: Vec<String>,
     drops: &DropSwitch,
 ) -> Verdict {
-    let mode = if args.unsafe_no_fencing {
-        "unsafe-no-fencing"
-    } else {
-        "fenced"
+    let mode = match (args.unsafe_no_fencing, args.unsafe_no_idempotency) {
+        (false, false) => "fenced",
+        (true, false) => "unsafe-no-fencing",
+        (false, true) => "unsafe-no-idempotency",
+        (true, true) => "unsafe-no-fencing-no-idempotency",
     };
     let mut verdict = Verdict::new(mode, m, results, problems);
     verdict.run = Some(RunSetup {
@@ -438,6 +460,7 @@ fn run_verdict(
         duration_s: args.duration_s,
         workers: args.workers,
         zombies: args.zombies,
+        orderers: args.orderers,
         keys: args.keys,
     });
     for f in faults {

@@ -10,7 +10,7 @@
 //! | `partition-minority` | cut one random node off from both others (fault layer, both sides) | clear rules |
 //! | `partition-leader` | cut the leader off | clear rules |
 //! | `bridge` | cut only the link leader ↔ one follower; the third node still sees both | clear rules |
-//! | `drop-responses` | lock calls lose their answer (after commit) or hang up mid-request | stop dropping |
+//! | `drop-responses` | lock calls and orders lose their answer (after the effect) or hang up mid-request | stop dropping |
 //! | `clock-offset` | shift a *follower's* wall clock by ±0.5–3 s (it may become leader later) | reset; if it leads by then with a slow clock, restart it instead |
 //!
 //! Clock offsets are applied to followers only: a step of the *leader's* clock while it leads

@@ -10,7 +10,7 @@ use super::checker::{self, CheckResult, Model, Operations};
 pub struct Verdict {
     /// No check found a violation and nothing else went wrong.
     pub valid: bool,
-    /// `fenced`, `unsafe-no-fencing`, or `recheck`.
+    /// `fenced`, `unsafe-no-fencing`, `unsafe-no-idempotency` (or both), or `recheck`.
     pub mode: &'static str,
     /// How the run was set up (absent for a recheck).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
@@ -30,6 +30,7 @@ pub struct RunSetup {
     pub duration_s: u64,
     pub workers: usize,
     pub zombies: usize,
+    pub orderers: usize,
     pub keys: usize,
 }
 
@@ -93,6 +94,10 @@ impl Verdict {
         for (role, counts) in &self.operations.writes_by_role {
             let counts = serde_json::to_string(counts).unwrap_or_default();
             println!("  {role} writes: {counts}");
+        }
+        if let Some(orders) = self.operations.by_function.get("order") {
+            let counts = serde_json::to_string(orders).unwrap_or_default();
+            println!("  orders (attempts): {counts}");
         }
         for r in results {
             println!(

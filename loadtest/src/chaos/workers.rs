@@ -52,15 +52,15 @@ struct Held {
 const CLIENT_MARGIN: Duration = Duration::from_millis(400);
 
 impl Workload {
-    fn stopping(&self) -> bool {
+    pub(super) fn stopping(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
     }
 
-    fn node(&self, rng: &mut StdRng) -> u64 {
+    pub(super) fn node(&self, rng: &mut StdRng) -> u64 {
         self.client.nodes.choose(rng).map_or(1, |n| n.id)
     }
 
-    async fn pause(&self, rng: &mut StdRng, lo: u64, hi: u64) {
+    pub(super) async fn pause(&self, rng: &mut StdRng, lo: u64, hi: u64) {
         tokio::time::sleep(Duration::from_millis(rng.random_range(lo..=hi))).await;
     }
 

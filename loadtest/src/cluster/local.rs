@@ -18,7 +18,9 @@ use super::process::{self, cluster_dir, free_ports, spawn_demo_store, spawn_node
 use super::status;
 
 /// The fencing proxies: one per node, routing `/kv/{key}` to the demo store as resource
-/// `kv:{key}`.
+/// `kv:{key}`, and `POST /orders` to its create-order endpoint with `Idempotency-Key` required
+/// (tenant from `X-Tenant`, lost answers reconciled through `GET /orders/by-key/{key}`), as in
+/// `fencegate dev`.
 #[derive(Clone, Copy, Debug)]
 pub struct ProxySpec {
     /// How long one admission lets a proxy forward a token's writes; a release defers the
@@ -27,6 +29,8 @@ pub struct ProxySpec {
     pub upstream_timeout_ms: u64,
     /// Fence checks off (the chaos harness's proof that its checker can fail).
     pub unsafe_no_fencing: bool,
+    /// Idempotency records off (the chaos harness's proof that its duplicate check can fail).
+    pub unsafe_no_idempotency: bool,
 }
 
 impl ProxySpec {
@@ -35,6 +39,7 @@ impl ProxySpec {
         grant_ms: 2_000,
         upstream_timeout_ms: 1_000,
         unsafe_no_fencing: false,
+        unsafe_no_idempotency: false,
     };
 }
 
@@ -142,11 +147,17 @@ impl LocalCluster {
             if let Some(p) = spec.proxies {
                 toml.push_str(&format!(
                     "\n[proxy]\nlisten = \"127.0.0.1:{proxy_port}\"\ngrant_ms = {grant}\n\
-                     unsafe_no_fencing = {unsafe_no_fencing}\n\n\
+                     unsafe_no_fencing = {unsafe_no_fencing}\n\
+                     unsafe_no_idempotency = {unsafe_no_idempotency}\n\n\
                      [[proxy.routes]]\npath = \"/kv/{{key}}\"\nresource = \"kv:{{key}}\"\n\
-                     upstream = \"{store}\"\nupstream_timeout_ms = {upstream_timeout}\n",
+                     upstream = \"{store}\"\nupstream_timeout_ms = {upstream_timeout}\n\n\
+                     [[proxy.routes]]\npath = \"/orders\"\nresource = \"orders\"\n\
+                     upstream = \"{store}\"\nupstream_timeout_ms = {upstream_timeout}\n\
+                     protected_methods = []\nidempotency = \"required\"\n\
+                     idempotency_options = {{ reconcile = \"/orders/by-key/{{key}}\" }}\n",
                     grant = p.grant_ms,
                     unsafe_no_fencing = p.unsafe_no_fencing,
+                    unsafe_no_idempotency = p.unsafe_no_idempotency,
                     upstream_timeout = p.upstream_timeout_ms,
                 ));
             }

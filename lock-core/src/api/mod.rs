@@ -78,6 +78,14 @@ pub fn router(node: Arc<Node>) -> Router {
         )
         .route("/v1/admin/drain", post(admin::drain))
         .route("/v1/admin/snapshot", post(admin::snapshot))
+        .route(
+            "/v1/admin/idempotency/unknown",
+            get(admin::idempotency_unknown),
+        )
+        .route(
+            "/v1/admin/idempotency/resolve",
+            post(admin::idempotency_resolve),
+        )
         .route("/v1/admin/members/add", post(admin::add_member))
         .route("/v1/admin/members/remove", post(admin::remove_member))
         .route("/healthz", get(cluster::healthz))

@@ -15,11 +15,14 @@
 //!   Processing --Complete(unknown) or lease over--> Unknown
 //!   Unknown --Reconcile(ran)--> Succeeded                (the upstream's lookup said so)
 //!   Unknown --Reconcile(never ran)--> Processing          (one new attempt)
+//!   Unknown --Resolve(ran)--> Succeeded                  (an operator's answer)
+//!   Unknown --Resolve(never ran)--> (none)               (an operator frees the key)
 //!   any --retention over--> expired (refused) --tombstone over--> (none)
 //! ```
 //!
 //! Unknown is a state, not a guess: a processing record whose owner's lease ended is never
-//! handed to another request to run again; only proof from the upstream moves it on.
+//! handed to another request to run again; only proof from the upstream, or an operator's
+//! audited word, moves it on.
 
 use serde::{Deserialize, Serialize};
 
@@ -117,6 +120,16 @@ pub enum IdemCommand {
         attempt: u64,
         lease_ms: u64,
     },
+    /// An operator settles the `Unknown` record of `attempt` (the attempt the operator was
+    /// shown, so a record that moved on meanwhile is left alone).
+    Resolve {
+        scope: IdemScope,
+        attempt: u64,
+        /// `Ran`: the record becomes `Succeeded` with this answer. `NeverRan`: the record is
+        /// dropped and the key is free for one new attempt.
+        finding: Finding,
+        operator: String,
+    },
 }
 
 impl IdemCommand {
@@ -124,7 +137,8 @@ impl IdemCommand {
         match self {
             IdemCommand::Claim { scope, .. }
             | IdemCommand::Complete { scope, .. }
-            | IdemCommand::Reconcile { scope, .. } => scope,
+            | IdemCommand::Reconcile { scope, .. }
+            | IdemCommand::Resolve { scope, .. } => scope,
         }
     }
 }
@@ -165,7 +179,7 @@ pub enum IdemOutcome {
     Unknown { attempt: u64 },
     /// The key's record has expired; it is refused until `until_ms`.
     Expired { until_ms: u64 },
-    /// A `Complete` was recorded.
+    /// A `Complete` (or an operator's `Resolve`) was recorded.
     Completed,
     /// A `Complete` for an attempt that no longer owns the record (it was completed, reconciled
     /// or forgotten meanwhile); nothing changed.
@@ -292,12 +306,18 @@ impl IdempotencyMachine {
                     }
                 }
             }
+            IdemCommand::Resolve {
+                attempt, finding, ..
+            } => match prev {
+                None => (RecordWrite::Keep, IdemOutcome::NotOwner),
+                Some(rec) => Self::resolve(rec, *attempt, finding, now_ms),
+            },
         }
     }
 
     /// The state with the owner's lease taken into account: processing past its lease is
     /// unknown.
-    fn effective(rec: &IdemRecord, now_ms: u64) -> IdemState {
+    pub fn effective(rec: &IdemRecord, now_ms: u64) -> IdemState {
         match rec.state {
             IdemState::Processing {
                 attempt,
@@ -305,6 +325,36 @@ impl IdempotencyMachine {
                 ..
             } if now_ms >= lease_until_ms => IdemState::Unknown { attempt },
             ref s => s.clone(),
+        }
+    }
+
+    /// An operator's resolution of an `Unknown` record; anything else is left as it is and
+    /// answered like a request would be (in flight, replay, expired, another attempt unknown).
+    fn resolve(
+        rec: &IdemRecord,
+        attempt: u64,
+        finding: &Finding,
+        now_ms: u64,
+    ) -> (RecordWrite, IdemOutcome) {
+        if now_ms >= rec.expires_at_ms {
+            return (
+                RecordWrite::Keep,
+                IdemOutcome::Expired {
+                    until_ms: rec.purge_at_ms,
+                },
+            );
+        }
+        match Self::effective(rec, now_ms) {
+            IdemState::Unknown { attempt: lost } if lost == attempt => match finding {
+                Finding::Ran(answer) => {
+                    let mut next = rec.clone();
+                    next.state = IdemState::Succeeded(answer.clone());
+                    (RecordWrite::Put(next), IdemOutcome::Completed)
+                }
+                Finding::NeverRan => (RecordWrite::Delete, IdemOutcome::Completed),
+            },
+            // Same fingerprint: the answer a retry would get now.
+            _ => Self::existing(rec, &rec.fingerprint, now_ms),
         }
     }
 
@@ -547,6 +597,79 @@ mod tests {
         );
     }
 
+    fn resolve(attempt: u64, finding: Finding) -> IdemCommand {
+        IdemCommand::Resolve {
+            scope: scope(),
+            attempt,
+            finding,
+            operator: "ops".into(),
+        }
+    }
+
+    #[test]
+    fn operators_resolve_only_the_unknown_attempt_they_were_shown() {
+        let mut rec = None;
+        step(&mut rec, &claim("fp", 1), 0);
+        // Still in flight: an operator cannot settle it.
+        assert_eq!(
+            step(&mut rec, &resolve(1, Finding::NeverRan), 500),
+            IdemOutcome::InFlight {
+                retry_after_ms: 500
+            }
+        );
+        // Past the owner's lease it is unknown (not yet stored as such): resolvable, but only
+        // for the attempt that was lost.
+        assert_eq!(
+            step(&mut rec, &resolve(9, Finding::NeverRan), 1_500),
+            IdemOutcome::Unknown { attempt: 1 }
+        );
+        let answer = answer(200);
+        assert_eq!(
+            step(&mut rec, &resolve(1, Finding::Ran(answer.clone())), 1_600),
+            IdemOutcome::Completed
+        );
+        assert_eq!(
+            step(&mut rec, &claim("fp", 2), 1_700),
+            IdemOutcome::Replay(answer.clone())
+        );
+        // Settled: a second resolution changes nothing.
+        assert_eq!(
+            step(&mut rec, &resolve(1, Finding::NeverRan), 1_800),
+            IdemOutcome::Replay(answer)
+        );
+
+        // "Never ran" frees the key for exactly one new attempt.
+        let mut rec = None;
+        step(&mut rec, &claim("fp", 1), 0);
+        step(&mut rec, &complete(1, Completion::Unknown), 10);
+        assert_eq!(
+            step(&mut rec, &resolve(1, Finding::NeverRan), 20),
+            IdemOutcome::Completed
+        );
+        assert_eq!(rec, None);
+        assert_eq!(
+            step(&mut rec, &claim("fp", 3), 30),
+            IdemOutcome::Claimed { attempt: 3 }
+        );
+        assert_eq!(
+            step(&mut rec, &resolve(1, Finding::NeverRan), 40),
+            IdemOutcome::InFlight {
+                retry_after_ms: 990
+            }
+        );
+        // Expired records are not resolved, and a forgotten one is not there to resolve.
+        let mut rec = None;
+        step(&mut rec, &claim("fp", 1), 0);
+        assert_eq!(
+            step(&mut rec, &resolve(1, Finding::NeverRan), 10_000),
+            IdemOutcome::Expired { until_ms: 15_000 }
+        );
+        assert_eq!(
+            step(&mut rec, &resolve(1, Finding::NeverRan), 15_000),
+            IdemOutcome::NotOwner
+        );
+    }
+
     #[test]
     fn expiry_refuses_for_the_tombstone_window_then_forgets() {
         let mut rec = None;
@@ -577,6 +700,7 @@ mod tests {
             Claim { fp: bool, attempt: u64 },
             Complete { attempt: u64, kind: u8 },
             Reconcile { lost: u64, ran: bool, attempt: u64 },
+            Resolve { attempt: u64, ran: bool },
             Wait(u64),
         }
 
@@ -586,6 +710,7 @@ mod tests {
                 (1..6u64, 0..3u8).prop_map(|(attempt, kind)| Op::Complete { attempt, kind }),
                 (1..6u64, any::<bool>(), 1..6u64)
                     .prop_map(|(lost, ran, attempt)| { Op::Reconcile { lost, ran, attempt } }),
+                (1..6u64, any::<bool>()).prop_map(|(attempt, ran)| Op::Resolve { attempt, ran }),
                 (0..3_000u64).prop_map(Op::Wait),
             ]
         }
@@ -615,6 +740,10 @@ mod tests {
                             let finding = if ran { Finding::Ran(answer(200)) } else { Finding::NeverRan };
                             (reconcile(lost, finding, attempt), None)
                         }
+                        Op::Resolve { attempt, ran } => {
+                            let finding = if ran { Finding::Ran(answer(200)) } else { Finding::NeverRan };
+                            (resolve(attempt, finding), None)
+                        }
                     };
                     let before = rec.clone();
                     let out = step(&mut rec, &cmd, now);
@@ -624,6 +753,10 @@ mod tests {
                         }
                         (IdemCommand::Reconcile { lost_attempt, .. }, IdemOutcome::Claimed { .. }) => {
                             maybe_ran.retain(|a| a != lost_attempt);
+                        }
+                        // An operator's "never ran" is the proof, given by a person.
+                        (IdemCommand::Resolve { attempt, finding: Finding::NeverRan, .. }, IdemOutcome::Completed) => {
+                            maybe_ran.retain(|a| a != attempt);
                         }
                         _ => {}
                     }

@@ -36,6 +36,11 @@ pub struct Metrics {
     pub term: IntGauge,
     pub is_leader: IntGauge,
     pub last_applied: IntGauge,
+    /// Idempotency records this node forgot after their tombstone window (their keys are new
+    /// again).
+    pub idem_forgotten: IntCounter,
+    /// Operators' resolutions of idempotency records of unknown outcome, by resolution.
+    pub idem_resolutions: IntCounterVec,
 }
 
 impl Metrics {
@@ -95,6 +100,18 @@ impl Metrics {
             term: gauge("raft_term", "Current raft term"),
             is_leader: gauge("raft_is_leader", "1 if this node is the leader"),
             last_applied: gauge("raft_last_applied", "Index of the last applied log entry"),
+            idem_forgotten: counter(
+                "idempotency_records_forgotten_total",
+                "Idempotency records forgotten after their tombstone window",
+            ),
+            idem_resolutions: IntCounterVec::new(
+                Opts::new(
+                    "idempotency_operator_resolutions_total",
+                    "Idempotency records of unknown outcome resolved by an operator",
+                ),
+                &["resolution"],
+            )
+            .unwrap_or_else(|e| panic!("metric idempotency_operator_resolutions_total: {e}")),
             registry,
         };
         let r = &m.registry;
@@ -120,6 +137,8 @@ impl Metrics {
         register(Box::new(m.term.clone()));
         register(Box::new(m.is_leader.clone()));
         register(Box::new(m.last_applied.clone()));
+        register(Box::new(m.idem_forgotten.clone()));
+        register(Box::new(m.idem_resolutions.clone()));
         m
     }
 

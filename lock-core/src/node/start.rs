@@ -82,6 +82,7 @@ pub async fn start(
     };
     let (log_store, mut sm_store) = store::open(&config.data_dir, sink)?;
     sm_store.observe_apply_with(metrics.apply_seconds.clone());
+    sm_store.observe_idem_forgotten_with(metrics.idem_forgotten.clone());
     let machine = sm_store.shared();
 
     let raft_config = RaftConfig::fencegate_default()

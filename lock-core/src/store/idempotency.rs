@@ -19,20 +19,30 @@
 //! |---------------------------------------|-----------------------|
 //! | `r` + scope                           | JSON `IdemRecord`     |
 //! | `x` + purge time (8 bytes BE) + scope | empty (purge index)   |
+//! | `u` + scope                           | empty (unsettled index: processing or unknown) |
 //! | `m`                                   | applied marker (8 BE) |
+//! | `v`                                   | index version (1: the unsettled index exists) |
 //!
 //! where scope is tenant, route and key, each prefixed by its length (2 bytes BE).
+//!
+//! The unsettled index lets operators list the `unknown` records without scanning every
+//! record: it holds the records that are `processing` (an unknown one in waiting, once its
+//! owner's lease ends) or `unknown`, normally few next to the settled ones.
 
 use fjall::{Keyspace, OwnedWriteBatch as WriteBatch, Readable, Snapshot};
 
 use super::{decode, encode, Db, StoreError};
 use crate::machine::{
-    IdemCommand, IdemOutcome, IdemRecord, IdemScope, IdempotencyMachine, RecordWrite,
+    IdemCommand, IdemOutcome, IdemRecord, IdemScope, IdemState, IdempotencyMachine, RecordWrite,
 };
 
 const RECORD: u8 = b'r';
 const PURGE: u8 = b'x';
+const UNSETTLED: u8 = b'u';
 const MARKER: &[u8] = b"m";
+const VERSION: &[u8] = b"v";
+/// Bumped when a derived index is added; an older keyspace is re-indexed when opened.
+const INDEX_VERSION: u8 = 1;
 
 /// Commands per log entry the marker can tell apart: one entry is a batch of commands (at
 /// most the leader's batch size), and each idempotency command in it commits on its own.
@@ -65,6 +75,28 @@ fn record_key(scope: &IdemScope) -> Vec<u8> {
     k
 }
 
+fn unsettled_key(scope: &IdemScope) -> Vec<u8> {
+    let mut k = vec![UNSETTLED];
+    k.extend_from_slice(&scope_bytes(scope));
+    k
+}
+
+/// Whether a record may be (or become, once its owner's lease ends) `unknown`.
+fn unsettled(rec: &IdemRecord) -> bool {
+    matches!(
+        rec.state,
+        IdemState::Processing { .. } | IdemState::Unknown { .. }
+    )
+}
+
+/// One page of the records an operator may resolve.
+#[derive(Debug, Default)]
+pub struct UnknownPage {
+    pub records: Vec<(IdemScope, IdemRecord)>,
+    /// Where the next page starts (an opaque cursor), if the index goes on.
+    pub next: Option<Vec<u8>>,
+}
+
 fn purge_key(purge_at_ms: u64, scope: &IdemScope) -> Vec<u8> {
     let mut k = vec![PURGE];
     k.extend_from_slice(&purge_at_ms.to_be_bytes());
@@ -84,6 +116,32 @@ pub(crate) type IdemEntry = (IdemScope, IdemRecord);
 impl IdemStore {
     pub(crate) fn new(db: std::sync::Arc<Db>) -> Self {
         IdemStore { db }
+    }
+
+    /// Builds the derived indexes of a keyspace written before they existed (once; a no-op
+    /// afterwards). The indexes are local derivations of the records, so this changes no
+    /// replicated state and leaves the applied marker alone.
+    pub(crate) fn upgrade(&self) -> Result<(), StoreError> {
+        if self.ks().get(VERSION)?.as_deref() == Some(&[INDEX_VERSION][..]) {
+            return Ok(());
+        }
+        let mut batch = self
+            .db
+            .db
+            .batch()
+            .durability(Some(fjall::PersistMode::SyncAll));
+        for item in self.ks().prefix([RECORD]) {
+            let (key, value) = item.into_inner()?;
+            let rec: IdemRecord = decode("idempotency record", &value)?;
+            if unsettled(&rec) {
+                let mut k = vec![UNSETTLED];
+                k.extend_from_slice(&key[1..]);
+                batch.insert(self.ks(), k, b"");
+            }
+        }
+        batch.insert(self.ks(), VERSION, [INDEX_VERSION]);
+        batch.commit()?;
+        Ok(())
     }
 
     fn ks(&self) -> &Keyspace {
@@ -132,6 +190,11 @@ impl IdemStore {
                 if let Some(p) = &prev {
                     batch.remove(self.ks(), purge_key(p.purge_at_ms, scope));
                 }
+                if unsettled(&rec) {
+                    batch.insert(self.ks(), unsettled_key(scope), b"");
+                } else {
+                    batch.remove(self.ks(), unsettled_key(scope));
+                }
                 batch.insert(self.ks(), purge_key(rec.purge_at_ms, scope), b"");
                 batch.insert(
                     self.ks(),
@@ -143,6 +206,7 @@ impl IdemStore {
                 if let Some(p) = &prev {
                     batch.remove(self.ks(), purge_key(p.purge_at_ms, scope));
                 }
+                batch.remove(self.ks(), unsettled_key(scope));
                 batch.remove(self.ks(), record_key(scope));
             }
         }
@@ -177,8 +241,11 @@ impl IdemStore {
             };
             let mut rk = vec![RECORD];
             rk.extend_from_slice(scope_part);
+            let mut uk = vec![UNSETTLED];
+            uk.extend_from_slice(scope_part);
             batch.remove(self.ks(), key.to_vec());
             batch.remove(self.ks(), rk);
+            batch.remove(self.ks(), uk);
             n += 1;
         }
         if n > 0 {
@@ -227,7 +294,11 @@ impl IdemStore {
             let (key, _) = item.into_inner()?;
             batch.remove(self.ks(), key.to_vec());
         }
+        batch.insert(self.ks(), VERSION, [INDEX_VERSION]);
         for (scope, rec) in entries {
+            if unsettled(rec) {
+                batch.insert(self.ks(), unsettled_key(scope), b"");
+            }
             batch.insert(self.ks(), purge_key(rec.purge_at_ms, scope), b"");
             batch.insert(
                 self.ks(),
@@ -237,6 +308,57 @@ impl IdemStore {
         }
         // Everything of entry `index` is in `entries`.
         self.commit(batch, slot(index, (SLOTS - 1) as usize))
+    }
+}
+
+impl IdemStore {
+    /// Up to `limit` records that are `unknown` at log time `now_ms` (also those still stored
+    /// as processing whose owner's lease has ended) and not expired, in index order from the
+    /// cursor `after`. At most `limit * 8` index entries are read per page (in-flight records
+    /// are skipped), so a page costs bounded work even while many requests are in flight; a
+    /// short page with a `next` cursor means "more may follow".
+    pub(crate) fn unknown_page(
+        &self,
+        now_ms: u64,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<UnknownPage, StoreError> {
+        let mut page = UnknownPage::default();
+        let start = match after {
+            // Strictly after the cursor: the cursor is a scope, the next key appends a byte.
+            Some(c) => {
+                let mut k = vec![UNSETTLED];
+                k.extend_from_slice(c);
+                k.push(0);
+                k
+            }
+            None => vec![UNSETTLED],
+        };
+        let end = vec![UNSETTLED + 1];
+        let budget = limit.saturating_mul(8).max(1);
+        let mut last: Option<Vec<u8>> = None;
+        for (read, item) in self.ks().range(start..end).enumerate() {
+            if read >= budget || page.records.len() >= limit {
+                // More entries follow: the next page starts after the last one looked at.
+                page.next = last;
+                break;
+            }
+            let (key, _) = item.into_inner()?;
+            let scope_part = &key[1..];
+            last = Some(scope_part.to_vec());
+            let scope = parse_scope(scope_part)?;
+            let Some(rec) = self.get(&scope)? else {
+                continue;
+            };
+            let unknown = matches!(
+                IdempotencyMachine::effective(&rec, now_ms),
+                IdemState::Unknown { .. }
+            );
+            if unknown && now_ms < rec.expires_at_ms {
+                page.records.push((scope, rec));
+            }
+        }
+        Ok(page)
     }
 }
 
@@ -371,6 +493,90 @@ mod tests {
         assert_eq!(store.purge(5, 99_999, 0).unwrap(), 0);
         assert_eq!(store.purge(6, 99_999, 1).unwrap(), 1);
         assert_eq!(store.next_purge_ms().unwrap(), None);
+    }
+
+    #[test]
+    fn unknown_records_are_listed_in_bounded_pages_from_the_unsettled_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        // Five claims (lease 1 s): "c" finishes, "d" is answered unknown, the others' owners
+        // go silent.
+        for (i, key) in ["a", "b", "c", "d", "e"].iter().enumerate() {
+            store.apply(i as u64 + 1, &claim(key, i as u64), 0).unwrap();
+        }
+        store.apply(6, &complete("c", 2, created()), 10).unwrap();
+        store
+            .apply(7, &complete("d", 3, Completion::Unknown), 10)
+            .unwrap();
+        let keys = |page: &UnknownPage| -> Vec<String> {
+            page.records.iter().map(|(s, _)| s.key.clone()).collect()
+        };
+        // Before the leases end only the answered-unknown one is listed.
+        let page = store.unknown_page(500, None, 10).unwrap();
+        assert_eq!(keys(&page), ["d"]);
+        assert_eq!(page.next, None);
+
+        // After: every unsettled one, two to a page, the cursor carrying on.
+        let first = store.unknown_page(1_000, None, 2).unwrap();
+        assert_eq!(keys(&first), ["a", "b"]);
+        let second = store.unknown_page(1_000, first.next.as_deref(), 2).unwrap();
+        assert_eq!(keys(&second), ["d", "e"]);
+        assert_eq!(second.next, None);
+
+        // Settling, purging and installing keep the index in step with the records.
+        store
+            .apply(8, &complete("a", 0, Completion::NotRun), 1_100)
+            .unwrap();
+        assert_eq!(
+            keys(&store.unknown_page(1_200, None, 10).unwrap()),
+            ["b", "d", "e"]
+        );
+        assert_eq!(store.purge(9, 20_000, 100).unwrap(), 4);
+        assert!(store
+            .unknown_page(1_200, None, 10)
+            .unwrap()
+            .records
+            .is_empty());
+        let installed = IdemRecord {
+            fingerprint: "fp".into(),
+            state: IdemState::Unknown { attempt: 4 },
+            created_ms: 0,
+            expires_at_ms: 50_000,
+            purge_at_ms: 60_000,
+        };
+        let entries = vec![(scope("z"), installed)];
+        store.replace_all(&entries, 10).unwrap();
+        assert_eq!(keys(&store.unknown_page(30_000, None, 10).unwrap()), ["z"]);
+        // Expired records are not offered for resolution.
+        assert!(store
+            .unknown_page(50_000, None, 10)
+            .unwrap()
+            .records
+            .is_empty());
+    }
+
+    #[test]
+    fn a_keyspace_written_before_the_index_is_indexed_when_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        store.apply(1, &claim("old", 1), 0).unwrap();
+        // As an older version left it: records, no unsettled index, no version.
+        let ks = store.ks().clone();
+        ks.remove(unsettled_key(&scope("old"))).unwrap();
+        ks.remove(VERSION).unwrap();
+        assert!(store
+            .unknown_page(5_000, None, 10)
+            .unwrap()
+            .records
+            .is_empty());
+        store.upgrade().unwrap();
+        let page = store.unknown_page(5_000, None, 10).unwrap();
+        assert_eq!(page.records.len(), 1);
+        assert_eq!(
+            store.applied_marker().unwrap(),
+            1,
+            "the marker is untouched"
+        );
     }
 
     #[test]

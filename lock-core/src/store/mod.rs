@@ -39,6 +39,7 @@ use std::sync::Arc;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions};
 use openraft::{AnyError, StorageError, StorageIOError};
 
+pub use idempotency::UnknownPage;
 pub use log_store::LogStore;
 pub use state_machine::{SharedMachine, SnapshotBuilder, StateMachineStore};
 

@@ -15,7 +15,7 @@ use openraft::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::idempotency::{slot, IdemEntry, IdemStore};
+use super::idempotency::{slot, IdemEntry, IdemStore, UnknownPage};
 use super::snapshot_file::{Meta, SnapshotFiles};
 use super::{blocking, decode, encode, Db, EffectSink, StoreError};
 use crate::machine::{Command, Effect, IdemRecord, IdemScope, LockMachine, MachineImage, Response};
@@ -61,6 +61,18 @@ impl SharedMachine {
         self.idem.get(scope)
     }
 
+    /// Up to `limit` idempotency records that are `unknown` at log time `now_ms`, from the
+    /// cursor `after` (as applied here: not a linearizable read). See
+    /// [`UnknownPage`](super::idempotency::UnknownPage).
+    pub fn idem_unknown(
+        &self,
+        now_ms: u64,
+        after: Option<&[u8]>,
+        limit: usize,
+    ) -> Result<UnknownPage, StoreError> {
+        self.idem.unknown_page(now_ms, after, limit)
+    }
+
     /// Index of the last applied log entry (0 before anything was applied).
     pub fn last_applied_index(&self) -> u64 {
         self.last_applied().map_or(0, |id| id.index)
@@ -104,6 +116,7 @@ pub struct StateMachineStore {
     snapshots: Arc<SnapshotFiles>,
     effects: EffectSink,
     apply_seconds: Option<prometheus::Histogram>,
+    idem_forgotten: Option<prometheus::IntCounter>,
 }
 
 impl StateMachineStore {
@@ -113,6 +126,7 @@ impl StateMachineStore {
         effects: EffectSink,
     ) -> Result<Self, StoreError> {
         let idem = IdemStore::new(db.clone());
+        idem.upgrade()?;
         let snapshots = SnapshotFiles::open(data_dir, db)?;
         let applied = match snapshots.read_current()? {
             Some((meta, data)) => {
@@ -147,12 +161,18 @@ impl StateMachineStore {
             snapshots: Arc::new(snapshots),
             effects,
             apply_seconds: None,
+            idem_forgotten: None,
         })
     }
 
     /// Records how long each applied batch takes in `histogram`.
     pub fn observe_apply_with(&mut self, histogram: prometheus::Histogram) {
         self.apply_seconds = Some(histogram);
+    }
+
+    /// Counts the idempotency records forgotten after their tombstone window in `counter`.
+    pub fn observe_idem_forgotten_with(&mut self, counter: prometheus::IntCounter) {
+        self.idem_forgotten = Some(counter);
     }
 
     /// A read handle on the applied state.
@@ -196,7 +216,10 @@ impl StateMachineStore {
                                     }
                                 }
                                 Command::Tick { max_items } => {
-                                    self.shared.idem.purge(at, now, *max_items)?;
+                                    let n = self.shared.idem.purge(at, now, *max_items)?;
+                                    if let Some(c) = &self.idem_forgotten {
+                                        c.inc_by(u64::from(n));
+                                    }
                                 }
                                 _ => {}
                             }

@@ -13,4 +13,29 @@ pub struct StoreLogEntry {
     /// The `Fence-Token` header the write carried: the store records it, it cannot check it.
     pub fence_token: Option<u64>,
     pub value: String,
+    /// The `Idempotency-Key` header a created order carried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// The tenant a created order belongs to (`X-Tenant`, `demo` without one); only orders
+    /// have one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+impl StoreLogEntry {
+    /// Whether the entry is a created order (`POST /orders`) rather than a key-value write.
+    pub fn is_order(&self) -> bool {
+        self.tenant.is_some()
+    }
+}
+
+/// One created order, as `POST /orders` and `GET /orders/by-key/{key}` return it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Order {
+    /// `ord-N`, unique in the store.
+    pub id: String,
+    /// `X-Tenant` of the post, `demo` without one.
+    pub tenant: String,
+    pub idempotency_key: Option<String>,
+    pub body: String,
 }

@@ -117,6 +117,9 @@ error_codes! {
     IdempotencyOutcomeUnknown = ("idempotency_outcome_unknown", 409),
     /// Fencing proxy: the key's record has expired; use a new key for a new request.
     IdempotencyKeyExpired = ("idempotency_key_expired", 422),
+    /// An operator's resolution of an idempotency record that is not (or no longer) unknown
+    /// for the attempt named: it settled, is in flight, or another attempt was lost since.
+    IdempotencyNotUnknown = ("idempotency_not_unknown", 409),
     /// An operator action without the admin credential (`Authorization: Bearer <token>`).
     Unauthorized = ("unauthorized", 401),
     /// An operator action with a wrong credential, or on a node without an admin token.

@@ -11,13 +11,15 @@
 //! - [`error`]: the error body, its stable codes with their HTTP statuses, and [`classify`],
 //!   which sorts any answer into success, a definite refusal or an uncertain outcome.
 //! - [`headers`]: the header names the fencing proxy reads.
-//! - [`demo_store`]: the demo store's log of accepted writes.
+//! - [`demo_store`]: the demo store's log of accepted writes and its orders.
+//! - [`idempotency`]: the operator endpoints for the proxy's records of unknown outcome.
 
 pub mod admin;
 pub mod cluster;
 pub mod demo_store;
 pub mod error;
 pub mod headers;
+pub mod idempotency;
 mod lease_id;
 pub mod locks;
 
@@ -31,9 +33,13 @@ pub use cluster::{
     AddMemberRequest, ClusterStatus, FaultRule, FaultSnapshot, HealthStatus, LockStats, Member,
     MembershipResponse, ReadyStatus, RemoveMemberRequest, Role,
 };
-pub use demo_store::StoreLogEntry;
+pub use demo_store::{Order, StoreLogEntry};
 pub use error::{classify, ErrorBody, ErrorCode, Failure};
 pub use headers::{FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
+pub use idempotency::{
+    IdemResolution, IdemResolveRequest, IdemResolveResponse, IdemResolvedAnswer, IdemUnknownPage,
+    IdemUnknownRecord,
+};
 pub use lease_id::LeaseId;
 pub use locks::{
     validate_id, validate_resource, AcquireRequest, AcquireResponse, CancelRequest, CancelResponse,

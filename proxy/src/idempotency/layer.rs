@@ -39,6 +39,8 @@ pub struct IdempotencyLayer {
     /// Requests by outcome: claimed, replayed, mismatch, in_use, unknown, reconciled,
     /// reconciled_new_attempt, expired, key_required, invalid_key, no_quorum.
     outcomes: IntCounterVec,
+    /// `ProxyConfig::unsafe_no_idempotency`: forward without any record (demonstrations only).
+    unsafe_no_records: bool,
 }
 
 /// A fence refusal as the client gets it.
@@ -99,7 +101,15 @@ impl IdempotencyLayer {
                 .build()
                 .unwrap_or_else(|_| reqwest::Client::new()),
             outcomes,
+            unsafe_no_records: false,
         }
+    }
+
+    /// Turns deduplication off: every request is forwarded as if its route had no
+    /// `Idempotency-Key` handling (`ProxyConfig::unsafe_no_idempotency`; demonstrations only).
+    pub fn with_unsafe_no_records(mut self, on: bool) -> Self {
+        self.unsafe_no_records = on;
+        self
     }
 
     fn count(&self, outcome: &str) {
@@ -122,7 +132,7 @@ impl IdempotencyLayer {
     ) -> Result<Handled> {
         let opts = &route.config.idempotency_options;
         let req = session.req_header();
-        if !self.applies(route, req.method.as_str()) {
+        if self.unsafe_no_records || !self.applies(route, req.method.as_str()) {
             return Ok(Handled::NotApplicable);
         }
         let key = match req.headers.get("idempotency-key") {
@@ -230,6 +240,11 @@ impl IdempotencyLayer {
             retain_ms: opts.retain_ms,
             tombstone_ms: opts.tombstone_ms,
         };
+        // The claim's lease starts when the leader stamps it, after this instant, and log time
+        // never runs faster than this clock: ending the exchange by `proposed + upstream timeout
+        // + half the margin` keeps it inside the lease with a second to spare, so nobody
+        // reconciles the key while the request may still reach the upstream.
+        let mut proposed = Instant::now();
         let mut outcome = match self.propose(claim).await {
             Ok(o) => o,
             Err(e) => return self.no_quorum(session, &e).await,
@@ -252,7 +267,13 @@ impl IdempotencyLayer {
                             }
                         },
                     };
-                    let deadline = permit.as_ref().map(|p| p.send_by);
+                    let in_lease = proposed
+                        + Duration::from_millis(
+                            route.config.upstream_timeout_ms + CLAIM_MARGIN_MS / 2,
+                        );
+                    let deadline = permit
+                        .as_ref()
+                        .map_or(in_lease, |p| p.send_by.min(in_lease));
                     let forwarded = self.forward(session, route, req, attempt, deadline).await;
                     // Only now is the write over for the fence.
                     drop(permit);
@@ -295,7 +316,7 @@ impl IdempotencyLayer {
                         return respond_unknown(session, "the route has no reconciliation lookup")
                             .await;
                     };
-                    let finding = match self.lookup(route, lookup, &req.scope.key).await {
+                    let finding = match self.lookup(route, lookup, &req.scope).await {
                         Ok(f) => f,
                         Err(why) => {
                             self.count("unknown");
@@ -312,6 +333,7 @@ impl IdempotencyLayer {
                         attempt: rand::random(),
                         lease_ms,
                     };
+                    proposed = Instant::now();
                     outcome = match self.propose(cmd).await {
                         Ok(o) => o,
                         Err(e) => return self.no_quorum(session, &e).await,
@@ -343,26 +365,27 @@ impl IdempotencyLayer {
         route: &Route,
         req: &Request,
         attempt: u64,
-        deadline: Option<Instant>,
+        deadline: Instant,
     ) -> Result<()> {
         let opts = &route.config.idempotency_options;
-        let mut timeout = Duration::from_millis(route.config.upstream_timeout_ms);
-        if let Some(d) = deadline {
-            // A fenced write's whole exchange ends by its send-by instant, so it never outlives
-            // the grant (a stricter form of the fence's send-by rule).
-            timeout = timeout.min(d.saturating_duration_since(Instant::now()));
-            if timeout.is_zero() {
-                let refusal = Refusal {
-                    status: ErrorCode::UpstreamTimeout.status(),
-                    body: error_body(
-                        ErrorCode::UpstreamTimeout,
-                        "The fencing grant ran out before the request could be sent; nothing was \
-                         sent, so retrying with the same key is safe.",
-                        None,
-                    ),
-                };
-                return self.refused(session, req, attempt, refusal).await;
-            }
+        // The whole exchange ends by `deadline`: inside the claim's lease (a proxy held up
+        // between claim and send, e.g. a paused process, must not send after another proxy may
+        // have reconciled the key) and, on a fenced route, inside the fence's grant (a stricter
+        // form of the fence's send-by rule).
+        let timeout = Duration::from_millis(route.config.upstream_timeout_ms)
+            .min(deadline.saturating_duration_since(Instant::now()));
+        if timeout.is_zero() {
+            let refusal = Refusal {
+                status: ErrorCode::UpstreamTimeout.status(),
+                body: error_body(
+                    ErrorCode::UpstreamTimeout,
+                    "The proxy was held up and its claim on the key (or its fencing grant) ran \
+                     out before the request could be sent; nothing was sent, so retrying with the \
+                     same key is safe.",
+                    None,
+                ),
+            };
+            return self.refused(session, req, attempt, refusal).await;
         }
         let url = format!("http://{}{}", route.config.upstream, req.path_and_query);
         let mut builder = self
@@ -433,12 +456,23 @@ impl IdempotencyLayer {
     }
 
     /// Asks the route's reconciliation lookup about `key`.
-    async fn lookup(&self, route: &Route, lookup: &str, key: &str) -> Result<Finding, String> {
-        let path = lookup.replace("{key}", &percent_encode(key));
+    /// The lookup carries the tenant in the route's tenant header: keys of different tenants
+    /// may be equal, and only the tenant's own effect proves anything about its key.
+    async fn lookup(
+        &self,
+        route: &Route,
+        lookup: &str,
+        scope: &IdemScope,
+    ) -> Result<Finding, String> {
+        let path = lookup.replace("{key}", &percent_encode(&scope.key));
         let url = format!("http://{}{}", route.config.upstream, path);
         let resp = self
             .http
             .get(url)
+            .header(
+                route.config.idempotency_options.tenant_header.as_str(),
+                scope.tenant.as_str(),
+            )
             .timeout(Duration::from_millis(route.config.upstream_timeout_ms))
             .send()
             .await

@@ -13,7 +13,7 @@ pub type Counts = BTreeMap<String, BTreeMap<&'static str, u64>>;
 /// What the clients did and saw.
 #[derive(Clone, Debug, Serialize)]
 pub struct Operations {
-    /// Lock calls and writes, retries included.
+    /// Lock calls, writes and orders, retries included.
     pub client_operations: u64,
     pub by_function: Counts,
     pub writes_by_role: Counts,
@@ -47,7 +47,12 @@ pub fn stats(m: &Model) -> Operations {
     let client_operations = m
         .ops
         .iter()
-        .filter(|o| matches!(o.f.as_str(), "acquire" | "renew" | "release" | "write"))
+        .filter(|o| {
+            matches!(
+                o.f.as_str(),
+                "acquire" | "renew" | "release" | "write" | "order"
+            )
+        })
         .count() as u64;
     Operations {
         client_operations,

@@ -3,8 +3,10 @@
 
 mod actions;
 mod auth;
+mod idempotency;
 mod reads;
 
 pub use actions::{add_member, drain, force_release, remove_member, snapshot};
 pub use auth::check_admin_if_configured;
+pub use idempotency::{resolve as idempotency_resolve, unknown as idempotency_unknown};
 pub use reads::{audit, hot, overview, resource, series};
