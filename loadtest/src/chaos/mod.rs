@@ -6,6 +6,7 @@
 //! fencegate-loadtest chaos --duration-s 60 --out /tmp/chaos            # mixed faults, must pass
 //! fencegate-loadtest chaos --nemesis pause,partition-leader            # selected faults only
 //! fencegate-loadtest chaos --unsafe-no-fencing --duration-s 30         # must be caught
+//! fencegate-loadtest chaos --unsafe-refill-on-renew --duration-s 20     # must be caught
 //! fencegate-loadtest chaos --recheck /tmp/chaos                        # re-run the checker
 //! ```
 //!
@@ -21,6 +22,7 @@ mod checker;
 mod client;
 mod history;
 mod nemesis;
+mod quota;
 mod verdict;
 mod workers;
 
@@ -56,6 +58,7 @@ fn cluster_spec(unsafe_no_fencing: bool) -> ClusterSpec {
             grant_ms: 1_500,
             upstream_timeout_ms: 1_000,
             unsafe_no_fencing,
+            quota: None,
         }),
         fault_injection: true,
     }
@@ -90,6 +93,14 @@ pub struct ChaosArgs {
     /// checker must then report violations (invariant 3): proof that it can fail.
     #[arg(long)]
     pub unsafe_no_fencing: bool,
+    /// Refill the proxies' rate-limit buckets on every quota lease renewal. The quota check
+    /// must then report violations (invariant 9): proof that it can fail.
+    #[arg(long)]
+    pub unsafe_refill_on_renew: bool,
+    /// Clients hammering the rate-limited route `/limited/{key}` through all proxies (0: no
+    /// quota workload).
+    #[arg(long, default_value_t = 3)]
+    pub quota_clients: usize,
     /// Honest workers.
     #[arg(long, default_value_t = 8)]
     pub workers: usize,
@@ -159,7 +170,12 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let bin = find_fencegate_bin(args.fencegate_bin.as_deref())?;
     let data_dir = fresh_data_dir(&args)?;
     announce(&args, &faults, seed);
-    let cluster = LocalCluster::start(bin.clone(), data_dir, cluster_spec(args.unsafe_no_fencing))?;
+    let mut spec = cluster_spec(args.unsafe_no_fencing);
+    let quota_setup = (args.quota_clients > 0).then(|| quota::setup(args.unsafe_refill_on_renew));
+    if let Some(p) = spec.proxies.as_mut() {
+        p.quota = quota_setup;
+    }
+    let cluster = LocalCluster::start(bin.clone(), data_dir, spec)?;
     eprintln!("chaos: cluster starting in {}", cluster.dir.display());
     let leader = cluster.wait_ready(Duration::from_secs(60)).await?;
     eprintln!("chaos: cluster ready, leader {leader}");
@@ -185,12 +201,21 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
             "fencegate_bin": bin.display().to_string(),
         }),
     );
+    if let Some(q) = &quota_setup {
+        quota::note(&hist, q, cluster.nodes.len());
+    }
     let drops = Arc::new(DropSwitch::default());
     let client = client_of(&cluster, &hist, &drops)?;
     let cluster = Arc::new(Mutex::new(cluster));
 
     let stop_clients = Arc::new(AtomicBool::new(false));
-    let clients = spawn_clients(&args, &client, &stop_clients, seed);
+    let mut clients = spawn_clients(&args, &client, &stop_clients, seed);
+    clients.extend(quota::spawn(
+        &client,
+        args.quota_clients,
+        &stop_clients,
+        seed,
+    ));
     let stop_nemesis = Arc::new(AtomicBool::new(false));
     let nemesis = Nemesis::new(
         cluster.clone(),
@@ -285,6 +310,8 @@ fn fresh_data_dir(args: &ChaosArgs) -> anyhow::Result<Option<PathBuf>> {
 fn announce(args: &ChaosArgs, faults: &[Fault], seed: u64) {
     let mode = if args.unsafe_no_fencing {
         "UNSAFE (fencing off)"
+    } else if args.unsafe_refill_on_renew {
+        "UNSAFE (buckets refill on renewal)"
     } else {
         "fenced"
     };
@@ -413,6 +440,7 @@ async fn read_final_state(client: &Client, cluster: &Arc<Mutex<LocalCluster>>) {
         client.final_cluster("final", id).await;
     }
     client.store_log("final").await;
+    client.limited_log("final").await;
 }
 
 /// The verdict of a run: what the checks found, how the run was set up, what the nemesis
@@ -429,6 +457,8 @@ fn run_verdict(
 ) -> Verdict {
     let mode = if args.unsafe_no_fencing {
         "unsafe-no-fencing"
+    } else if args.unsafe_refill_on_renew {
+        "unsafe-refill-on-renew"
     } else {
         "fenced"
     };

@@ -82,6 +82,12 @@ impl Bucket {
         }
     }
 
+    /// A new emergency allowance (the quota was changed); what is left of it is capped.
+    pub fn set_allowance(&mut self, allowance: u64) {
+        self.allowance = allowance;
+        self.allowance_left = self.allowance_left.min(allowance);
+    }
+
     pub fn set_expected_lease(&mut self, at_ms: Option<u64>) {
         self.expected_lease_ms = at_ms;
     }
@@ -105,6 +111,14 @@ impl Bucket {
             (None, b) => b.map(|b| b.max(now_ms)),
         };
         Err(Refusal { retry_at_ms })
+    }
+
+    /// DEMONSTRATIONS ONLY: fills the balance to the current cap, as a bucket that wrongly
+    /// refills on renewal would. Breaks the R·t + B bound; exists so that the chaos harness can
+    /// show its quota check catches that.
+    pub fn unsafe_refill(&mut self, now_ms: u64) {
+        self.advance(now_ms);
+        self.balance = self.cap_at(now_ms);
     }
 
     /// Current balance in requests (rounded down), for metrics and tests.

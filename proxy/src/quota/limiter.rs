@@ -42,6 +42,8 @@ pub struct QuotaLimiter {
     /// Set (and notified) when the proxy stops: lessors give their leases back and end.
     stopped: AtomicBool,
     stop: Notify,
+    /// Demonstrations only: a renewal refills the bucket (see `ProxyConfig`).
+    unsafe_refill_on_renew: bool,
 }
 
 struct Pool {
@@ -76,7 +78,16 @@ impl QuotaLimiter {
             metrics: QuotaMetrics::new(registry),
             stopped: AtomicBool::new(false),
             stop: Notify::new(),
+            unsafe_refill_on_renew: false,
         }
+    }
+
+    /// DEMONSTRATIONS ONLY: refill each bucket to its burst share whenever a lease of its pool
+    /// is renewed — the mistake the "a renewal never refills" rule exists to prevent; the
+    /// chaos harness turns it on to prove its quota check catches the overshoot.
+    pub fn with_unsafe_refill_on_renew(mut self, on: bool) -> Self {
+        self.unsafe_refill_on_renew = on;
+        self
     }
 
     /// Stops every lessor; each gives its leases back (best effort) before it ends.
@@ -136,11 +147,7 @@ impl QuotaLimiter {
         if pools.len() >= MAX_POOLS {
             return None;
         }
-        let allowance = match spec.policy {
-            QuotaPolicy::Strict => 0,
-            QuotaPolicy::Emergency { allowance } => allowance,
-        };
-        let mut bucket = Bucket::new(now, allowance);
+        let mut bucket = Bucket::new(now, allowance_of(spec));
         // The first lease is being asked for right now.
         bucket.set_expected_lease(Some(now));
         let pool = Arc::new(Pool {
@@ -159,21 +166,22 @@ impl QuotaLimiter {
 
     /// Keeps one pool supplied with leases until its tenant has been quiet for two lease
     /// durations, then gives them back.
-    async fn lessor(self: Arc<Self>, spec: QuotaSpec, tenant: String, pool: Arc<Pool>) {
-        let lease_ms = spec.lease_ms;
+    async fn lessor(self: Arc<Self>, mut spec: QuotaSpec, tenant: String, pool: Arc<Pool>) {
         let mut reported_at = self.now_ms();
         // This proxy's config is the definition it enforces: write it to the ledger if the
-        // ledger's differs (a changed config file takes effect when its proxy next leases).
-        let known = self
-            .node
-            .machine
-            .read(|m| m.quotas().spec(&spec.name).cloned());
-        if known.as_ref() != Some(&spec) {
+        // ledger's differs (a changed config file takes effect when its proxy next leases) —
+        // unless an operator set the quota at run time, which wins over config files.
+        let (known, pinned) = self.node.machine.read(|m| {
+            let q = m.quotas();
+            (q.spec(&spec.name).cloned(), q.is_pinned(&spec.name))
+        });
+        if known.as_ref() != Some(&spec) && !pinned {
             if let Err(e) = self.node.propose(Command::QuotaDefine(spec.clone())).await {
                 tracing::warn!(quota = %spec.name, error = %e, "quota define failed");
             }
         }
         loop {
+            let lease_ms = spec.lease_ms;
             let now = self.now_ms();
             let (renew, demand_milli, quiet) = {
                 let mut st = pool.state.lock();
@@ -208,6 +216,12 @@ impl QuotaLimiter {
             let received = self.now_ms();
             let next = match answer {
                 Ok(Response::Quota(QuotaOutcome::Leased(grant))) => {
+                    if grant.spec != spec {
+                        // Changed at run time (or by another proxy's config): the ledger's
+                        // definition is the one in force.
+                        spec = grant.spec.clone();
+                        pool.state.lock().bucket.set_allowance(allowance_of(&spec));
+                    }
                     self.apply_grant(&spec, &tenant, &pool, &grant, sent, received)
                 }
                 Ok(Response::Quota(QuotaOutcome::UnknownQuota)) => {
@@ -295,6 +309,9 @@ impl QuotaLimiter {
             );
         }
         let now = received;
+        if self.unsafe_refill_on_renew && grant.leases.iter().any(|l| l.follows.is_some()) {
+            st.bucket.unsafe_refill(now);
+        }
         let rate_now = st.bucket.rate_at(now);
         self.metrics
             .share
@@ -339,6 +356,14 @@ impl QuotaLimiter {
         for m in [&self.metrics.share, &self.metrics.target] {
             m.with_label_values(&[quota, tenant]).set(0);
         }
+    }
+}
+
+/// The emergency allowance E of a quota (0 under `strict`).
+fn allowance_of(spec: &QuotaSpec) -> u64 {
+    match spec.policy {
+        QuotaPolicy::Strict => 0,
+        QuotaPolicy::Emergency { allowance } => allowance,
     }
 }
 

@@ -10,6 +10,8 @@
 //! 3. [`store_log`]: the store's accepted writes are token-monotonic per key and complete.
 //! 4. [`acknowledged`]: nothing acknowledged is lost, in later answers or the final state.
 //! 5. [`request_ids`]: one `request_id`, one lease.
+//! 6. [`quota`]: the proxies together admit at most R·t + B + ΣE over any window (runs with a
+//!    quota workload).
 //!
 //! **Time.** The service's timestamps (`expires_at_ms`) are *log time*: the largest stamp any
 //! leader put on a committed command, in ms since the Unix epoch of the stamping leader's
@@ -27,6 +29,7 @@
 mod acknowledged;
 mod after_release;
 mod model;
+mod quota;
 mod request_ids;
 mod result;
 mod single_holder;
@@ -52,6 +55,7 @@ pub fn check_all(m: &Model) -> Vec<CheckResult> {
         acknowledged::check(m),
         request_ids::check(m),
         after_release::check(m),
+        quota::check(m),
     ]
 }
 
@@ -87,6 +91,10 @@ mod tests {
             .iter()
             .map(|r| r.violations)
             .collect();
-        assert_eq!(violations, vec![0, 0, 0, 1, 0, 0], "no final read recorded");
+        assert_eq!(
+            violations,
+            vec![0, 0, 0, 1, 0, 0, 0],
+            "no final read recorded"
+        );
     }
 }

@@ -27,7 +27,7 @@ use crate::wire::{
 const ACTION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The credential check and the operator's name; a refusal is audited too.
-fn authorize<'h>(
+pub(super) fn authorize<'h>(
     node: &Node,
     headers: &'h HeaderMap,
     op: &str,
