@@ -10,8 +10,8 @@
 //! paused proxy that forwards an old admission late, or a slow network, cannot make the check
 //! fire falsely, and any count above `R·(y − x) + B + ΣE` is a real overshoot.
 //!
-//! Every window whose ends are an invocation and a receipt is examined (O(n²) in the admitted
-//! requests, a few thousand in a chaos run); the worst one is the first counter-example.
+//! Every window whose ends are an invocation and a receipt is examined ([`quota_window`]; a
+//! few thousand admitted requests in a chaos run); the worst one is the first counter-example.
 
 use std::collections::HashMap;
 
@@ -20,29 +20,7 @@ use serde_json::json;
 
 use super::{CheckResult, Model};
 use crate::chaos::history::LimitedCall;
-
-/// One admitted request: invoked at `sent` (harness), received at `at` (store), wall ms.
-#[derive(Clone, Debug)]
-struct Admitted {
-    sent: f64,
-    at: f64,
-    key: String,
-}
-
-/// The worst window starting at one invocation.
-#[derive(Clone, Debug)]
-struct Window {
-    from: f64,
-    to: f64,
-    count: u64,
-    bound: f64,
-}
-
-impl Window {
-    fn excess(&self) -> f64 {
-        self.count as f64 - self.bound
-    }
-}
+use crate::quota_window::{self, Admitted, Window};
 
 pub fn check(m: &Model) -> CheckResult {
     let mut r = CheckResult::new(
@@ -69,26 +47,28 @@ pub fn check(m: &Model) -> CheckResult {
         .filter(|o| o.f == "limited")
         .filter_map(|o| Some((o.request::<LimitedCall>()?.key, o.t_inv)))
         .collect();
-    let mut admitted = Vec::new();
+    let mut admitted: Vec<Admitted> = Vec::new();
+    let mut keys = Vec::new();
     for e in &log {
         r.count("store_entries");
         match sent.get(&e.key) {
-            Some(&t) => admitted.push(Admitted {
-                sent: t,
-                at: e.at_ms,
-                key: e.key.clone(),
-            }),
+            Some(&t) => {
+                admitted.push(Admitted {
+                    sent: t,
+                    at: e.at_ms,
+                });
+                keys.push(e.key.as_str());
+            }
             None => r.violation(json!({
                 "reason": "the store received a rate-limited request no client sent",
                 "entry": e,
             })),
         }
     }
-    let allowance = (quota.allowance * quota.proxies) as f64;
-    let bound =
-        |span_ms: f64| quota.rate_per_s as f64 * span_ms / 1000.0 + quota.burst as f64 + allowance;
+    let allowance = quota.allowance * quota.proxies;
+    let bound = |span| quota_window::bound(quota.rate_per_s, quota.burst, allowance, span);
     let mut worst: Vec<Window> = Vec::new();
-    for w in windows(&mut admitted, bound) {
+    for w in quota_window::windows(&admitted, bound) {
         r.count("windows");
         if w.excess() > 0.0 {
             worst.push(w);
@@ -96,10 +76,11 @@ pub fn check(m: &Model) -> CheckResult {
     }
     worst.sort_by(|a, b| b.excess().total_cmp(&a.excess()));
     for w in worst {
-        let keys: Vec<&str> = admitted
+        let inside: Vec<&str> = admitted
             .iter()
-            .filter(|a| a.sent >= w.from && a.at <= w.to)
-            .map(|a| a.key.as_str())
+            .zip(&keys)
+            .filter(|(a, _)| a.sent >= w.from && a.at <= w.to)
+            .map(|(_, k)| *k)
             .take(5)
             .collect();
         r.violation(json!({
@@ -113,36 +94,10 @@ pub fn check(m: &Model) -> CheckResult {
             "burst": quota.burst,
             "allowance_total": allowance,
             "unsafe_refill_on_renew": quota.unsafe_refill_on_renew,
-            "first_keys": keys,
+            "first_keys": inside,
         }));
     }
     r
-}
-
-/// For each invocation time `x`, the window `[x, y]` (y a receipt time) with the largest
-/// excess of admitted requests over `bound(y − x)`.
-fn windows(admitted: &mut [Admitted], bound: impl Fn(f64) -> f64) -> Vec<Window> {
-    admitted.sort_by(|a, b| b.sent.total_cmp(&a.sent));
-    // Receipt times of the requests sent at or after the current start, kept sorted.
-    let mut receipts: Vec<f64> = Vec::with_capacity(admitted.len());
-    let mut out = Vec::with_capacity(admitted.len());
-    for a in admitted.iter() {
-        let at = receipts.partition_point(|&t| t <= a.at);
-        receipts.insert(at, a.at);
-        let x = a.sent;
-        let best = receipts
-            .iter()
-            .enumerate()
-            .map(|(i, &y)| Window {
-                from: x,
-                to: y,
-                count: i as u64 + 1,
-                bound: bound((y - x).max(0.0)),
-            })
-            .max_by(|p, q| p.excess().total_cmp(&q.excess()));
-        out.extend(best);
-    }
-    out
 }
 
 #[cfg(test)]
