@@ -925,6 +925,45 @@ async fn the_quota_panel_shows_the_dev_quota_and_a_run_time_change() {
     })
     .await;
 
+    // Keep acme busy: a tenant quiet for two lease durations gives its shares back.
+    let busy = {
+        let (http, url) = (cluster.http.clone(), format!("http://{proxy}/limited/k"));
+        tokio::spawn(async move {
+            loop {
+                let _ = http.get(&url).header("X-Tenant", "acme").send().await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    phase("node 1's metrics show acme's decisions, shares and utilisation");
+    let metric = |text: &str, name: &str, labels: &[&str]| {
+        text.lines().any(|l| {
+            l.starts_with(&format!("fencegate_{name}{{"))
+                && labels.iter().all(|want| l.contains(want))
+        })
+    };
+    eventually(EVENT, "the quota metrics of acme", async || {
+        let Ok(r) = cluster.http.get(cluster.url(1, "/metrics")).send().await else {
+            return false;
+        };
+        let text = r.text().await.unwrap_or_default();
+        let acme = "tenant=\"acme\"";
+        metric(
+            &text,
+            "proxy_quota_requests_total",
+            &[acme, "outcome=\"admitted\""],
+        ) && metric(
+            &text,
+            "proxy_quota_requests_total",
+            &[acme, "outcome=\"rejected\""],
+        ) && metric(&text, "proxy_quota_rate_share", &[acme])
+            && metric(&text, "proxy_quota_burst_share", &[acme])
+            && metric(&text, "proxy_quota_rate_target", &[acme])
+            && metric(&text, "proxy_quota_utilisation", &[acme])
+    })
+    .await;
+
     phase("the panel shows the dev quota, its tenant and proxy 1's share");
     let browser = Browser::start().await;
     browser.open(&cluster.url(follower, ""), "quotas").await;
@@ -1009,5 +1048,6 @@ async fn the_quota_panel_shows_the_dev_quota_and_a_run_time_change() {
         .collect();
     assert!(outcomes.contains(&"done"), "{tail:?}");
     assert!(outcomes.contains(&"invalid_request"), "{tail:?}");
+    busy.abort();
     browser.close().await;
 }

@@ -131,6 +131,11 @@ impl Bucket {
         self.covering(t).map(|s| s.rate_milli).sum()
     }
 
+    /// Sum of the burst shares covering `t`, in milli-requests.
+    pub fn burst_at(&self, t: u64) -> u64 {
+        self.covering(t).map(|s| s.burst_milli).sum()
+    }
+
     /// Sum of the burst shares covering `t`, in micro-requests.
     fn cap_at(&self, t: u64) -> u64 {
         self.covering(t)

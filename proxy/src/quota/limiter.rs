@@ -17,7 +17,7 @@ use lock_core::machine::{
     Command, LeaseId, QuotaGrant, QuotaOutcome, QuotaPolicy, QuotaRequest, QuotaSpec, Response,
 };
 use lock_core::node::Node;
-use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio::sync::Notify;
 
 use super::bucket::{Bucket, Share};
@@ -54,6 +54,8 @@ struct PoolState {
     bucket: Bucket,
     /// Weighted requests offered since the lessor's last report.
     offered: u64,
+    /// Weighted requests admitted since the lessor's last report.
+    admitted: u64,
     last_request_ms: u64,
     /// Leases held, by id: local end and whether a successor is held.
     held: HashMap<LeaseId, Held>,
@@ -111,7 +113,11 @@ impl QuotaLimiter {
             let mut st = pool.state.lock();
             st.offered = st.offered.saturating_add(cost);
             st.last_request_ms = now;
-            st.bucket.try_take(cost, now)
+            let taken = st.bucket.try_take(cost, now);
+            if taken.is_ok() {
+                st.admitted = st.admitted.saturating_add(cost);
+            }
+            taken
         };
         match taken {
             Ok(()) => {
@@ -154,6 +160,7 @@ impl QuotaLimiter {
             state: parking_lot::Mutex::new(PoolState {
                 bucket,
                 offered: 0,
+                admitted: 0,
                 last_request_ms: now,
                 held: HashMap::new(),
                 epoch: 0,
@@ -194,7 +201,21 @@ impl QuotaLimiter {
                     .collect();
                 let elapsed = now.saturating_sub(reported_at).max(1);
                 let demand = st.offered.saturating_mul(1_000_000) / elapsed;
+                // Utilisation: what was admitted against the rate share held now (a share
+                // that changed during the interval makes this approximate).
+                let used = st.admitted.saturating_mul(1_000_000) / elapsed;
+                let held = st.bucket.rate_at(now);
+                let utilisation = if held > 0 {
+                    used as f64 / held as f64
+                } else {
+                    0.0
+                };
+                self.metrics
+                    .utilisation
+                    .with_label_values(&[&spec.name, &tenant])
+                    .set(utilisation);
                 st.offered = 0;
+                st.admitted = 0;
                 let quiet = now.saturating_sub(st.last_request_ms) > 2 * lease_ms;
                 (renew, demand, quiet)
             };
@@ -321,6 +342,10 @@ impl QuotaLimiter {
             .target
             .with_label_values(&[&spec.name, tenant])
             .set((grant.target_milli / 1_000) as i64);
+        self.metrics
+            .burst
+            .with_label_values(&[&spec.name, tenant])
+            .set((st.bucket.burst_at(now) / 1_000) as i64);
         // Renew each chain half a lease before it ends.
         let renew_at = st
             .held
@@ -353,9 +378,17 @@ impl QuotaLimiter {
                 .propose(Command::QuotaReturn { lease_ids: ids })
                 .await;
         }
-        for m in [&self.metrics.share, &self.metrics.target] {
+        for m in [
+            &self.metrics.share,
+            &self.metrics.target,
+            &self.metrics.burst,
+        ] {
             m.with_label_values(&[quota, tenant]).set(0);
         }
+        self.metrics
+            .utilisation
+            .with_label_values(&[quota, tenant])
+            .set(0.0);
     }
 }
 
@@ -372,6 +405,8 @@ struct QuotaMetrics {
     decisions: IntCounterVec,
     share: IntGaugeVec,
     target: IntGaugeVec,
+    burst: IntGaugeVec,
+    utilisation: GaugeVec,
     shrinks: IntCounterVec,
 }
 
@@ -399,6 +434,19 @@ impl QuotaMetrics {
                 "proxy_quota_rate_target",
                 "Rate share (requests/s) the ledger aims to give this proxy",
             ),
+            burst: gauge(
+                "proxy_quota_burst_share",
+                "Burst share (requests) this proxy holds now",
+            ),
+            utilisation: GaugeVec::new(
+                Opts::new(
+                    "proxy_quota_utilisation",
+                    "Requests admitted per second over the rate share held, over the last lease \
+                     request interval (1 = the share fully used)",
+                ),
+                &["quota", "tenant"],
+            )
+            .unwrap_or_else(|e| panic!("metric: {e}")),
             shrinks: counter(
                 "proxy_quota_rebalances_total",
                 "Renewals whose successor lease was smaller (capacity moved to other proxies)",
@@ -410,6 +458,8 @@ impl QuotaMetrics {
         let _ = registry.register(Box::new(m.share.clone()));
         let _ = registry.register(Box::new(m.target.clone()));
         let _ = registry.register(Box::new(m.shrinks.clone()));
+        let _ = registry.register(Box::new(m.burst.clone()));
+        let _ = registry.register(Box::new(m.utilisation.clone()));
         m
     }
 }
