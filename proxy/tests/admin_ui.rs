@@ -976,7 +976,7 @@ async fn the_quota_panel_shows_the_dev_quota_and_a_run_time_change() {
         })
         .await;
     assert!(panel.contains("from the proxies' config"), "{panel}");
-    browser.screenshot("admin-ui-quotas").await;
+    browser.screenshot("quotas").await;
 
     phase("a change needs the admin credential and sane numbers");
     let change = SetQuotaRequest {
