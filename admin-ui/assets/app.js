@@ -245,6 +245,71 @@ async function refreshHot() {
   );
 }
 
+// ---- quotas -------------------------------------------------------------------------------
+
+const pct = (f) => `${(f * 100).toFixed(0)} %`;
+
+async function refreshQuotas() {
+  const l = await getJson("/v1/admin/quotas");
+  $("#quota-rebalances").textContent = l.rebalances;
+  $("#quota-list").replaceChildren(
+    ...(l.quotas.length
+      ? l.quotas.map((q) =>
+          el(
+            "section",
+            { class: "card quota", "data-quota": q.name },
+            el("h3", {}, q.name),
+            el(
+              "p",
+              { class: "quota-def" },
+              `R = ${q.rate_per_s}/s · B = ${q.burst} · lease ${q.lease_ms} ms · ${q.policy}` +
+                (q.policy === "emergency" ? ` (E = ${q.allowance} per proxy)` : "") +
+                (q.set_at_run_time ? " · set at run time" : " · from the proxies' config"),
+            ),
+            el("h4", {}, "Per tenant"),
+            el(
+              "table",
+              {},
+              el("thead", {}, el("tr", {}, ...["Tenant", "Leased of R", "Demand of R"].map((h) => el("th", { scope: "col" }, h)))),
+              el(
+                "tbody",
+                {},
+                ...(q.tenants.length
+                  ? q.tenants.map((t) => el("tr", {}, el("td", {}, t.tenant), el("td", {}, pct(t.leased_fraction)), el("td", {}, pct(t.demand_fraction))))
+                  : [el("tr", {}, el("td", { colSpan: 3, class: "empty" }, "no tenant has used it recently"))]),
+              ),
+            ),
+            el("h4", {}, "Shares per proxy (the leases that count now)"),
+            el(
+              "table",
+              {},
+              el("thead", {}, el("tr", {}, ...["Tenant", "Proxy", "Rate share /s", "Burst share", "Leases", "Until", "Demand /s"].map((h) => el("th", { scope: "col" }, h)))),
+              el(
+                "tbody",
+                {},
+                ...(q.shares.length
+                  ? q.shares.map((s) =>
+                      el(
+                        "tr",
+                        {},
+                        el("td", {}, s.tenant),
+                        el("td", {}, `node ${s.proxy}`),
+                        el("td", {}, s.rate_per_s.toFixed(1)),
+                        el("td", {}, s.burst.toFixed(1)),
+                        el("td", {}, s.leases),
+                        el("td", {}, fmtTime(s.expires_at_ms)),
+                        el("td", {}, s.demand_per_s.toFixed(1)),
+                      ),
+                    )
+                  : [el("tr", {}, el("td", { colSpan: 7, class: "empty" }, "no shares leased now"))]),
+              ),
+            ),
+          ),
+        )
+      : [el("p", { class: "empty" }, "No quota is defined yet: a proxy defines its configured quotas when it first limits a request.")]),
+  );
+}
+
 // ---- charts -------------------------------------------------------------------------------
 
 async function refreshSeries() {
@@ -533,6 +598,7 @@ async function refresh() {
     if (state.view === "locks") await refreshLocks();
     if (state.view === "resource" && state.resource) await refreshResource();
     if (state.view === "hot") await refreshHot();
+    if (state.view === "quotas") await refreshQuotas();
     if (state.view === "audit") await refreshAudit();
     if (state.view === "idempotency") await refreshIdempotency();
     showError(null);

@@ -9,6 +9,7 @@
 //! fencegate-loadtest compare --profile seed --out out/compare       # both, one table
 //! fencegate-loadtest chaos --duration-s 60 --out out/chaos           # faults + invariant checker
 //! fencegate-loadtest idempotency --duration-s 10                    # against a running dev
+//! fencegate-loadtest quota --out out/quota                          # rate limit, demand moving
 //! ```
 //!
 //! Open loop: arrivals never wait for responses, and latency is measured from each
@@ -25,6 +26,8 @@ mod idempotency;
 mod ledger;
 mod plot;
 mod poller;
+mod quota;
+mod quota_window;
 mod report;
 mod scenario;
 mod stats;
@@ -69,6 +72,9 @@ enum Cmd {
     /// Jepsen-style test: clients, zombies and a nemesis against a 3-process cluster, then
     /// one check per invariant (docs/verification.md). Exit 0 only without violations.
     Chaos(chaos::ChaosArgs),
+    /// A global rate limit while demand moves from proxy 1 to proxy 3 (own cluster):
+    /// utilisation, convergence time and overshoot (must be 0), per-second series and a plot.
+    Quota(quota::QuotaArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -94,6 +100,7 @@ fn main() -> anyhow::Result<()> {
             Cmd::Chaos(args) => chaos::run(args).await,
             Cmd::Handoff(args) => handoff::run(args).await,
             Cmd::Idempotency(args) => idempotency::run(args).await,
+            Cmd::Quota(args) => quota::run(args).await,
         }
     })
 }

@@ -31,6 +31,11 @@ pub struct ProxyConfig {
     /// to show that its checker catches duplicate effects. Never enable in production.
     #[serde(default)]
     pub unsafe_no_idempotency: bool,
+    /// DEMONSTRATIONS ONLY: refill a rate-limit bucket to its burst share whenever a quota
+    /// lease is renewed, breaking the bound on what the proxies admit together. The chaos
+    /// harness uses it to show that its quota check can fail. Never enable in production.
+    #[serde(default)]
+    pub unsafe_refill_on_renew: bool,
 }
 
 /// Longest admission grant: how long a release waits at most for a proxy that cannot confirm
@@ -39,10 +44,6 @@ pub const MAX_GRANT_MS: u64 = 5_000;
 
 /// The quota of `fencegate dev`'s `/limited/{key}` route.
 pub const DEV_QUOTA: &str = "limited";
-/// Bounds on a quota lease: long enough for a commit round trip and renewing at half time,
-/// short enough that a stopped proxy's share comes back soon.
-pub const MIN_QUOTA_LEASE_MS: u64 = 500;
-pub const MAX_QUOTA_LEASE_MS: u64 = 60_000;
 
 fn default_grant_ms() -> u64 {
     2_000
@@ -61,6 +62,7 @@ impl ProxyConfig {
             grant_ms: default_grant_ms(),
             unsafe_no_fencing: false,
             unsafe_no_idempotency: false,
+            unsafe_refill_on_renew: false,
             routes: vec![
                 RouteConfig::new("/kv/{key}", "kv:{key}", &demo_store),
                 RouteConfig {
@@ -100,25 +102,10 @@ impl ProxyConfig {
         }
         let mut names = std::collections::HashSet::new();
         for q in &self.quotas {
-            if q.name.trim().is_empty() || !names.insert(q.name.as_str()) {
-                return Err(format!(
-                    "quota names must be non-empty and unique ('{}')",
-                    q.name
-                ));
+            if !names.insert(q.name.as_str()) {
+                return Err(format!("quota names must be unique ('{}')", q.name));
             }
-            if q.rate_per_s == 0 || q.burst == 0 {
-                return Err(format!(
-                    "quota {}: rate_per_s and burst must be > 0",
-                    q.name
-                ));
-            }
-            if !(MIN_QUOTA_LEASE_MS..=MAX_QUOTA_LEASE_MS).contains(&q.lease_ms) {
-                return Err(format!(
-                    "quota {}: lease_ms ({}) must be between {MIN_QUOTA_LEASE_MS} and \
-                     {MAX_QUOTA_LEASE_MS}",
-                    q.name, q.lease_ms
-                ));
-            }
+            q.validate()?;
         }
         for r in &self.routes {
             if let Some(q) = &r.quota {

@@ -8,6 +8,9 @@
 //! tests model a slow upstream.
 //!
 //! `/limited/{key}` answers 200 to GET, PUT and POST: the upstream of the rate-limited route.
+//! The store records each such request with its own wall-clock time of arrival and the
+//! `X-Tenant` it carried; `GET /limited-log` lists them (the last million), so a test can
+//! judge what the proxies admitted over any window of time.
 //!
 //! Orders, for the proxy's `Idempotency-Key` handling: `POST /orders` creates an order with a
 //! new id for the tenant named by `X-Tenant` (default `demo`) (201 and the order as JSON;
@@ -20,7 +23,7 @@
 //! `X-Demo-Answer-Delay-Ms: N`: the order is created, then the answer waits N ms (at most 60 s)
 //! — how the chaos harness makes the proxy's upstream timeout lose answers.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,7 +34,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use lock_core::wire::Order;
+use lock_core::wire::{LimitedLogEntry, Order};
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -68,7 +71,13 @@ struct Store {
     log: Vec<LogEntry>,
     orders: Vec<Order>,
     released: HashSet<String>,
+    /// Requests answered on `/limited/{key}`, the newest [`LIMITED_LOG_MAX`].
+    limited: VecDeque<LimitedLogEntry>,
+    limited_seq: u64,
 }
+
+/// How many `/limited` requests the store remembers (about 100 MB at most).
+const LIMITED_LOG_MAX: usize = 1_000_000;
 
 #[derive(Clone, Default)]
 struct Shared {
@@ -77,10 +86,37 @@ struct Shared {
     holds: Arc<Notify>,
 }
 
-/// `GET/PUT/POST /limited/{key}`: answers 200 and does nothing else, the upstream of the
+/// `GET/PUT/POST /limited/{key}`: answers 200 and records the arrival, the upstream of the
 /// rate-limited route of `fencegate dev`.
-async fn limited(Path(key): Path<String>) -> String {
+async fn limited(
+    State(shared): State<Shared>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+) -> String {
+    // Read the clock under the lock, so the log's times are in its order.
+    let mut s = lock(&shared);
+    let at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_micros() as f64 / 1000.0);
+    s.limited_seq += 1;
+    let entry = LimitedLogEntry {
+        seq: s.limited_seq,
+        key: key.clone(),
+        tenant: headers
+            .get("x-tenant")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+        at_ms,
+    };
+    if s.limited.len() >= LIMITED_LOG_MAX {
+        s.limited.pop_front();
+    }
+    s.limited.push_back(entry);
     format!("ok {key}\n")
+}
+
+async fn limited_log(State(shared): State<Shared>) -> Json<Vec<LimitedLogEntry>> {
+    Json(lock(&shared).limited.iter().cloned().collect())
 }
 
 /// Serves the demo store on `listener` until `shutdown` completes.
@@ -95,6 +131,7 @@ pub async fn serve(
         .route("/orders/by-key/{key}", get(order_by_key))
         .route("/holds/{name}/release", post(release_hold))
         .route("/limited/{key}", get(limited).put(limited).post(limited))
+        .route("/limited-log", get(limited_log))
         .with_state(Shared::default());
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)

@@ -45,12 +45,18 @@ pub fn start(
             .with_unsafe_no_records(config.unsafe_no_idempotency),
     );
     let quotas = (!config.quotas.is_empty()).then(|| {
-        Arc::new(QuotaLimiter::new(
-            node.clone(),
-            &config.quotas,
-            &node.metrics.registry,
-        ))
+        Arc::new(
+            QuotaLimiter::new(node.clone(), &config.quotas, &node.metrics.registry)
+                .with_unsafe_refill_on_renew(config.unsafe_refill_on_renew),
+        )
     });
+    if config.unsafe_refill_on_renew {
+        tracing::warn!(
+            "fencing proxy started with unsafe_refill_on_renew = true: rate-limit buckets are \
+             refilled on every quota lease renewal, so tenants can exceed their limits \
+             (demonstrations only)"
+        );
+    }
     let gate = Arc::new(FenceGate::new(node, config.grant_ms));
     let revocations = tokio::spawn(gate.clone().serve_revocations());
     let proxy = FenceProxy::new(routes, gate, metrics)

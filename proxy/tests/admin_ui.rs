@@ -1142,3 +1142,155 @@ async fn unknown_idempotency_outcomes_are_listed_and_resolved_from_the_page() {
         .await;
     browser.close().await;
 }
+
+/// The quota panel shows the `fencegate dev` quota with the tenant that used it and the
+/// shares leased to the proxies; an operator changes the quota at run time with the admin
+/// credential (refused without it, and with bad input), the change is a committed command
+/// every node shows, and it is audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_quota_panel_shows_the_dev_quota_and_a_run_time_change() {
+    use fencegate_proxy::config::DEV_QUOTA;
+    use lock_core::wire::{AuditTail, QuotaList, SetQuotaRequest};
+    let cluster = Cluster::start().await;
+    let leader = cluster.wait_leader(None).await;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+
+    phase("tenant acme uses the rate-limited route until proxy 1 holds a share");
+    let proxy = cluster.proxies[&1].0.clone();
+    eventually(EVENT, "a request of acme admitted by proxy 1", async || {
+        cluster
+            .http
+            .get(format!("http://{proxy}/limited/k"))
+            .header("X-Tenant", "acme")
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+
+    // Keep acme busy: a tenant quiet for two lease durations gives its shares back.
+    let busy = {
+        let (http, url) = (cluster.http.clone(), format!("http://{proxy}/limited/k"));
+        tokio::spawn(async move {
+            loop {
+                let _ = http.get(&url).header("X-Tenant", "acme").send().await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    phase("node 1's metrics show acme's decisions, shares and utilisation");
+    let metric = |text: &str, name: &str, labels: &[&str]| {
+        text.lines().any(|l| {
+            l.starts_with(&format!("fencegate_{name}{{"))
+                && labels.iter().all(|want| l.contains(want))
+        })
+    };
+    eventually(EVENT, "the quota metrics of acme", async || {
+        let Ok(r) = cluster.http.get(cluster.url(1, "/metrics")).send().await else {
+            return false;
+        };
+        let text = r.text().await.unwrap_or_default();
+        let acme = "tenant=\"acme\"";
+        metric(
+            &text,
+            "proxy_quota_requests_total",
+            &[acme, "outcome=\"admitted\""],
+        ) && metric(
+            &text,
+            "proxy_quota_requests_total",
+            &[acme, "outcome=\"rejected\""],
+        ) && metric(&text, "proxy_quota_rate_share", &[acme])
+            && metric(&text, "proxy_quota_burst_share", &[acme])
+            && metric(&text, "proxy_quota_rate_target", &[acme])
+            && metric(&text, "proxy_quota_utilisation", &[acme])
+    })
+    .await;
+
+    phase("the panel shows the dev quota, its tenant and proxy 1's share");
+    let browser = Browser::start().await;
+    browser.open(&cluster.url(follower, ""), "quotas").await;
+    let panel = browser
+        .wait_text("#quota-list", "the dev quota with acme's share", |t| {
+            t.contains(DEV_QUOTA)
+                && t.contains("R = 100/s")
+                && t.contains("acme")
+                && t.contains("node 1")
+        })
+        .await;
+    assert!(panel.contains("from the proxies' config"), "{panel}");
+    browser.screenshot("quotas").await;
+
+    phase("a change needs the admin credential and sane numbers");
+    let change = SetQuotaRequest {
+        operator: "carol".into(),
+        rate_per_s: 50,
+        burst: 80,
+        lease_ms: 2_000,
+        policy: None,
+        allowance: None,
+    };
+    let put = |body: &SetQuotaRequest, token: Option<&str>| {
+        let mut req = cluster
+            .http
+            .put(cluster.url(follower, &format!("/v1/admin/quotas/{DEV_QUOTA}")))
+            .json(body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        async move {
+            let r = req.send().await.expect("put");
+            (r.status().as_u16(), r.text().await.expect("body"))
+        }
+    };
+    let (status, body) = put(&change, None).await;
+    assert_eq!(status, 401, "{body}");
+    let bad = SetQuotaRequest {
+        rate_per_s: 0,
+        ..change.clone()
+    };
+    let (status, body) = put(&bad, Some(ADMIN_TOKEN)).await;
+    assert_eq!(status, 400, "{body}");
+    let emergency_without_allowance = SetQuotaRequest {
+        policy: Some("emergency".into()),
+        ..change.clone()
+    };
+    let (status, body) = put(&emergency_without_allowance, Some(ADMIN_TOKEN)).await;
+    assert_eq!(status, 400, "{body}");
+
+    phase("the change commits; every node shows it; the page follows");
+    let (status, body) = put(&change, Some(ADMIN_TOKEN)).await;
+    assert_eq!(status, 200, "{body}");
+    for id in 1..=3 {
+        eventually(EVENT, "the node applied the change", async || {
+            let l: QuotaList = cluster.get(id, "/v1/admin/quotas").await;
+            l.quotas.iter().any(|q| {
+                q.definition.name == DEV_QUOTA
+                    && q.definition.rate_per_s == 50
+                    && q.definition.burst == 80
+                    && q.definition.set_at_run_time
+            })
+        })
+        .await;
+    }
+    browser
+        .wait_text("#quota-list", "the new definition on the page", |t| {
+            t.contains("R = 50/s") && t.contains("B = 80") && t.contains("set at run time")
+        })
+        .await;
+
+    phase("the change and the refusal are audited");
+    let tail: AuditTail = cluster
+        .get(follower, "/v1/admin/audit?caller=operator:carol")
+        .await;
+    let outcomes: Vec<&str> = tail
+        .entries
+        .iter()
+        .filter(|e| e.op == "set_quota")
+        .map(|e| e.outcome.as_str())
+        .collect();
+    assert!(outcomes.contains(&"done"), "{tail:?}");
+    assert!(outcomes.contains(&"invalid_request"), "{tail:?}");
+    busy.abort();
+    browser.close().await;
+}

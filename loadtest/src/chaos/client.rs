@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use lock_core::wire::{
     classify, AcquireRequest, AcquireResponse, ClusterStatus, ErrorBody, Failure, LeaseId,
-    LeaseRequest, LockView, Order, ReleaseResponse, RenewResponse, StoreLogEntry,
+    LeaseRequest, LimitedLogEntry, LockView, Order, ReleaseResponse, RenewResponse, StoreLogEntry,
     FENCE_TOKEN_HEADER,
 };
 use rand::Rng;
@@ -25,7 +25,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::history::{
-    EventType, History, LockCall, OrderCall, ReadCall, Trouble, WriteCall, WriteRole,
+    EventType, History, LimitedCall, LockCall, OrderCall, ReadCall, Trouble, WriteCall, WriteRole,
 };
 
 /// One node's endpoints.
@@ -340,6 +340,35 @@ impl Client {
     pub async fn final_cluster(&self, process: &str, node: u64) -> Outcome<ClusterStatus> {
         let url = format!("{}/v1/cluster", self.endpoint(node).api);
         self.get(process, "final_cluster", node, url)
+            .await
+            .and_then(json)
+    }
+
+    /// `GET /limited/{key}` through node `node`'s fencing proxy for `tenant`: admitted (`ok`,
+    /// the store answered) or refused (`fail`, 429 `rate_limited` and other rejections).
+    pub async fn limited(&self, process: &str, node: u64, key: &str, tenant: &str) -> Outcome<()> {
+        let inv = LimitedCall {
+            key: key.to_string(),
+            tenant: tenant.to_string(),
+        };
+        let url = format!("{}/limited/{key}", self.endpoint(node).proxy);
+        self.call(
+            process,
+            "limited",
+            node,
+            Kind::Write,
+            &inv,
+            Duration::from_secs(4),
+            |h| h.get(url).header("x-tenant", tenant),
+        )
+        .await
+        .and_then(|_| Some(()))
+    }
+
+    /// `GET /limited-log` of the store, recorded as `limited_log`.
+    pub async fn limited_log(&self, process: &str) -> Outcome<Vec<LimitedLogEntry>> {
+        let url = format!("{}/limited-log", self.store);
+        self.get(process, "limited_log", 0, url)
             .await
             .and_then(json)
     }

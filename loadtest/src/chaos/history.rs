@@ -133,6 +133,28 @@ pub enum ReadCall {
     Url(String),
 }
 
+/// The invocation of a request on the rate-limited route `/limited/{key}` through a fencing
+/// proxy (history function `limited`). The key is unique per request, so the store's record
+/// of it (`GET /limited-log`) can be traced back to this invocation.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LimitedCall {
+    pub key: String,
+    pub tenant: String,
+}
+
+/// The quota the run's proxies enforce on `/limited/{key}` (history note `quota` of process
+/// `harness`): what the quota check judges the store's record against.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct QuotaNote {
+    pub rate_per_s: u64,
+    pub burst: u64,
+    /// The emergency allowance per proxy (0 under `strict`).
+    pub allowance: u64,
+    pub proxies: u64,
+    pub lease_ms: u64,
+    pub unsafe_refill_on_renew: bool,
+}
+
 /// The value of a `fail` or `info` completion: why, and the answer if one came.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Trouble {

@@ -7,6 +7,7 @@
 //! fencegate-loadtest chaos --nemesis pause,partition-leader            # selected faults only
 //! fencegate-loadtest chaos --unsafe-no-fencing --duration-s 30         # must be caught
 //! fencegate-loadtest chaos --unsafe-no-idempotency --duration-s 15     # must be caught too
+//! fencegate-loadtest chaos --unsafe-refill-on-renew --duration-s 20     # must be caught
 //! fencegate-loadtest chaos --recheck /tmp/chaos                        # re-run the checker
 //! ```
 //!
@@ -24,6 +25,7 @@ mod client;
 mod history;
 mod nemesis;
 mod orders;
+mod quota;
 mod verdict;
 mod workers;
 
@@ -60,6 +62,7 @@ fn cluster_spec(args: &ChaosArgs) -> ClusterSpec {
             upstream_timeout_ms: 1_000,
             unsafe_no_fencing: args.unsafe_no_fencing,
             unsafe_no_idempotency: args.unsafe_no_idempotency,
+            quota: None,
         }),
         fault_injection: true,
     }
@@ -99,6 +102,14 @@ pub struct ChaosArgs {
     /// it can fail.
     #[arg(long)]
     pub unsafe_no_idempotency: bool,
+    /// Refill the proxies' rate-limit buckets on every quota lease renewal. The quota check
+    /// must then report violations (invariant 9): proof that it can fail.
+    #[arg(long)]
+    pub unsafe_refill_on_renew: bool,
+    /// Clients hammering the rate-limited route `/limited/{key}` through all proxies (0: no
+    /// quota workload).
+    #[arg(long, default_value_t = 3)]
+    pub quota_clients: usize,
     /// Honest workers.
     #[arg(long, default_value_t = 8)]
     pub workers: usize,
@@ -172,7 +183,12 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let bin = find_fencegate_bin(args.fencegate_bin.as_deref())?;
     let data_dir = fresh_data_dir(&args)?;
     announce(&args, &faults, seed);
-    let cluster = LocalCluster::start(bin.clone(), data_dir, cluster_spec(&args))?;
+    let mut spec = cluster_spec(&args);
+    let quota_setup = (args.quota_clients > 0).then(|| quota::setup(args.unsafe_refill_on_renew));
+    if let Some(p) = spec.proxies.as_mut() {
+        p.quota = quota_setup;
+    }
+    let cluster = LocalCluster::start(bin.clone(), data_dir, spec)?;
     eprintln!("chaos: cluster starting in {}", cluster.dir.display());
     let leader = cluster.wait_ready(Duration::from_secs(60)).await?;
     eprintln!("chaos: cluster ready, leader {leader}");
@@ -200,12 +216,21 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
             "fencegate_bin": bin.display().to_string(),
         }),
     );
+    if let Some(q) = &quota_setup {
+        quota::note(&hist, q, cluster.nodes.len());
+    }
     let drops = Arc::new(DropSwitch::default());
     let client = client_of(&cluster, &hist, &drops)?;
     let cluster = Arc::new(Mutex::new(cluster));
 
     let stop_clients = Arc::new(AtomicBool::new(false));
-    let clients = spawn_clients(&args, &client, &stop_clients, seed);
+    let mut clients = spawn_clients(&args, &client, &stop_clients, seed);
+    clients.extend(quota::spawn(
+        &client,
+        args.quota_clients,
+        &stop_clients,
+        seed,
+    ));
     let stop_nemesis = Arc::new(AtomicBool::new(false));
     let nemesis = Nemesis::new(
         cluster.clone(),
@@ -298,11 +323,16 @@ fn fresh_data_dir(args: &ChaosArgs) -> anyhow::Result<Option<PathBuf>> {
 }
 
 fn announce(args: &ChaosArgs, faults: &[Fault], seed: u64) {
-    let mode = match (args.unsafe_no_fencing, args.unsafe_no_idempotency) {
-        (false, false) => "fenced",
-        (true, false) => "UNSAFE (fencing off)",
-        (false, true) => "UNSAFE (idempotency records off)",
-        (true, true) => "UNSAFE (fencing and idempotency records off)",
+    let mode = match (
+        args.unsafe_no_fencing,
+        args.unsafe_no_idempotency,
+        args.unsafe_refill_on_renew,
+    ) {
+        (false, false, false) => "fenced",
+        (true, false, false) => "UNSAFE (fencing off)",
+        (false, true, false) => "UNSAFE (idempotency records off)",
+        (false, false, true) => "UNSAFE (buckets refill on renewal)",
+        _ => "UNSAFE (several safeguards off)",
     };
     let faults = if faults.is_empty() {
         "none".to_string()
@@ -434,6 +464,7 @@ async fn read_final_state(client: &Client, cluster: &Arc<Mutex<LocalCluster>>) {
         client.final_cluster("final", id).await;
     }
     client.store_log("final").await;
+    client.limited_log("final").await;
 }
 
 /// The verdict of a run: what the checks found, how the run was set up, what the nemesis
@@ -448,11 +479,16 @@ fn run_verdict(
     problems: Vec<String>,
     drops: &DropSwitch,
 ) -> Verdict {
-    let mode = match (args.unsafe_no_fencing, args.unsafe_no_idempotency) {
-        (false, false) => "fenced",
-        (true, false) => "unsafe-no-fencing",
-        (false, true) => "unsafe-no-idempotency",
-        (true, true) => "unsafe-no-fencing-no-idempotency",
+    let mode = match (
+        args.unsafe_no_fencing,
+        args.unsafe_no_idempotency,
+        args.unsafe_refill_on_renew,
+    ) {
+        (false, false, false) => "fenced",
+        (true, false, false) => "unsafe-no-fencing",
+        (false, true, false) => "unsafe-no-idempotency",
+        (false, false, true) => "unsafe-refill-on-renew",
+        _ => "unsafe-several",
     };
     let mut verdict = Verdict::new(mode, m, results, problems);
     verdict.run = Some(RunSetup {

@@ -31,6 +31,8 @@ pub struct ProxySpec {
     pub unsafe_no_fencing: bool,
     /// Idempotency records off (the chaos harness's proof that its duplicate check can fail).
     pub unsafe_no_idempotency: bool,
+    /// A global rate limit on `/limited/{key}` (tenant from `X-Tenant`), if any.
+    pub quota: Option<QuotaSetup>,
 }
 
 impl ProxySpec {
@@ -40,7 +42,37 @@ impl ProxySpec {
         upstream_timeout_ms: 1_000,
         unsafe_no_fencing: false,
         unsafe_no_idempotency: false,
+        quota: None,
     };
+}
+
+/// The quota `limited` of the proxies' `/limited/{key}` route (`strict`), routed to the demo
+/// store, which records every request it answers there (`GET /limited-log`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuotaSetup {
+    pub rate_per_s: u64,
+    pub burst: u64,
+    pub lease_ms: u64,
+    /// Buckets refill on every lease renewal (the chaos harness's proof that its quota check
+    /// can fail).
+    pub unsafe_refill_on_renew: bool,
+}
+
+impl QuotaSetup {
+    /// The `[proxy]` key and the tables that define the quota and its route.
+    fn toml(&self, store: &str) -> (String, String) {
+        let key = format!("unsafe_refill_on_renew = {}\n", self.unsafe_refill_on_renew);
+        let tables = format!(
+            "\n[[proxy.quotas]]\nname = \"limited\"\nrate_per_s = {rate}\nburst = {burst}\n\
+             lease_ms = {lease}\npolicy = \"strict\"\n\n\
+             [[proxy.routes]]\npath = \"/limited/{{key}}\"\nresource = \"limited:{{key}}\"\n\
+             upstream = \"{store}\"\nprotected_methods = []\nquota = \"limited\"\n",
+            rate = self.rate_per_s,
+            burst = self.burst,
+            lease = self.lease_ms,
+        );
+        (key, tables)
+    }
 }
 
 /// What a harness wants of its cluster.
@@ -160,6 +192,13 @@ impl LocalCluster {
                     unsafe_no_idempotency = p.unsafe_no_idempotency,
                     upstream_timeout = p.upstream_timeout_ms,
                 ));
+                if let Some(q) = p.quota {
+                    let (key, tables) = q.toml(&store);
+                    // The key belongs to `[proxy]`: before the first table of routes.
+                    let at = toml.find("\n[[proxy.routes]]").unwrap_or(toml.len());
+                    toml.insert_str(at, &key);
+                    toml.push_str(&tables);
+                }
             }
             let config = dir.join(format!("node{id}.toml"));
             std::fs::write(&config, toml)?;

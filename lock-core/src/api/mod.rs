@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use tokio::net::TcpListener;
 
@@ -72,6 +72,8 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/admin/hot", get(admin::hot))
         .route("/v1/admin/series", get(admin::series))
         .route("/v1/admin/audit", get(admin::audit))
+        .route("/v1/admin/quotas", get(admin::quotas))
+        .route("/v1/admin/quotas/{name}", put(admin::set_quota))
         .route(
             "/v1/admin/force-release/{*resource}",
             post(admin::force_release),

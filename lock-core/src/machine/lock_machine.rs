@@ -101,6 +101,10 @@ impl LockMachine {
             Command::QuotaReturn { lease_ids } => {
                 Response::QuotaReturned(self.quotas.give_back(lease_ids))
             }
+            Command::QuotaSet(spec) => {
+                self.quotas.set(spec.clone());
+                Response::QuotaDefined
+            }
         };
         (resp, fx)
     }

@@ -15,7 +15,8 @@ pub use idempotency::{
 };
 pub use lock_machine::LockMachine;
 pub use quota::{
-    QuotaGrant, QuotaLease, QuotaLedger, QuotaOutcome, QuotaPolicy, QuotaRequest, QuotaSpec, MILLI,
+    DemandReport, QuotaGrant, QuotaLease, QuotaLedger, QuotaOutcome, QuotaPolicy, QuotaRequest,
+    QuotaSpec, MILLI,
 };
 pub use state::{
     dedup_key, DedupEntry, DedupGrant, DedupKey, DedupRecord, DedupState, FenceGrant, Lease,

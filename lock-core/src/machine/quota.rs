@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::wire::LeaseId;
+use crate::wire::{LeaseId, MAX_QUOTA_LEASE_MS, MAX_QUOTA_NAME_LEN, MIN_QUOTA_LEASE_MS};
 
 /// Thousandths per unit: shares are kept in milli-requests (per second).
 pub const MILLI: u64 = 1000;
@@ -62,6 +62,36 @@ pub struct QuotaSpec {
 }
 
 impl QuotaSpec {
+    /// Checks a definition from a config file or an operator: a sentence saying what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        let name_ok = self.name.len() <= MAX_QUOTA_NAME_LEN
+            && !self.name.is_empty()
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !name_ok {
+            return Err(format!(
+                "quota name '{}' must be 1–{MAX_QUOTA_NAME_LEN} letters, digits, '.', '_' or '-'",
+                self.name
+            ));
+        }
+        if self.rate_per_s == 0 || self.burst == 0 {
+            return Err(format!(
+                "quota {}: rate_per_s and burst must be > 0",
+                self.name
+            ));
+        }
+        if !(MIN_QUOTA_LEASE_MS..=MAX_QUOTA_LEASE_MS).contains(&self.lease_ms) {
+            return Err(format!(
+                "quota {}: lease_ms ({}) must be between {MIN_QUOTA_LEASE_MS} and \
+                 {MAX_QUOTA_LEASE_MS}",
+                self.name, self.lease_ms
+            ));
+        }
+        Ok(())
+    }
+
     fn rate_cap(&self) -> u64 {
         self.rate_per_s.saturating_mul(MILLI)
     }
@@ -152,6 +182,9 @@ pub struct QuotaLedger {
     /// (a hot proxy waiting for capacity must count when a cold one renews).
     #[serde(default)]
     demand: Vec<DemandReport>,
+    /// Quotas an operator set at run time: the proxies' config files no longer redefine them.
+    #[serde(default)]
+    pinned: std::collections::BTreeSet<String>,
 }
 
 /// A proxy's demand report, remembered for two lease durations.
@@ -183,9 +216,34 @@ impl QuotaLedger {
         self.rebalances
     }
 
-    /// Defines or redefines a quota. Leases already granted keep their shares until they end.
+    /// Defines or redefines a quota from a proxy's config file, unless an operator set it at
+    /// run time. Leases already granted keep their shares until they end.
     pub fn define(&mut self, spec: QuotaSpec) {
+        if !self.pinned.contains(&spec.name) {
+            self.specs.insert(spec.name.clone(), spec);
+        }
+    }
+
+    /// Sets a quota at run time (an operator's change): it wins over every config file from
+    /// now on. Conservation across the change: leases granted before keep their shares and
+    /// count until they expire or are returned; every lease granted after is sized against
+    /// the new limits *with the old leases counted* (capacity above the new limits is never
+    /// free), and successors never grow. So at every log time the pool holds at most the
+    /// larger of the new limits and what the old leases still hold, and once they are gone
+    /// it is within the new R and B.
+    pub fn set(&mut self, spec: QuotaSpec) {
+        self.pinned.insert(spec.name.clone());
         self.specs.insert(spec.name.clone(), spec);
+    }
+
+    /// Whether an operator set this quota at run time.
+    pub fn is_pinned(&self, name: &str) -> bool {
+        self.pinned.contains(name)
+    }
+
+    /// The demand each proxy last reported per pool (for operators: utilisation).
+    pub fn demand(&self) -> impl Iterator<Item = &DemandReport> {
+        self.demand.iter()
     }
 
     /// Returns leases (any that exist); idempotent. Their capacity is free at once.

@@ -131,6 +131,10 @@ pub enum Command {
     QuotaReturn {
         lease_ids: Vec<LeaseId>,
     },
+    /// An operator sets a quota at run time. It overrides the proxies' config files from then
+    /// on: their `QuotaDefine` no longer changes it. Leases granted before keep their shares
+    /// until they end; new ones fit the new limits.
+    QuotaSet(QuotaSpec),
 }
 
 /// An acquire, already validated and clamped to policy by the proposing node.

@@ -39,3 +39,17 @@ pub struct Order {
     pub idempotency_key: Option<String>,
     pub body: String,
 }
+
+/// One request the store answered on its rate-limited route (`/limited/{key}`), as
+/// `GET /limited-log` lists them: the record of what the proxies admitted, stamped with the
+/// store's own clock, which is what the chaos harness judges a quota's bound by.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LimitedLogEntry {
+    /// Position in the log, from 1 (entries dropped from a full log leave a gap).
+    pub seq: u64,
+    pub key: String,
+    /// The `X-Tenant` header the request carried, if any.
+    pub tenant: Option<String>,
+    /// When the store received it: wall clock, ms since the Unix epoch (µs resolution).
+    pub at_ms: f64,
+}

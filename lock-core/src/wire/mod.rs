@@ -11,8 +11,10 @@
 //! - [`error`]: the error body, its stable codes with their HTTP statuses, and [`classify`],
 //!   which sorts any answer into success, a definite refusal or an uncertain outcome.
 //! - [`headers`]: the header names the fencing proxy reads.
-//! - [`demo_store`]: the demo store's log of accepted writes and its orders.
+//! - [`demo_store`]: the demo store's log of accepted writes, its orders and its record of
+//!   rate-limited requests.
 //! - [`idempotency`]: the operator endpoints for the proxy's records of unknown outcome.
+//! - [`quotas`]: the operator's view and run-time changes of global rate limits.
 
 pub mod admin;
 pub mod cluster;
@@ -22,6 +24,7 @@ pub mod headers;
 pub mod idempotency;
 mod lease_id;
 pub mod locks;
+pub mod quotas;
 
 pub use admin::{
     AdminAddMember, AdminRemoveMember, AuditEntry, AuditTail, ClusterOverview, DrainResponse,
@@ -33,7 +36,7 @@ pub use cluster::{
     AddMemberRequest, ClusterStatus, FaultRule, FaultSnapshot, HealthStatus, LockStats, Member,
     MembershipResponse, ReadyStatus, RemoveMemberRequest, Role,
 };
-pub use demo_store::{Order, StoreLogEntry};
+pub use demo_store::{LimitedLogEntry, Order, StoreLogEntry};
 pub use error::{classify, ErrorBody, ErrorCode, Failure};
 pub use headers::{FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
 pub use idempotency::{
@@ -45,4 +48,8 @@ pub use locks::{
     validate_id, validate_resource, AcquireRequest, AcquireResponse, CancelRequest, CancelResponse,
     LeaseRequest, LockList, LockView, ReleaseResponse, RenewResponse, LOCK_ACTIONS, MAX_ID_LEN,
     MAX_LIST_LIMIT, MAX_RESOURCE_LEN,
+};
+pub use quotas::{
+    QuotaDefinition, QuotaList, QuotaShareView, QuotaTenantView, QuotaView, SetQuotaRequest,
+    MAX_QUOTA_LEASE_MS, MAX_QUOTA_NAME_LEN, MIN_QUOTA_LEASE_MS,
 };

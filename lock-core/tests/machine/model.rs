@@ -184,9 +184,10 @@ impl Model {
             // Idempotency records are applied by the storage layer, not the lock machine.
             Command::Idem(_) => Response::Noop,
             // Lock histories never issue quota commands; `quota.rs` checks the ledger.
-            Command::QuotaDefine(_) | Command::QuotaLease(_) | Command::QuotaReturn { .. } => {
-                Response::Noop
-            }
+            Command::QuotaDefine(_)
+            | Command::QuotaSet(_)
+            | Command::QuotaLease(_)
+            | Command::QuotaReturn { .. } => Response::Noop,
         };
         (resp, fx)
     }

@@ -6,7 +6,7 @@
 //! skewed clocks and snapshot restores. A renewal never grows a share (a proxy's bucket is
 //! never refilled by a renewal), and a retried request gets the original answer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use lock_core::machine::{
     Command, LeaseId, LockMachine, MachineImage, Proposal, QuotaGrant, QuotaLease, QuotaOutcome,
@@ -290,6 +290,11 @@ enum Op {
     },
     Tick,
     Restore,
+    /// An operator changes R and B at run time (shrinking or growing).
+    Change {
+        rate: u64,
+        burst: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -304,6 +309,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (-3_000i64..10_000).prop_map(|skew_ms| Op::LeaderChange { skew_ms }),
         1 => Just(Op::Tick),
         1 => Just(Op::Restore),
+        1 => (1u64..150, 1u64..300).prop_map(|(rate, burst)| Op::Change { rate, burst }),
     ]
 }
 
@@ -315,6 +321,8 @@ struct World {
     last_request: Option<(Command, QuotaGrant)>,
     /// Shares every lease was created with: successors are compared against them.
     created: BTreeMap<LeaseId, (u64, u64)>,
+    /// After a run-time change: the limits in force and the leases granted before it.
+    changed: Option<(QuotaSpec, BTreeSet<LeaseId>)>,
 }
 
 impl World {
@@ -429,12 +437,132 @@ impl World {
                 self.m = restore(&self.m);
                 prop_assert_eq!(self.m.image(), image, "restore keeps the ledger");
             }
+            Op::Change { rate, burst } => {
+                let spec = QuotaSpec {
+                    rate_per_s: *rate,
+                    burst: *burst,
+                    ..spec()
+                };
+                prop_assert_eq!(
+                    self.apply(Command::QuotaSet(spec.clone())),
+                    Response::QuotaDefined
+                );
+                // A proxy's config file no longer redefines it.
+                self.apply(Command::QuotaDefine(self::spec()));
+                prop_assert_eq!(self.m.quotas().spec("api"), Some(&spec));
+                let before = self.m.quotas().leases().map(|l| l.lease_id).collect();
+                self.changed = Some((spec, before));
+            }
         }
-        if let Err(e) = self.m.quotas().check_conservation(self.m.now_ms()) {
-            return Err(TestCaseError::fail(e));
+        let now = self.m.now_ms();
+        match &self.changed {
+            None => {
+                if let Err(e) = self.m.quotas().check_conservation(now) {
+                    return Err(TestCaseError::fail(e));
+                }
+            }
+            Some((spec, before)) => conserved_across_change(&self.m, spec, before, now)?,
         }
         Ok(())
     }
+}
+
+/// Conservation across a run-time change: at every log time from `now` on, each pool holds at
+/// most the larger of the new limits and what the leases granted before the change still
+/// hold — new leases only fit within the new limits, old ones count until they end.
+fn conserved_across_change(
+    m: &LockMachine,
+    spec: &QuotaSpec,
+    before: &BTreeSet<LeaseId>,
+    now: u64,
+) -> Result<(), TestCaseError> {
+    let leases: Vec<&QuotaLease> = m.quotas().leases().collect();
+    let tenants: BTreeSet<&str> = leases.iter().map(|l| l.tenant.as_str()).collect();
+    for tenant in tenants {
+        let pool: Vec<&&QuotaLease> = leases.iter().filter(|l| l.tenant == tenant).collect();
+        let mut points: Vec<u64> = pool
+            .iter()
+            .map(|l| l.activates_at_ms)
+            .filter(|&t| t > now)
+            .collect();
+        points.push(now);
+        for t in points {
+            let live = pool
+                .iter()
+                .filter(|l| l.activates_at_ms <= t && t < l.expires_at_ms);
+            let (mut rate, mut burst, mut old_rate, mut old_burst) = (0, 0, 0, 0);
+            for l in live {
+                rate += l.rate_milli;
+                burst += l.burst_milli;
+                if before.contains(&l.lease_id) {
+                    old_rate += l.rate_milli;
+                    old_burst += l.burst_milli;
+                }
+            }
+            prop_assert!(
+                rate <= old_rate.max(spec.rate_per_s * MILLI)
+                    && burst <= old_burst.max(spec.burst * MILLI),
+                "{tenant} at {t}: rate {rate} (old {old_rate}), burst {burst} (old {old_burst}) \
+                 under {spec:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Shrinking a quota at run time: the lease granted under the old limits keeps counting until
+/// it ends, nothing new is granted while it holds more than the new limits, its successor and
+/// every later lease fit the new ones.
+#[test]
+fn shrinking_a_quota_lets_old_leases_end_and_grants_only_within_the_new_limits() {
+    let mut m = defined();
+    let a = leased(apply(&mut m, T0, 1, request(1, "t", 10, vec![], 100)));
+    assert_eq!(a.leases[0].rate_milli, R * MILLI);
+    let smaller = QuotaSpec {
+        rate_per_s: 40,
+        burst: 50,
+        ..spec()
+    };
+    assert_eq!(
+        apply(&mut m, T0 + 100, 1, Command::QuotaSet(smaller.clone())),
+        Response::QuotaDefined
+    );
+    assert!(m.quotas().is_pinned("api"));
+    // A proxy's config file cannot undo the operator's change.
+    apply(&mut m, T0 + 150, 1, Command::QuotaDefine(spec()));
+    assert_eq!(m.quotas().spec("api"), Some(&smaller));
+
+    // The old lease still counts: a second proxy gets nothing.
+    let b = leased(apply(&mut m, T0 + 200, 1, request(2, "t", 20, vec![], 100)));
+    assert!(b.leases.is_empty(), "{b:?}");
+    assert_eq!(b.spec, smaller, "the grant carries the definition in force");
+
+    // The renewal's successor fits the new limits.
+    let a2 = leased(apply(
+        &mut m,
+        T0 + 1_000,
+        1,
+        request(1, "t", 30, vec![a.leases[0].lease_id], 100),
+    ));
+    let succ = &a2.leases[0];
+    assert!(succ.rate_milli <= 40 * MILLI, "{succ:?}");
+    assert!(succ.burst_milli <= 50 * MILLI, "{succ:?}");
+    // Once the old lease ended, the pool is within the new limits for good.
+    let b = leased(apply(
+        &mut m,
+        T0 + LEASE_MS,
+        1,
+        request(2, "t", 40, vec![], 100),
+    ));
+    let at = T0 + LEASE_MS;
+    let (rate, burst) = m.quotas().peak_usage("api", "t", at, u64::MAX);
+    assert!(
+        rate <= 40 * MILLI && burst <= 50 * MILLI,
+        "{rate} {burst} {b:?}"
+    );
+    m.quotas()
+        .check_conservation(at)
+        .expect("within the new limits");
 }
 
 proptest! {
@@ -453,6 +581,7 @@ proptest! {
             next_id: 0,
             last_request: None,
             created: BTreeMap::new(),
+            changed: None,
         };
         for op in &ops {
             w.step(op)?;

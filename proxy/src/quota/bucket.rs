@@ -82,6 +82,12 @@ impl Bucket {
         }
     }
 
+    /// A new emergency allowance (the quota was changed); what is left of it is capped.
+    pub fn set_allowance(&mut self, allowance: u64) {
+        self.allowance = allowance;
+        self.allowance_left = self.allowance_left.min(allowance);
+    }
+
     pub fn set_expected_lease(&mut self, at_ms: Option<u64>) {
         self.expected_lease_ms = at_ms;
     }
@@ -107,6 +113,14 @@ impl Bucket {
         Err(Refusal { retry_at_ms })
     }
 
+    /// DEMONSTRATIONS ONLY: fills the balance to the current cap, as a bucket that wrongly
+    /// refills on renewal would. Breaks the R·t + B bound; exists so that the chaos harness can
+    /// show its quota check catches that.
+    pub fn unsafe_refill(&mut self, now_ms: u64) {
+        self.advance(now_ms);
+        self.balance = self.cap_at(now_ms);
+    }
+
     /// Current balance in requests (rounded down), for metrics and tests.
     pub fn balance(&self) -> u64 {
         self.balance / MICRO_PER_REQUEST
@@ -115,6 +129,11 @@ impl Bucket {
     /// Sum of the rate shares covering `t`, in milli-requests per second.
     pub fn rate_at(&self, t: u64) -> u64 {
         self.covering(t).map(|s| s.rate_milli).sum()
+    }
+
+    /// Sum of the burst shares covering `t`, in milli-requests.
+    pub fn burst_at(&self, t: u64) -> u64 {
+        self.covering(t).map(|s| s.burst_milli).sum()
     }
 
     /// Sum of the burst shares covering `t`, in micro-requests.

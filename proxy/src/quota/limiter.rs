@@ -17,7 +17,7 @@ use lock_core::machine::{
     Command, LeaseId, QuotaGrant, QuotaOutcome, QuotaPolicy, QuotaRequest, QuotaSpec, Response,
 };
 use lock_core::node::Node;
-use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio::sync::Notify;
 
 use super::bucket::{Bucket, Share};
@@ -42,6 +42,8 @@ pub struct QuotaLimiter {
     /// Set (and notified) when the proxy stops: lessors give their leases back and end.
     stopped: AtomicBool,
     stop: Notify,
+    /// Demonstrations only: a renewal refills the bucket (see `ProxyConfig`).
+    unsafe_refill_on_renew: bool,
 }
 
 struct Pool {
@@ -52,6 +54,8 @@ struct PoolState {
     bucket: Bucket,
     /// Weighted requests offered since the lessor's last report.
     offered: u64,
+    /// Weighted requests admitted since the lessor's last report.
+    admitted: u64,
     last_request_ms: u64,
     /// Leases held, by id: local end and whether a successor is held.
     held: HashMap<LeaseId, Held>,
@@ -76,7 +80,16 @@ impl QuotaLimiter {
             metrics: QuotaMetrics::new(registry),
             stopped: AtomicBool::new(false),
             stop: Notify::new(),
+            unsafe_refill_on_renew: false,
         }
+    }
+
+    /// DEMONSTRATIONS ONLY: refill each bucket to its burst share whenever a lease of its pool
+    /// is renewed — the mistake the "a renewal never refills" rule exists to prevent; the
+    /// chaos harness turns it on to prove its quota check catches the overshoot.
+    pub fn with_unsafe_refill_on_renew(mut self, on: bool) -> Self {
+        self.unsafe_refill_on_renew = on;
+        self
     }
 
     /// Stops every lessor; each gives its leases back (best effort) before it ends.
@@ -100,7 +113,11 @@ impl QuotaLimiter {
             let mut st = pool.state.lock();
             st.offered = st.offered.saturating_add(cost);
             st.last_request_ms = now;
-            st.bucket.try_take(cost, now)
+            let taken = st.bucket.try_take(cost, now);
+            if taken.is_ok() {
+                st.admitted = st.admitted.saturating_add(cost);
+            }
+            taken
         };
         match taken {
             Ok(()) => {
@@ -136,17 +153,14 @@ impl QuotaLimiter {
         if pools.len() >= MAX_POOLS {
             return None;
         }
-        let allowance = match spec.policy {
-            QuotaPolicy::Strict => 0,
-            QuotaPolicy::Emergency { allowance } => allowance,
-        };
-        let mut bucket = Bucket::new(now, allowance);
+        let mut bucket = Bucket::new(now, allowance_of(spec));
         // The first lease is being asked for right now.
         bucket.set_expected_lease(Some(now));
         let pool = Arc::new(Pool {
             state: parking_lot::Mutex::new(PoolState {
                 bucket,
                 offered: 0,
+                admitted: 0,
                 last_request_ms: now,
                 held: HashMap::new(),
                 epoch: 0,
@@ -159,21 +173,22 @@ impl QuotaLimiter {
 
     /// Keeps one pool supplied with leases until its tenant has been quiet for two lease
     /// durations, then gives them back.
-    async fn lessor(self: Arc<Self>, spec: QuotaSpec, tenant: String, pool: Arc<Pool>) {
-        let lease_ms = spec.lease_ms;
+    async fn lessor(self: Arc<Self>, mut spec: QuotaSpec, tenant: String, pool: Arc<Pool>) {
         let mut reported_at = self.now_ms();
         // This proxy's config is the definition it enforces: write it to the ledger if the
-        // ledger's differs (a changed config file takes effect when its proxy next leases).
-        let known = self
-            .node
-            .machine
-            .read(|m| m.quotas().spec(&spec.name).cloned());
-        if known.as_ref() != Some(&spec) {
+        // ledger's differs (a changed config file takes effect when its proxy next leases) —
+        // unless an operator set the quota at run time, which wins over config files.
+        let (known, pinned) = self.node.machine.read(|m| {
+            let q = m.quotas();
+            (q.spec(&spec.name).cloned(), q.is_pinned(&spec.name))
+        });
+        if known.as_ref() != Some(&spec) && !pinned {
             if let Err(e) = self.node.propose(Command::QuotaDefine(spec.clone())).await {
                 tracing::warn!(quota = %spec.name, error = %e, "quota define failed");
             }
         }
         loop {
+            let lease_ms = spec.lease_ms;
             let now = self.now_ms();
             let (renew, demand_milli, quiet) = {
                 let mut st = pool.state.lock();
@@ -186,7 +201,21 @@ impl QuotaLimiter {
                     .collect();
                 let elapsed = now.saturating_sub(reported_at).max(1);
                 let demand = st.offered.saturating_mul(1_000_000) / elapsed;
+                // Utilisation: what was admitted against the rate share held now (a share
+                // that changed during the interval makes this approximate).
+                let used = st.admitted.saturating_mul(1_000_000) / elapsed;
+                let held = st.bucket.rate_at(now);
+                let utilisation = if held > 0 {
+                    used as f64 / held as f64
+                } else {
+                    0.0
+                };
+                self.metrics
+                    .utilisation
+                    .with_label_values(&[&spec.name, &tenant])
+                    .set(utilisation);
                 st.offered = 0;
+                st.admitted = 0;
                 let quiet = now.saturating_sub(st.last_request_ms) > 2 * lease_ms;
                 (renew, demand, quiet)
             };
@@ -208,6 +237,12 @@ impl QuotaLimiter {
             let received = self.now_ms();
             let next = match answer {
                 Ok(Response::Quota(QuotaOutcome::Leased(grant))) => {
+                    if grant.spec != spec {
+                        // Changed at run time (or by another proxy's config): the ledger's
+                        // definition is the one in force.
+                        spec = grant.spec.clone();
+                        pool.state.lock().bucket.set_allowance(allowance_of(&spec));
+                    }
                     self.apply_grant(&spec, &tenant, &pool, &grant, sent, received)
                 }
                 Ok(Response::Quota(QuotaOutcome::UnknownQuota)) => {
@@ -295,6 +330,9 @@ impl QuotaLimiter {
             );
         }
         let now = received;
+        if self.unsafe_refill_on_renew && grant.leases.iter().any(|l| l.follows.is_some()) {
+            st.bucket.unsafe_refill(now);
+        }
         let rate_now = st.bucket.rate_at(now);
         self.metrics
             .share
@@ -304,6 +342,10 @@ impl QuotaLimiter {
             .target
             .with_label_values(&[&spec.name, tenant])
             .set((grant.target_milli / 1_000) as i64);
+        self.metrics
+            .burst
+            .with_label_values(&[&spec.name, tenant])
+            .set((st.bucket.burst_at(now) / 1_000) as i64);
         // Renew each chain half a lease before it ends.
         let renew_at = st
             .held
@@ -336,9 +378,25 @@ impl QuotaLimiter {
                 .propose(Command::QuotaReturn { lease_ids: ids })
                 .await;
         }
-        for m in [&self.metrics.share, &self.metrics.target] {
+        for m in [
+            &self.metrics.share,
+            &self.metrics.target,
+            &self.metrics.burst,
+        ] {
             m.with_label_values(&[quota, tenant]).set(0);
         }
+        self.metrics
+            .utilisation
+            .with_label_values(&[quota, tenant])
+            .set(0.0);
+    }
+}
+
+/// The emergency allowance E of a quota (0 under `strict`).
+fn allowance_of(spec: &QuotaSpec) -> u64 {
+    match spec.policy {
+        QuotaPolicy::Strict => 0,
+        QuotaPolicy::Emergency { allowance } => allowance,
     }
 }
 
@@ -347,6 +405,8 @@ struct QuotaMetrics {
     decisions: IntCounterVec,
     share: IntGaugeVec,
     target: IntGaugeVec,
+    burst: IntGaugeVec,
+    utilisation: GaugeVec,
     shrinks: IntCounterVec,
 }
 
@@ -374,6 +434,19 @@ impl QuotaMetrics {
                 "proxy_quota_rate_target",
                 "Rate share (requests/s) the ledger aims to give this proxy",
             ),
+            burst: gauge(
+                "proxy_quota_burst_share",
+                "Burst share (requests) this proxy holds now",
+            ),
+            utilisation: GaugeVec::new(
+                Opts::new(
+                    "proxy_quota_utilisation",
+                    "Requests admitted per second over the rate share held, over the last lease \
+                     request interval (1 = the share fully used)",
+                ),
+                &["quota", "tenant"],
+            )
+            .unwrap_or_else(|e| panic!("metric: {e}")),
             shrinks: counter(
                 "proxy_quota_rebalances_total",
                 "Renewals whose successor lease was smaller (capacity moved to other proxies)",
@@ -385,6 +458,8 @@ impl QuotaMetrics {
         let _ = registry.register(Box::new(m.share.clone()));
         let _ = registry.register(Box::new(m.target.clone()));
         let _ = registry.register(Box::new(m.shrinks.clone()));
+        let _ = registry.register(Box::new(m.burst.clone()));
+        let _ = registry.register(Box::new(m.utilisation.clone()));
         m
     }
 }

@@ -12,6 +12,8 @@
 //! 5. [`request_ids`]: one `request_id`, one lease.
 //! 6. [`after_release`]: nothing a holder writes after its acknowledged release lands.
 //! 7. [`orders`]: at most one order per (tenant, Idempotency-Key), and every answer names it.
+//! 8. [`quota`]: the proxies together admit at most R·t + B + ΣE over any window (runs with a
+//!    quota workload).
 //!
 //! **Time.** The service's timestamps (`expires_at_ms`) are *log time*: the largest stamp any
 //! leader put on a committed command, in ms since the Unix epoch of the stamping leader's
@@ -30,6 +32,7 @@ mod acknowledged;
 mod after_release;
 mod model;
 mod orders;
+mod quota;
 mod request_ids;
 mod result;
 mod single_holder;
@@ -56,6 +59,7 @@ pub fn check_all(m: &Model) -> Vec<CheckResult> {
         request_ids::check(m),
         after_release::check(m),
         orders::check(m),
+        quota::check(m),
     ]
 }
 

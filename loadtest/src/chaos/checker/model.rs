@@ -11,7 +11,7 @@ use serde::de::{DeserializeOwned, IgnoredAny};
 use serde_json::{json, Value};
 
 use super::CheckResult;
-use crate::chaos::history::{value_as, Event, EventType, FaultNote, LockCall, Trouble};
+use crate::chaos::history::{value_as, Event, EventType, FaultNote, LockCall, QuotaNote, Trouble};
 
 /// One operation: an invocation and its completion (if any).
 #[derive(Clone, Debug)]
@@ -183,6 +183,8 @@ pub struct Model {
     pub store_log: Option<Vec<StoreLogEntry>>,
     /// `GET /v1/cluster` of each node at the end.
     pub final_cluster: Vec<ClusterStatus>,
+    /// The quota of the rate-limited route, when the run had a quota workload.
+    pub quota: Option<QuotaNote>,
     /// Problems building the model (malformed answers): each also counts as a violation of
     /// the invariant it belongs to.
     malformed: Vec<(u8, Value)>,
@@ -201,6 +203,10 @@ pub fn model(events: &[Event]) -> Model {
             *faults.entry(k).or_default() += 1;
         }
     }
+    let quota = notes
+        .iter()
+        .filter(|n| n.process == "harness" && n.f == "quota")
+        .find_map(|n| value_as::<QuotaNote>(&n.value));
     let mut book = LeaseBook::default();
     let first_attempts = first_attempts(&ops);
     let mut store_log = None;
@@ -229,6 +235,7 @@ pub fn model(events: &[Event]) -> Model {
         faults,
         store_log,
         final_cluster,
+        quota,
         malformed: book.malformed,
     }
 }

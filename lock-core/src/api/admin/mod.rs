@@ -4,9 +4,11 @@
 mod actions;
 mod auth;
 mod idempotency;
+mod quotas;
 mod reads;
 
 pub use actions::{add_member, drain, force_release, remove_member, snapshot};
 pub use auth::check_admin_if_configured;
 pub use idempotency::{resolve as idempotency_resolve, unknown as idempotency_unknown};
+pub use quotas::{list as quotas, set as set_quota};
 pub use reads::{audit, hot, overview, resource, series};
