@@ -68,8 +68,9 @@ struct Shared {
 }
 
 /// `GET/PUT/POST /limited/{key}`: answers 200 and does nothing else, the upstream of the
-/// rate-limited route of `fencegate dev`.
-async fn limited(Path(key): Path<String>) -> String {
+/// rate-limited route of `fencegate dev` (and the sink of the proxy benchmark). The body is
+/// read and dropped: left unread, a large one would cost the caller its keep-alive connection.
+async fn limited(Path(key): Path<String>, _body: Bytes) -> String {
     format!("ok {key}\n")
 }
 
