@@ -5,10 +5,10 @@
 #
 #   direct      wrk -> demo store
 #   nginx       wrk -> nginx (2 workers, upstream keepalive) -> demo store
-#   fenced      wrk -> the proxy of `fencegate node` 1 -> demo store, PUT with an admitted
-#               Fence-Token (the fast path: no consensus round trip per request)
-#   passthrough wrk -> the proxy of `fencegate node` 2, a route with no protected methods
-#               (fencing off) -> demo store
+#   fenced      wrk -> the proxy of `fencegate node` 1 (of 3) -> demo store, PUT with an
+#               admitted Fence-Token (the fast path: no consensus round trip per request)
+#   passthrough wrk -> the same proxy, a route with no protected methods (fencing off) -> the
+#               demo store's `/sink/{key}` (the same handler)
 #
 # each with 1 KiB and 64 KiB bodies and 32 and 256 connections, plus the CPU seconds the
 # serving process (store, nginx master+workers, node) used per 10k requests, from
@@ -57,11 +57,10 @@ NGINX=127.0.0.1:18190
 "$STORE_BIN" demo-store --listen "$STORE" >"$WORK/store.log" 2>&1 &
 STORE_PID=$!
 
-# Three `fencegate node` processes. Node 1's proxy fences /limited/{key} as bench:{key};
-# node 2's proxy has the same route with fencing off.
+# Three `fencegate node` processes; each proxy fences /limited/{key} as bench:{key} and passes
+# /sink/{key} through unfenced.
 SECRET=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 for id in 1 2 3; do
-    if [ "$id" = 2 ]; then protected='[]'; else protected='["PUT", "POST", "PATCH", "DELETE"]'; fi
     cat >"$WORK/node$id.toml" <<TOML
 listen = "127.0.0.1:1710$id"
 peer_listen = "127.0.0.1:1720$id"
@@ -79,7 +78,11 @@ listen = "127.0.0.1:1810$id"
 path = "/limited/{key}"
 resource = "bench:{key}"
 upstream = "$STORE"
-protected_methods = $protected
+[[proxy.routes]]
+path = "/sink/{key}"
+resource = "sink:{key}"
+upstream = "$STORE"
+protected_methods = []
 TOML
     "$BIN" --log-level warn node --config "$WORK/node$id.toml" >"$WORK/node$id.log" 2>&1 &
     eval "NODE${id}_PID=$!"
@@ -129,7 +132,7 @@ pids_of() {
         direct) echo "$STORE_PID" ;;
         nginx) echo "$NGINX_PID $(pgrep -P "$NGINX_PID" | tr '\n' ' ')" ;;
         fenced) echo "$NODE1_PID" ;;
-        passthrough) echo "$NODE2_PID" ;;
+        passthrough) echo "$NODE1_PID" ;;
     esac
 }
 url_of() {
@@ -137,7 +140,7 @@ url_of() {
         direct) echo "http://$STORE/limited/bench" ;;
         nginx) echo "http://$NGINX/limited/bench" ;;
         fenced) echo "http://127.0.0.1:18101/limited/bench" ;;
-        passthrough) echo "http://127.0.0.1:18102/limited/bench" ;;
+        passthrough) echo "http://127.0.0.1:18101/sink/bench" ;;
     esac
 }
 

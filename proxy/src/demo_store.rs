@@ -68,7 +68,7 @@ struct Shared {
 }
 
 /// `GET/PUT/POST /limited/{key}`: answers 200 and does nothing else, the upstream of the
-/// rate-limited route of `fencegate dev` (and the sink of the proxy benchmark). The body is
+/// rate-limited route of `fencegate dev` (and, with `/sink/{key}`, of the proxy benchmark). The body is
 /// read and dropped: left unread, a large one would cost the caller its keep-alive connection.
 async fn limited(Path(key): Path<String>, _body: Bytes) -> String {
     format!("ok {key}\n")
@@ -86,6 +86,8 @@ pub async fn serve(
         .route("/orders/by-key/{key}", get(order_by_key))
         .route("/holds/{name}/release", post(release_hold))
         .route("/limited/{key}", get(limited).put(limited).post(limited))
+        // The benchmark's second sink, for a pass-through route next to a fenced one.
+        .route("/sink/{key}", post(limited).put(limited))
         .with_state(Shared::default());
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
