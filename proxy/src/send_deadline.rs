@@ -35,6 +35,8 @@ const SHARDS: usize = 8;
 /// The deadlines of every fenced write in flight to an upstream.
 pub struct SendWatchdog {
     shards: Vec<parking_lot::Mutex<BinaryHeap<Entry>>>,
+    /// Wakes an idle watchdog (every shard empty) when a send is registered.
+    registered: tokio::sync::Notify,
 }
 
 struct Entry {
@@ -115,6 +117,7 @@ impl Default for SendWatchdog {
             shards: (0..SHARDS)
                 .map(|_| parking_lot::Mutex::new(BinaryHeap::new()))
                 .collect(),
+            registered: tokio::sync::Notify::new(),
         }
     }
 }
@@ -130,10 +133,18 @@ impl SendWatchdog {
             fd: parking_lot::Mutex::new(Some(dup)),
             cut: AtomicBool::new(false),
         });
-        self.shards[fd as usize % SHARDS].lock().push(Entry {
-            send_by: Reverse(send_by),
-            watch: watch.clone(),
-        });
+        let was_empty = {
+            let mut heap = self.shards[fd as usize % SHARDS].lock();
+            let was_empty = heap.is_empty();
+            heap.push(Entry {
+                send_by: Reverse(send_by),
+                watch: watch.clone(),
+            });
+            was_empty
+        };
+        if was_empty {
+            self.registered.notify_one();
+        }
         Ok(SendGuard(watch))
     }
 
@@ -157,11 +168,21 @@ impl SendWatchdog {
         }
     }
 
-    /// Runs the watchdog until the task is dropped.
+    fn is_idle(&self) -> bool {
+        self.shards.iter().all(|s| s.lock().is_empty())
+    }
+
+    /// Runs the watchdog until the task is dropped: a look every tick while sends are
+    /// registered (an entry stays until its send-by, answered or not), none while idle.
     pub async fn run(self: Arc<Self>) {
         let mut ticks = tokio::time::interval(TICK);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            if self.is_idle() {
+                // A registration after the check leaves a permit, so this cannot miss it.
+                self.registered.notified().await;
+                ticks.reset();
+            }
             let now = ticks.tick().await;
             self.sweep(now);
         }
@@ -243,6 +264,31 @@ mod tests {
             got.is_err(),
             "a reset, not an orderly end: {got:?} {rest:?}"
         );
+    }
+
+    /// The running watchdog, idle until then, wakes for a registration and cuts the send once
+    /// its send-by has come (the peer sees the reset).
+    #[tokio::test]
+    async fn an_idle_watchdog_wakes_and_cuts_at_send_by() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        let dog = Arc::new(SendWatchdog::default());
+        let running = tokio::spawn(dog.clone().run());
+        tokio::task::yield_now().await;
+        let send_by = Instant::now() + Duration::from_millis(50);
+        let guard = dog.watch(client.as_raw_fd(), send_by).unwrap();
+        let mut rest = Vec::new();
+        let got = server.read_to_end(&mut rest).await;
+        assert!(got.is_err(), "{got:?}");
+        assert!(guard.was_cut());
+        assert!(
+            Instant::now() + TICK >= send_by,
+            "cut more than a tick early"
+        );
+        running.abort();
     }
 
     /// An answered send is never cut, however late the sweep.

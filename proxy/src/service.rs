@@ -17,7 +17,7 @@ use crate::idempotency::{Handled, IdempotencyLayer, Permit, Refusal};
 use crate::metrics::ProxyMetrics;
 use crate::quota::QuotaLimiter;
 use crate::route::{check_path, Route, Routes};
-use crate::send_deadline::{SendGuard, SendWatchdog};
+use crate::send_deadline::{self, SendGuard, SendWatchdog};
 use crate::verdict::{check_resource_header, parse_token, Rejection};
 use lock_core::wire::{ErrorBody, ErrorCode, FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
 use pingora::http::RequestHeader;
@@ -405,6 +405,14 @@ impl ProxyHttp for FenceProxy {
         ctx: &mut Ctx,
     ) -> Result<()> {
         if let Some(send_by) = ctx.send_by {
+            // The watchdog looks once per tick: a send with less than that left could be cut
+            // late, so it is not started (nothing has been sent yet).
+            if send_by.saturating_duration_since(Instant::now()) <= send_deadline::TICK {
+                return Error::e_explain(
+                    ErrorType::WriteTimedout,
+                    "the fencing grant ran out before the request could be sent",
+                );
+            }
             let guard = self
                 .watchdog
                 .watch(fd, tokio::time::Instant::from_std(send_by))
