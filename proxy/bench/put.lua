@@ -1,7 +1,8 @@
--- wrk script: PUT a small value with the fencing token from the FENCE_TOKEN env var.
+-- wrk script: PUT a body of BODY_BYTES bytes (default 16) with the fencing token from the
+-- FENCE_TOKEN env var, if set.
 wrk.method = "PUT"
-wrk.body = "value-0123456789"
-wrk.headers["Content-Type"] = "text/plain"
+wrk.body = string.rep("v", tonumber(os.getenv("BODY_BYTES") or "16"))
+wrk.headers["Content-Type"] = "application/octet-stream"
 local token = os.getenv("FENCE_TOKEN")
 if token ~= nil and token ~= "" then
   wrk.headers["Fence-Token"] = token

@@ -86,12 +86,20 @@ struct Shared {
     holds: Arc<Notify>,
 }
 
+/// `PUT/POST /sink/{...}`: reads the body and answers 200, nothing else (the benchmark's
+/// upstream, so every path through the proxy and nginx ends at the same cheap handler).
+async fn sink(_body: Bytes) -> &'static str {
+    "ok"
+}
+
 /// `GET/PUT/POST /limited/{key}`: answers 200 and records the arrival, the upstream of the
-/// rate-limited route of `fencegate dev`.
+/// rate-limited route of `fencegate dev`. The body is read and dropped: left unread, a large
+/// one would cost the caller its keep-alive connection.
 async fn limited(
     State(shared): State<Shared>,
     Path(key): Path<String>,
     headers: HeaderMap,
+    _body: Bytes,
 ) -> String {
     // Read the clock under the lock, so the log's times are in its order.
     let mut s = lock(&shared);
@@ -132,6 +140,8 @@ pub async fn serve(
         .route("/holds/{name}/release", post(release_hold))
         .route("/limited/{key}", get(limited).put(limited).post(limited))
         .route("/limited-log", get(limited_log))
+        // The proxy benchmark's upstream: reads the body, answers 200, keeps nothing.
+        .route("/sink/{*path}", post(sink).put(sink))
         .with_state(Shared::default());
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)

@@ -16,6 +16,7 @@ pub mod idempotency;
 pub mod metrics;
 pub mod quota;
 pub mod route;
+pub mod send_deadline;
 pub mod server;
 pub mod service;
 pub mod verdict;

@@ -101,12 +101,23 @@ pub enum RouteError {
     },
 }
 
+/// A piece of a compiled resource template.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Piece {
+    Text(String),
+    /// The path segment at this index (a capture of the pattern).
+    PathSegment(usize),
+}
+
 /// A compiled route.
 #[derive(Clone, Debug)]
 pub struct Route {
     pub config: RouteConfig,
     segments: Vec<Segment>,
     protected: Vec<String>,
+    /// The resource template, split once so that matching a request allocates only the
+    /// resource name itself.
+    template: Vec<Piece>,
 }
 
 /// The outcome of matching a path against the routes.
@@ -137,20 +148,31 @@ impl Route {
             segments.push(seg);
         }
         // Every {name} in the template must be captured by the pattern.
+        let mut template = Vec::new();
         let mut t = config.resource.as_str();
         while let Some(start) = t.find('{') {
             let Some(len) = t[start..].find('}') else {
                 break;
             };
             let name = &t[start + 1..start + len];
-            if !segments.contains(&Segment::Capture(name.to_string())) {
+            let Some(index) = segments
+                .iter()
+                .position(|s| matches!(s, Segment::Capture(c) if c == name))
+            else {
                 return Err(RouteError::UnknownCapture {
                     template: config.resource.clone(),
                     pattern: config.path.clone(),
                     name: name.to_string(),
                 });
+            };
+            if start > 0 {
+                template.push(Piece::Text(t[..start].to_string()));
             }
+            template.push(Piece::PathSegment(index));
             t = &t[start + len + 1..];
+        }
+        if !t.is_empty() {
+            template.push(Piece::Text(t.to_string()));
         }
         let protected = config
             .protected_methods
@@ -161,6 +183,7 @@ impl Route {
             config,
             segments,
             protected,
+            template,
         })
     }
 
@@ -170,38 +193,42 @@ impl Route {
             .any(|m| m.eq_ignore_ascii_case(method))
     }
 
-    /// The resource this path maps to, if the path matches.
+    /// The resource this path maps to, if the path matches. Every request passes here: it
+    /// allocates the resource name and nothing else.
     fn resource_for(&self, path: &str) -> Option<String> {
         let path = path.strip_prefix('/')?;
-        let parts: Vec<&str> = path.split('/').collect();
-        let mut captures: Vec<(&str, &str)> = Vec::new();
-        let mut i = 0;
+        let mut parts = path.split('/');
         for seg in &self.segments {
             match seg {
-                Segment::Rest => {
-                    i = parts.len();
-                    break;
-                }
+                Segment::Rest => return Some(self.render(path)),
                 Segment::Literal(l) => {
-                    if parts.get(i) != Some(&l.as_str()) {
+                    if parts.next() != Some(l.as_str()) {
                         return None;
                     }
                 }
-                Segment::Capture(name) => {
-                    let value = parts.get(i).filter(|v| !v.is_empty())?;
-                    captures.push((name, value));
+                Segment::Capture(_) => {
+                    if parts.next().is_none_or(str::is_empty) {
+                        return None;
+                    }
                 }
             }
-            i += 1;
         }
-        if i != parts.len() {
+        if parts.next().is_some() {
             return None;
         }
-        let mut resource = self.config.resource.clone();
-        for (name, value) in captures {
-            resource = resource.replace(&format!("{{{name}}}"), value);
+        Some(self.render(path))
+    }
+
+    /// The resource name for a matched path (without its leading '/').
+    fn render(&self, path: &str) -> String {
+        let mut resource = String::with_capacity(self.config.resource.len() + path.len());
+        for piece in &self.template {
+            match piece {
+                Piece::Text(t) => resource.push_str(t),
+                Piece::PathSegment(i) => resource.push_str(path.split('/').nth(*i).unwrap_or("")),
+            }
         }
-        Some(resource)
+        resource
     }
 }
 
@@ -294,6 +321,21 @@ mod tests {
         assert_eq!((m.route, m.resource.as_str()), (1, "account:7"));
         assert_eq!(routes.find("/accounts/7").unwrap().resource, "account:7");
         assert_eq!(routes.find("/other"), None);
+    }
+
+    #[test]
+    fn templates_with_several_captures_and_text_around_them() {
+        let routes = Routes::new(vec![
+            route("/t/{a}/x/{b}", "t:{b}-{a}.end"),
+            route("/u/{a}/**", "{a}"),
+        ])
+        .unwrap();
+        assert_eq!(routes.find("/t/1/x/2").unwrap().resource, "t:2-1.end");
+        assert_eq!(routes.find("/t/1/y/2"), None);
+        assert_eq!(routes.find("/t/1/x"), None);
+        // A captured value is copied as it is, never read as a template itself.
+        assert_eq!(routes.find("/t/{b}/x/2").unwrap().resource, "t:2-{b}.end");
+        assert_eq!(routes.find("/u/7/a/b").unwrap().resource, "7");
     }
 
     #[test]

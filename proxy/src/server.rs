@@ -17,6 +17,7 @@ use crate::idempotency::IdempotencyLayer;
 use crate::metrics::ProxyMetrics;
 use crate::quota::QuotaLimiter;
 use crate::route::Routes;
+use crate::send_deadline::SendWatchdog;
 use crate::service::FenceProxy;
 
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +60,9 @@ pub fn start(
     }
     let gate = Arc::new(FenceGate::new(node, config.grant_ms));
     let revocations = tokio::spawn(gate.clone().serve_revocations());
-    let proxy = FenceProxy::new(routes, gate, metrics)
+    let watchdog = Arc::new(SendWatchdog::default());
+    let watching = tokio::spawn(watchdog.clone().run());
+    let proxy = FenceProxy::new(routes, gate, metrics, watchdog)
         .with_unsafe_no_fencing(config.unsafe_no_fencing)
         .with_idempotency(idempotency)
         .with_quotas(quotas.clone());
@@ -90,6 +93,7 @@ pub fn start(
         // here, in the service's own task, leaves nothing behind when the task is aborted.
         // The revocation listener lives exactly as long as this task, even if it is aborted.
         let _revocations = AbortOnDrop(revocations);
+        let _watching = AbortOnDrop(watching);
         let _quotas = quotas.map(StopOnDrop);
         let (stop_tx, stop_rx) = watch::channel(false);
         let serve = service.start_service(Some(fds), stop_rx, 1);

@@ -17,6 +17,7 @@ use crate::idempotency::{Handled, IdempotencyLayer, Permit, Refusal};
 use crate::metrics::ProxyMetrics;
 use crate::quota::QuotaLimiter;
 use crate::route::{check_path, Route, Routes};
+use crate::send_deadline::{self, SendGuard, SendWatchdog};
 use crate::verdict::{check_resource_header, parse_token, Rejection};
 use lock_core::wire::{ErrorBody, ErrorCode, FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
 use pingora::http::RequestHeader;
@@ -32,6 +33,8 @@ pub struct FenceProxy {
     idempotency: Option<Arc<IdempotencyLayer>>,
     /// Global rate limits for routes with a quota.
     quotas: Option<Arc<QuotaLimiter>>,
+    /// Cuts a fenced write's upstream connection that is still sending at its send-by.
+    watchdog: Arc<SendWatchdog>,
 }
 
 /// Per-request state.
@@ -45,10 +48,17 @@ pub struct Ctx {
     /// Counts this write in flight for its resource until the request is over (a revocation
     /// of its token waits for it).
     in_flight: Option<InFlightGuard>,
+    /// A fenced write's upstream connection under the send-by watchdog, until answered.
+    send_guard: Option<SendGuard>,
 }
 
 impl FenceProxy {
-    pub fn new(routes: Routes, gate: Arc<FenceGate>, metrics: ProxyMetrics) -> Self {
+    pub fn new(
+        routes: Routes,
+        gate: Arc<FenceGate>,
+        metrics: ProxyMetrics,
+        watchdog: Arc<SendWatchdog>,
+    ) -> Self {
         FenceProxy {
             routes,
             gate,
@@ -56,6 +66,7 @@ impl FenceProxy {
             unsafe_no_fencing: false,
             idempotency: None,
             quotas: None,
+            watchdog,
         }
     }
 
@@ -217,6 +228,7 @@ impl ProxyHttp for FenceProxy {
             outcome: "forwarded",
             send_by: None,
             in_flight: None,
+            send_guard: None,
         }
     }
 
@@ -381,7 +393,77 @@ impl ProxyHttp for FenceProxy {
         Ok(())
     }
 
+    /// A fenced write's whole upstream send is bounded by its send-by: per-write timeouts
+    /// would each start afresh, and the end of a chunked body has none.
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        _reused: bool,
+        _peer: &HttpPeer,
+        fd: std::os::unix::io::RawFd,
+        _digest: Option<&pingora::protocols::Digest>,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        if let Some(send_by) = ctx.send_by {
+            // The watchdog looks once per tick: a send with less than that left could be cut
+            // late, so it is not started (nothing has been sent yet).
+            if send_by.saturating_duration_since(Instant::now()) <= send_deadline::TICK {
+                return Error::e_explain(
+                    ErrorType::WriteTimedout,
+                    "the fencing grant ran out before the request could be sent",
+                );
+            }
+            let guard = self
+                .watchdog
+                .watch(fd, tokio::time::Instant::from_std(send_by))
+                .or_err(
+                    ErrorType::InternalError,
+                    "watch the upstream connection's send deadline",
+                )?;
+            ctx.send_guard = Some(guard);
+        }
+        Ok(())
+    }
+
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        // A final answer means the upstream has the whole request (1xx, e.g. 100 Continue,
+        // asks for the body that is still to be sent).
+        if !upstream_response.status.is_informational() {
+            if let Some(guard) = &ctx.send_guard {
+                guard.answered();
+            }
+        }
+        Ok(())
+    }
+
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        if ctx.send_guard.as_ref().is_some_and(SendGuard::was_cut) {
+            ctx.outcome = "send_deadline";
+            self.metrics
+                .upstream_errors
+                .with_label_values(&["send_deadline"])
+                .inc();
+            let body = json!({
+                "error": "upstream_timeout",
+                "message": "The request could not be sent to the upstream and answered before \
+                            its fencing grant's send-by time, so the proxy reset the upstream \
+                            connection: the upstream holds at most an incomplete request. \
+                            Retry; for large bodies or slow upstreams raise grant_ms.",
+            });
+            let code = match respond_json(session, 504, &body).await {
+                Ok(()) => 504,
+                Err(_) => 0,
+            };
+            return FailToProxy {
+                error_code: code,
+                can_reuse_downstream: false,
+            };
+        }
         let (status, code, kind) = match e.etype() {
             ErrorType::ConnectTimedout | ErrorType::ConnectRefused | ErrorType::ConnectError => {
                 (502, "upstream_unavailable", "connect")

@@ -7,6 +7,9 @@
 //! floors durable and replicated), §9 (the zombie scenario).
 
 mod common;
+// Further tests of this binary live in tests/fencing/.
+#[path = "fencing/send_deadline.rs"]
+mod send_deadline;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
