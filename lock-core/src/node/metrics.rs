@@ -36,6 +36,10 @@ pub struct Metrics {
     pub term: IntGauge,
     pub is_leader: IntGauge,
     pub last_applied: IntGauge,
+    /// Calls refused for authentication, by reason (missing, invalid, role).
+    pub auth_denied: IntCounterVec,
+    /// Lock calls refused by a tenant's bound, by bound (leases, waiters, rate).
+    pub tenant_limited: IntCounterVec,
 }
 
 impl Metrics {
@@ -95,6 +99,22 @@ impl Metrics {
             term: gauge("raft_term", "Current raft term"),
             is_leader: gauge("raft_is_leader", "1 if this node is the leader"),
             last_applied: gauge("raft_last_applied", "Index of the last applied log entry"),
+            auth_denied: IntCounterVec::new(
+                Opts::new(
+                    "auth_denied_total",
+                    "Calls refused by authentication, by reason",
+                ),
+                &["reason"],
+            )
+            .unwrap_or_else(|e| panic!("metric auth_denied_total: {e}")),
+            tenant_limited: IntCounterVec::new(
+                Opts::new(
+                    "tenant_limited_total",
+                    "Lock calls refused by a tenant bound",
+                ),
+                &["limit"],
+            )
+            .unwrap_or_else(|e| panic!("metric tenant_limited_total: {e}")),
             registry,
         };
         let r = &m.registry;
@@ -120,6 +140,8 @@ impl Metrics {
         register(Box::new(m.term.clone()));
         register(Box::new(m.is_leader.clone()));
         register(Box::new(m.last_applied.clone()));
+        register(Box::new(m.auth_denied.clone()));
+        register(Box::new(m.tenant_limited.clone()));
         m
     }
 

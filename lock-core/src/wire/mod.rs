@@ -12,6 +12,7 @@
 //!   which sorts any answer into success, a definite refusal or an uncertain outcome.
 //! - [`headers`]: the header names the fencing proxy reads.
 //! - [`demo_store`]: the demo store's log of accepted writes.
+//! - [`tenant`]: tenant names and namespaces, API keys and the key management bodies.
 
 pub mod admin;
 pub mod cluster;
@@ -20,6 +21,7 @@ pub mod error;
 pub mod headers;
 mod lease_id;
 pub mod locks;
+pub mod tenant;
 
 pub use admin::{
     AdminAddMember, AdminRemoveMember, AuditEntry, AuditTail, ClusterOverview, DrainResponse,
@@ -39,4 +41,9 @@ pub use locks::{
     validate_id, validate_resource, AcquireRequest, AcquireResponse, CancelRequest, CancelResponse,
     LeaseRequest, LockList, LockView, ReleaseResponse, RenewResponse, LOCK_ACTIONS, MAX_ID_LEN,
     MAX_LIST_LIMIT, MAX_RESOURCE_LEN,
+};
+pub use tenant::{
+    api_key_id, scoped_name, split_scoped, validate_stored_name, validate_tenant, CreateKeyRequest,
+    CreatedKey, KeyInfo, KeyList, KeyRole, RevokeKeyResponse, API_KEY_PREFIX, DEFAULT_TENANT,
+    TENANT_SEPARATOR,
 };

@@ -3,8 +3,10 @@
 
 mod actions;
 mod auth;
+mod keys;
 mod reads;
 
 pub use actions::{add_member, drain, force_release, remove_member, snapshot};
 pub use auth::check_admin_if_configured;
+pub use keys::{create_key, list_keys, revoke_key};
 pub use reads::{audit, hot, overview, resource, series};

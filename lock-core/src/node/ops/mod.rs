@@ -146,6 +146,25 @@ impl super::Node {
         );
     }
 
+    /// Audits a call refused by authentication or a role check (fsynced: refusals are what
+    /// an investigation looks for). `caller` names the key by id or digest prefix.
+    pub fn record_denial(&self, reason: &str, caller: Option<String>, detail: String) {
+        self.ops.audit.record(
+            AuditEntry {
+                time_ms: self.now_ms(),
+                node_id: self.id,
+                op: "denied".to_string(),
+                resource: None,
+                lease_digest: None,
+                token: None,
+                caller,
+                outcome: reason.to_string(),
+                detail: Some(detail),
+            },
+            true,
+        );
+    }
+
     /// Counts a fencing proxy's admission decision made through this node.
     pub fn record_fence_decision(&self, resource: &str, token: u64, outcome: &AdmitOutcome) {
         let outcome = match outcome {
