@@ -1,0 +1,151 @@
+//! Calls made with a given API key (or none), parsed into the wire types.
+
+use std::collections::BTreeMap;
+
+use lock_core::testkit::TestCluster;
+use lock_core::wire::{
+    AcquireRequest, AcquireResponse, CreateKeyRequest, CreatedKey, ErrorBody, KeyRole,
+    LeaseRequest, LockList, LockView, ReleaseResponse,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+pub const ADMIN_TOKEN: &str = "auth-test-admin-token-0123456789";
+
+/// An HTTP answer: the status and the body text.
+pub struct Answer {
+    pub status: u16,
+    pub text: String,
+}
+
+impl Answer {
+    #[track_caller]
+    pub fn ok<T: DeserializeOwned>(&self) -> T {
+        assert_eq!(self.status, 200, "{}", self.text);
+        serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("{e}: {}", self.text))
+    }
+
+    /// Asserts an error answer with this status and code.
+    #[track_caller]
+    pub fn refused(&self, status: u16, code: &str) -> ErrorBody {
+        assert_eq!(self.status, status, "{}", self.text);
+        let body: ErrorBody =
+            serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("{e}: {}", self.text));
+        assert_eq!(body.error.as_str(), code, "{}", self.text);
+        assert!(!body.message.is_empty());
+        body
+    }
+}
+
+/// Calls with one bearer value (or none), on the cluster's nodes (which keep their addresses
+/// across restarts).
+pub struct As {
+    addrs: BTreeMap<u64, String>,
+    bearer: Option<String>,
+    http: reqwest::Client,
+}
+
+impl As {
+    pub fn key(cluster: &TestCluster, key: &str) -> Self {
+        Self::new(cluster, Some(key.to_string()))
+    }
+
+    pub fn nobody(cluster: &TestCluster) -> Self {
+        Self::new(cluster, None)
+    }
+
+    fn new(cluster: &TestCluster, bearer: Option<String>) -> Self {
+        As {
+            addrs: cluster.addrs.clone(),
+            bearer,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    fn url(&self, node: u64, path: &str) -> String {
+        format!("http://{}{}", self.addrs[&node], path)
+    }
+
+    async fn send(&self, req: reqwest::RequestBuilder) -> Answer {
+        let req = match &self.bearer {
+            Some(b) => req.bearer_auth(b),
+            None => req,
+        };
+        let resp = req.send().await.expect("request");
+        Answer {
+            status: resp.status().as_u16(),
+            text: resp.text().await.unwrap_or_default(),
+        }
+    }
+
+    pub async fn get(&self, node: u64, path: &str) -> Answer {
+        self.send(self.http.get(self.url(node, path))).await
+    }
+
+    pub async fn post(&self, node: u64, path: &str, body: &impl Serialize) -> Answer {
+        self.send(self.http.post(self.url(node, path)).json(body))
+            .await
+    }
+
+    pub async fn acquire(&self, node: u64, resource: &str, request_id: &str) -> Answer {
+        let body = AcquireRequest {
+            request_id: request_id.to_string(),
+            ..AcquireRequest::default()
+        };
+        self.post(node, &format!("/v1/locks/{resource}/acquire"), &body)
+            .await
+    }
+
+    pub async fn granted(&self, node: u64, resource: &str, request_id: &str) -> AcquireResponse {
+        self.acquire(node, resource, request_id).await.ok()
+    }
+
+    pub async fn renew(&self, node: u64, resource: &str, lease: &AcquireResponse) -> Answer {
+        let body = LeaseRequest {
+            lease_id: Some(lease.lease_id),
+        };
+        self.post(node, &format!("/v1/locks/{resource}/renew"), &body)
+            .await
+    }
+
+    pub async fn release(&self, node: u64, resource: &str, lease: &AcquireResponse) -> bool {
+        let body = LeaseRequest {
+            lease_id: Some(lease.lease_id),
+        };
+        let r: ReleaseResponse = self
+            .post(node, &format!("/v1/locks/{resource}/release"), &body)
+            .await
+            .ok();
+        r.released
+    }
+
+    pub async fn view(&self, node: u64, resource: &str) -> LockView {
+        self.get(node, &format!("/v1/locks/{resource}")).await.ok()
+    }
+
+    pub async fn list(&self, node: u64, prefix: &str) -> LockList {
+        self.get(node, &format!("/v1/locks?prefix={prefix}"))
+            .await
+            .ok()
+    }
+
+    /// Creates a key (this caller must be an admin).
+    pub async fn create_key(&self, node: u64, tenant: &str, role: KeyRole) -> CreatedKey {
+        let body = CreateKeyRequest {
+            tenant: tenant.to_string(),
+            role,
+            label: Some(format!("{tenant} test key")),
+        };
+        self.post(node, "/v1/admin/keys", &body).await.ok()
+    }
+}
+
+/// The value of a counter line of `/metrics` whose labels include `label` (0 when absent).
+pub async fn counter(cluster: &TestCluster, node: u64, metric: &str, label: &str) -> u64 {
+    let text = As::nobody(cluster).get(node, "/metrics").await.text;
+    text.lines()
+        .filter(|l| l.starts_with(&format!("fencegate_{metric}{{")) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
