@@ -25,6 +25,7 @@ mod release;
 mod renew;
 mod retry;
 mod revocation;
+mod tenants;
 mod tick;
 mod tokens;
 mod waiting;

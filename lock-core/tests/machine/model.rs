@@ -176,6 +176,10 @@ impl Model {
             Command::QuotaDefine(_) | Command::QuotaLease(_) | Command::QuotaReturn { .. } => {
                 Response::Noop
             }
+            // Nor key commands (with tenant bounds off); `tenants.rs` checks those.
+            Command::KeyCreate(_) | Command::KeyRevoke { .. } | Command::AsKey { .. } => {
+                Response::Noop
+            }
         };
         (resp, fx)
     }
