@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use lock_core::node::TenantPolicy;
-use lock_core::testkit::{eventually, phase, TestCluster};
+use lock_core::testkit::{phase, TestCluster};
 use lock_core::wire::{
     AuditTail, KeyList, KeyRole, OperatorRequest, RemoveMemberRequest, RevokeKeyResponse,
 };
@@ -92,19 +92,7 @@ async fn client_keys_are_refused_admin_calls_and_admin_keys_manage_keys() {
     let admin = As::key(&cluster, &admin_key.key);
 
     phase("a client key makes lock calls...");
-    eventually(
-        Duration::from_secs(10),
-        "key applied on every node",
-        async || {
-            for node in [1, 2, 3] {
-                if client.get(node, "/v1/locks/kv:x").await.status != 200 {
-                    return false;
-                }
-            }
-            true
-        },
-    )
-    .await;
+    client.known_everywhere().await;
     client.granted(follower, "kv:x", "r1").await;
 
     phase("...but every operator call answers 403 forbidden and changes nothing");
@@ -182,19 +170,7 @@ async fn a_revoked_key_is_refused_on_every_node_once_the_revoke_commits() {
     let client = As::key(&cluster, &created.key);
 
     phase("the key works on every node");
-    eventually(
-        Duration::from_secs(10),
-        "key applied everywhere",
-        async || {
-            for node in [1, 2, 3] {
-                if client.get(node, "/v1/locks/kv:r").await.status != 200 {
-                    return false;
-                }
-            }
-            true
-        },
-    )
-    .await;
+    client.known_everywhere().await;
     let lease = client.granted(leader, "kv:r", "r1").await;
 
     phase("revoke it; with no wait, every node refuses writes and reads made with it");

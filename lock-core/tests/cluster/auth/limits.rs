@@ -4,10 +4,10 @@
 use std::time::Duration;
 
 use lock_core::node::TenantPolicy;
-use lock_core::testkit::{eventually, phase, TestCluster};
-use lock_core::wire::{AcquireRequest, KeyRole};
+use lock_core::testkit::{eventually, phase};
+use lock_core::wire::AcquireRequest;
 
-use super::support::{counter, As, ADMIN_TOKEN};
+use super::support::{counter, two_tenants, As};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenant_beyond_its_lease_and_waiter_bounds_gets_429() {
@@ -17,11 +17,7 @@ async fn a_tenant_beyond_its_lease_and_waiter_bounds_gets_429() {
         rate_per_s: 0,
         ..TenantPolicy::default()
     };
-    let cluster = TestCluster::start_with_auth(3, ADMIN_TOKEN, tenants).await;
-    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
-    let admin = As::key(&cluster, ADMIN_TOKEN);
-    let a_key = admin.create_key(leader, "a", KeyRole::Client).await;
-    let b_key = admin.create_key(leader, "b", KeyRole::Client).await;
+    let (cluster, leader, a_key, b_key) = two_tenants(tenants).await;
     let a = As::key(&cluster, &a_key.key);
     let b = As::key(&cluster, &b_key.key);
 
@@ -39,7 +35,7 @@ async fn a_tenant_beyond_its_lease_and_waiter_bounds_gets_429() {
     b.granted(leader, "x3", "b1").await;
 
     phase("one waiter is A's bound: a second waiting acquire is refused at once");
-    let b_client = As::key(&cluster, &a_key.key);
+    let a_reader = As::key(&cluster, &a_key.key);
     let waiting = tokio::spawn({
         let url = cluster.url(leader, "/v1/locks/x1/acquire");
         let key = a_key.key.clone();
@@ -61,7 +57,7 @@ async fn a_tenant_beyond_its_lease_and_waiter_bounds_gets_429() {
         }
     });
     eventually(Duration::from_secs(10), "A's waiter queued", async || {
-        b_client.view(leader, "x1").await.waiters == 1
+        a_reader.view(leader, "x1").await.waiters == 1
     })
     .await;
     let second = AcquireRequest {
@@ -105,11 +101,7 @@ async fn a_tenant_beyond_its_call_rate_on_a_node_gets_429_with_retry_after() {
         burst: 3,
         ..TenantPolicy::default()
     };
-    let cluster = TestCluster::start_with_auth(3, ADMIN_TOKEN, tenants).await;
-    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
-    let admin = As::key(&cluster, ADMIN_TOKEN);
-    let a_key = admin.create_key(leader, "a", KeyRole::Client).await;
-    let b_key = admin.create_key(leader, "b", KeyRole::Client).await;
+    let (cluster, leader, a_key, b_key) = two_tenants(tenants).await;
     let a = As::key(&cluster, &a_key.key);
     let b = As::key(&cluster, &b_key.key);
 

@@ -1,8 +1,10 @@
 //! Calls made with a given API key (or none), parsed into the wire types.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use lock_core::testkit::TestCluster;
+use lock_core::node::TenantPolicy;
+use lock_core::testkit::{eventually, TestCluster};
 use lock_core::wire::{
     AcquireRequest, AcquireResponse, CreateKeyRequest, CreatedKey, ErrorBody, KeyRole,
     LeaseRequest, LockList, LockView, ReleaseResponse,
@@ -129,6 +131,24 @@ impl As {
             .ok()
     }
 
+    /// Waits until every node accepts this caller's key (a new key is known to a node once it
+    /// applied the creation).
+    pub async fn known_everywhere(&self) {
+        eventually(
+            Duration::from_secs(10),
+            "key applied on every node",
+            async || {
+                for node in self.addrs.keys() {
+                    if self.get(*node, "/v1/locks/kv:probe").await.status != 200 {
+                        return false;
+                    }
+                }
+                true
+            },
+        )
+        .await;
+    }
+
     /// Creates a key (this caller must be an admin).
     pub async fn create_key(&self, node: u64, tenant: &str, role: KeyRole) -> CreatedKey {
         let body = CreateKeyRequest {
@@ -148,4 +168,17 @@ pub async fn counter(cluster: &TestCluster, node: u64, metric: &str, label: &str
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .map(|v| v as u64)
         .sum()
+}
+
+/// A cluster that requires keys, its leader, and client keys of tenants `a` and `b`, known on
+/// every node.
+pub async fn two_tenants(tenants: TenantPolicy) -> (TestCluster, u64, CreatedKey, CreatedKey) {
+    let cluster = TestCluster::start_with_auth(3, ADMIN_TOKEN, tenants).await;
+    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
+    let admin = As::key(&cluster, ADMIN_TOKEN);
+    let a = admin.create_key(leader, "tenant-a", KeyRole::Client).await;
+    let b = admin.create_key(leader, "tenant-b", KeyRole::Client).await;
+    As::key(&cluster, &a.key).known_everywhere().await;
+    As::key(&cluster, &b.key).known_everywhere().await;
+    (cluster, leader, a, b)
 }

@@ -2,30 +2,19 @@
 //! whatever names it guesses; the same name in two tenants is two independent locks, and
 //! fencing tokens stay globally monotonic across tenants.
 
-use std::time::Duration;
-
 use lock_core::node::TenantPolicy;
-use lock_core::testkit::{eventually, phase, TestCluster};
-use lock_core::wire::{KeyRole, ResourceDetail};
+use lock_core::testkit::phase;
+use lock_core::wire::ResourceDetail;
 
-use super::support::{As, ADMIN_TOKEN};
+use super::support::{two_tenants, As, ADMIN_TOKEN};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tenants_neither_see_nor_touch_each_others_locks() {
-    let cluster = TestCluster::start_with_auth(3, ADMIN_TOKEN, TenantPolicy::default()).await;
-    let leader = cluster.wait_leader(Duration::from_secs(10)).await;
+    let (cluster, leader, a_key, b_key) = two_tenants(TenantPolicy::default()).await;
     let follower = cluster.followers(leader)[0];
     let admin = As::key(&cluster, ADMIN_TOKEN);
-    let a_key = admin.create_key(leader, "tenant-a", KeyRole::Client).await;
-    let b_key = admin.create_key(leader, "tenant-b", KeyRole::Client).await;
     let a = As::key(&cluster, &a_key.key);
     let b = As::key(&cluster, &b_key.key);
-    eventually(
-        Duration::from_secs(10),
-        "keys applied on the follower",
-        async || b.get(follower, "/v1/locks/orders/1").await.status == 200,
-    )
-    .await;
 
     phase("A takes orders/1; B does not see it, by name or by listing");
     let a_lease = a.granted(leader, "orders/1", "a1").await;
