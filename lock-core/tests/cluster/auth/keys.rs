@@ -5,9 +5,7 @@ use std::time::Duration;
 
 use lock_core::node::TenantPolicy;
 use lock_core::testkit::{phase, TestCluster};
-use lock_core::wire::{
-    AuditTail, KeyList, KeyRole, OperatorRequest, RemoveMemberRequest, RevokeKeyResponse,
-};
+use lock_core::wire::{AuditTail, KeyList, KeyRole, OperatorRequest, RemoveMemberRequest};
 
 use super::support::{counter, As, ADMIN_TOKEN};
 
@@ -28,22 +26,14 @@ async fn every_v1_call_needs_a_valid_key_and_health_stays_open() {
             .acquire(node, "kv:a", "r1")
             .await
             .refused(401, "unauthenticated");
-        nobody
-            .get(node, "/v1/locks/kv:a")
-            .await
-            .refused(401, "unauthenticated");
-        nobody
-            .get(node, "/v1/locks")
-            .await
-            .refused(401, "unauthenticated");
-        nobody
-            .get(node, "/v1/cluster")
-            .await
-            .refused(401, "unauthenticated");
-        nobody
-            .get(node, "/v1/admin/keys")
-            .await
-            .refused(401, "unauthenticated");
+        for path in [
+            "/v1/locks/kv:a",
+            "/v1/locks",
+            "/v1/cluster",
+            "/v1/admin/keys",
+        ] {
+            nobody.get(node, path).await.refused(401, "unauthenticated");
+        }
     }
     let view = As::key(&cluster, ADMIN_TOKEN).view(leader, "kv:a").await;
     assert!(!view.held, "a refused acquire must not have taken the lock");
@@ -174,14 +164,7 @@ async fn a_revoked_key_is_refused_on_every_node_once_the_revoke_commits() {
     let lease = client.granted(leader, "kv:r", "r1").await;
 
     phase("revoke it; with no wait, every node refuses writes and reads made with it");
-    let revoked: RevokeKeyResponse = admin
-        .post(
-            leader,
-            &format!("/v1/admin/keys/{}/revoke", created.id),
-            &(),
-        )
-        .await
-        .ok();
+    let revoked = admin.revoke(leader, &created.id).await;
     assert!(revoked.revoked);
     for node in [1, 2, 3] {
         client
@@ -192,26 +175,14 @@ async fn a_revoked_key_is_refused_on_every_node_once_the_revoke_commits() {
             .renew(node, "kv:r", &lease)
             .await
             .refused(401, "unauthenticated");
-        client
-            .get(node, "/v1/locks/kv:r")
-            .await
-            .refused(401, "unauthenticated");
-        client
-            .get(node, "/v1/locks")
-            .await
-            .refused(401, "unauthenticated");
+        for path in ["/v1/locks/kv:r", "/v1/locks"] {
+            client.get(node, path).await.refused(401, "unauthenticated");
+        }
     }
     assert!(!admin.view(leader, "kv:other").await.held);
 
     phase("revoking again reports that nothing was there");
-    let again: RevokeKeyResponse = admin
-        .post(
-            leader,
-            &format!("/v1/admin/keys/{}/revoke", created.id),
-            &(),
-        )
-        .await
-        .ok();
+    let again = admin.revoke(leader, &created.id).await;
     assert!(!again.revoked);
 }
 
@@ -226,10 +197,7 @@ async fn keys_survive_restarts_and_snapshot_installs_and_are_hashed_at_rest() {
     cluster.crash(lagging).await;
     let created = admin.create_key(leader, "acme", KeyRole::Client).await;
     let doomed = admin.create_key(leader, "acme", KeyRole::Client).await;
-    let _: RevokeKeyResponse = admin
-        .post(leader, &format!("/v1/admin/keys/{}/revoke", doomed.id), &())
-        .await
-        .ok();
+    let _ = admin.revoke(leader, &doomed.id).await;
     cluster.snapshot_and_purge(leader).await;
 
     phase("it comes back and learns the keys from the snapshot alone");

@@ -7,7 +7,7 @@ use lock_core::node::TenantPolicy;
 use lock_core::testkit::{eventually, TestCluster};
 use lock_core::wire::{
     AcquireRequest, AcquireResponse, CreateKeyRequest, CreatedKey, ErrorBody, KeyRole,
-    LeaseRequest, LockList, LockView, ReleaseResponse,
+    LeaseRequest, LockList, LockView, ReleaseResponse, RevokeKeyResponse,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -147,6 +147,13 @@ impl As {
             },
         )
         .await;
+    }
+
+    /// Revokes a key by id (this caller must be an admin).
+    pub async fn revoke(&self, node: u64, id: &str) -> RevokeKeyResponse {
+        self.post(node, &format!("/v1/admin/keys/{id}/revoke"), &())
+            .await
+            .ok()
     }
 
     /// Creates a key (this caller must be an admin).
