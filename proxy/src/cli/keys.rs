@@ -42,6 +42,7 @@ enum KeysCmd {
         label: Option<String>,
     },
     /// List the cluster's keys (ids, tenants, roles; never the keys).
+    #[command(after_help = "Example:\n  fencegate keys list -o json")]
     List,
     /// Revoke a key by its id: no node accepts it once this returns.
     #[command(after_help = "Example:\n  fencegate keys revoke 3f2a9c0d1e4b5a67")]
