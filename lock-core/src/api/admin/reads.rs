@@ -84,7 +84,8 @@ pub async fn overview(State(node): State<Arc<Node>>) -> Json<ClusterOverview> {
         status,
         peers,
         elections: node.ops.elections(),
-        actions_enabled: node.config.admin_token.is_some(),
+        // With keys on, any admin key may act, bootstrap token or not.
+        actions_enabled: node.config.admin_token.is_some() || node.auth_on(),
     })
 }
 
