@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use lock_core::node::TenantPolicy;
 use lock_core::testkit::{phase, TestCluster};
-use lock_core::wire::{AuditTail, KeyList, KeyRole, OperatorRequest, RemoveMemberRequest};
+use lock_core::wire::{
+    AuditTail, FaultRule, KeyList, KeyRole, OperatorRequest, RemoveMemberRequest,
+};
 
 use super::support::{counter, As, ADMIN_TOKEN};
 
@@ -163,9 +165,34 @@ async fn a_revoked_key_is_refused_on_every_node_once_the_revoke_commits() {
     client.known_everywhere().await;
     let lease = client.granted(leader, "kv:r", "r1").await;
 
-    phase("revoke it; with no wait, every node refuses writes and reads made with it");
+    phase("a follower lags: the leader's appends reach it 80 ms late");
+    // Shorter than the leader's append timeout, so the follower keeps up (and stays a
+    // follower), only late: the calls below reach it before it has applied the revocation.
+    // (If the machine is slow enough to let it catch up first, the calls are still refused,
+    // at the door.)
+    let lagging = cluster.followers(leader)[0];
+    cluster.node(leader).node.faults().set_rule(
+        lagging,
+        FaultRule {
+            delay_ms: 80,
+            ..FaultRule::default()
+        },
+    );
+
+    phase("revoke it; with no wait, even the lagging follower refuses writes and reads with it");
     let revoked = admin.revoke(leader, &created.id).await;
     assert!(revoked.revoked);
+    // The follower still has the key in its table: the write is refused when applied, the
+    // read after its barrier.
+    client
+        .acquire(lagging, "kv:lagging", "r3")
+        .await
+        .refused(401, "unauthenticated");
+    client
+        .get(lagging, "/v1/locks/kv:r")
+        .await
+        .refused(401, "unauthenticated");
+    cluster.node(leader).node.faults().heal();
     for node in [1, 2, 3] {
         client
             .acquire(node, "kv:other", "r2")
@@ -180,6 +207,7 @@ async fn a_revoked_key_is_refused_on_every_node_once_the_revoke_commits() {
         }
     }
     assert!(!admin.view(leader, "kv:other").await.held);
+    assert!(!admin.view(leader, "kv:lagging").await.held);
 
     phase("revoking again reports that nothing was there");
     let again = admin.revoke(leader, &created.id).await;
