@@ -146,8 +146,10 @@ impl super::Node {
         );
     }
 
-    /// Audits a call refused by authentication or a role check (fsynced: refusals are what
-    /// an investigation looks for). `caller` names the key by id or digest prefix.
+    /// Audits a call refused by authentication or a role check. Not fsynced per line, unlike
+    /// operator actions: anyone who reaches the port can send refused calls, and a sync for
+    /// each would let them load the disk at will. `caller` names the key by id or digest
+    /// prefix.
     pub fn record_denial(&self, reason: &str, caller: Option<String>, detail: String) {
         self.ops.audit.record(
             AuditEntry {
@@ -161,7 +163,7 @@ impl super::Node {
                 outcome: reason.to_string(),
                 detail: Some(detail),
             },
-            true,
+            false,
         );
     }
 
