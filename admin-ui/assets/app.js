@@ -46,7 +46,12 @@ function fmtLeft(ms) {
 }
 
 async function getJson(path) {
-  const r = await fetch(path, { headers: { Accept: "application/json" } });
+  // With authentication on, the page's reads need an admin key too: the one in the
+  // credential field (the page itself is served without one).
+  const headers = { Accept: "application/json" };
+  const token = $("#admin-token") && $("#admin-token").value;
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const r = await fetch(path, { headers });
   const body = await r.json().catch(() => ({}));
   if (!r.ok) throw new Error(`${r.status} ${body.error || ""}: ${body.message || r.statusText}`);
   return body;

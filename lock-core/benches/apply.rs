@@ -45,6 +45,7 @@ fn acquire(i: u64, seq: u64, retain_ms: u64) -> Command {
         retain_ms,
         max_waiters: 64,
         max_total_waiters: 100_000,
+        tenant_limits: None,
     })
 }
 

@@ -29,6 +29,7 @@ fn acquire(i: u64) -> Command {
         retain_ms: 600_000,
         max_waiters: 1_024,
         max_total_waiters: 100_000,
+        tenant_limits: None,
     })
 }
 

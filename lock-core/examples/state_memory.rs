@@ -94,6 +94,7 @@ fn main() {
                 retain_ms: RETAIN_MS,
                 max_waiters: 1024,
                 max_total_waiters: 100_000,
+                tenant_limits: None,
             }));
         }
         cmds.push(Command::Tick { max_items: 100_000 });

@@ -30,6 +30,7 @@
 //!     retain_ms: 600_000,
 //!     max_waiters: 16,
 //!     max_total_waiters: 1_000,
+//!     tenant_limits: None,
 //! });
 //! let at = |now_ms, cmd| Proposal { now_ms, failover_grace_ms: 1_000, cmd };
 //!

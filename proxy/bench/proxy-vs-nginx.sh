@@ -68,6 +68,7 @@ peer_listen = "127.0.0.1:1720$id"
 id = $id
 data_dir = "$WORK/data$id"
 peer_secret = "$SECRET"
+auth = "off"
 [node.initial_members]
 "1" = { api = "127.0.0.1:17101", peer = "127.0.0.1:17201" }
 "2" = { api = "127.0.0.1:17102", peer = "127.0.0.1:17202" }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use fencegate_proxy::config::ProxyConfig;
 use lock_core::net::PeerSecret;
-use lock_core::node::{MemberAddrs, NodeConfig};
+use lock_core::node::{AuthMode, MemberAddrs, NodeConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -39,6 +39,11 @@ pub struct DevArgs {
     /// Serve /v1/admin/faults on every node (for chaos experiments).
     #[arg(long)]
     enable_fault_injection: bool,
+    /// Require API keys on the lock API: every /v1 call then needs `Authorization: Bearer
+    /// <key>`. The printed admin token is an admin key of the default tenant; create tenants'
+    /// keys with `fencegate keys create`.
+    #[arg(long)]
+    auth: bool,
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
@@ -96,6 +101,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         );
         config.enable_fault_injection = args.enable_fault_injection;
         config.admin_token = Some(admin_token.clone());
+        if args.auth {
+            config.auth = AuthMode::On;
+        }
         let handle =
             lock_core::server::start(config, listener, peer_listener, stopped(stop_rx.clone()))
                 .await?;
@@ -126,8 +134,22 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         );
     }
     println!("  admin UI: http://{api}/ui   metrics: http://{api}/metrics");
-    println!("  admin token (for the UI's operator actions): {admin_token}");
-    println!("  lock API authentication: off (any local client may call /v1/locks)");
+    // With keys on, the curl lines below carry the bootstrap admin key.
+    let auth_header = if args.auth {
+        println!("  admin key (default tenant; the UI's credential): {admin_token}");
+        println!(
+            "  lock API authentication: on (every /v1 call needs 'Authorization: Bearer <key>'; \
+             make keys with: fencegate keys create --tenant NAME --admin-token {admin_token})"
+        );
+        format!(" -H 'Authorization: Bearer {admin_token}'")
+    } else {
+        println!("  admin token (for the UI's operator actions): {admin_token}");
+        println!(
+            "  lock API authentication: off (any local client may call /v1/locks; \
+             start with --auth to require API keys)"
+        );
+        String::new()
+    };
     println!(
         "  demo store: http://{store_addr}  (GET /kv/KEY, GET /log, POST /orders, \
          GET /orders/by-key/KEY)"
@@ -135,11 +157,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     println!();
     println!("Try it: take the lock, write through the proxy with its token, release:");
     println!(
-        r#"  curl -s -XPOST http://{api}/v1/locks/kv:demo/acquire -d '{{"request_id":"r1"}}'"#
+        r#"  curl -s -XPOST http://{api}/v1/locks/kv:demo/acquire{auth_header} -d '{{"request_id":"r1"}}'"#
     );
     println!("  curl -s -XPUT http://{proxy}/kv/demo -H 'Fence-Token: <fencing_token>' -d hello");
     println!(
-        r#"  curl -s -XPOST http://{api}/v1/locks/kv:demo/release -d '{{"lease_id":"<lease_id>"}}'"#
+        r#"  curl -s -XPOST http://{api}/v1/locks/kv:demo/release{auth_header} -d '{{"lease_id":"<lease_id>"}}'"#
     );
     println!("Create an order; repeat the same line and the answer is replayed, not re-run:");
     println!(

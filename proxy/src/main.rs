@@ -61,6 +61,8 @@ enum Cmd {
     Member(cli::MemberArgs),
     /// Run a command under a lock; acquire, renew, release, inspect and watch locks.
     Lock(cli::LockArgs),
+    /// Create, list and revoke API keys (for a cluster that requires them).
+    Keys(cli::KeysArgs),
     /// Print fencegate's version.
     #[command(after_help = "Example:\n  fencegate version -o json")]
     Version {
@@ -102,6 +104,7 @@ async fn main() -> ExitCode {
         Cmd::DemoStore { listen } => served(demo::run(&listen).await),
         Cmd::Cluster(a) => done(cli::cluster(a).await),
         Cmd::Member(a) => done(cli::member(a).await),
+        Cmd::Keys(a) => done(cli::keys(a).await),
         Cmd::Lock(a) => cli::lock(a).await.unwrap_or_else(|e| e.report()),
         Cmd::Version { output } => {
             let v = Version {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use fencegate_proxy::config::ProxyConfig;
 use lock_core::net::PeerSecret;
-use lock_core::node::{self, MemberAddrs, NodeConfig};
+use lock_core::node::{self, AuthMode, MemberAddrs, NodeConfig, TenantPolicy};
 use serde::Deserialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -63,6 +63,20 @@ struct NodeFileConfig {
     policy: Option<node::Policy>,
     #[serde(default)]
     enable_fault_injection: bool,
+    /// `"on"`: every `/v1` call needs an API key; `"off"`: the lock API is open. Required, so
+    /// that no production node is open by omission.
+    #[serde(default)]
+    auth: Option<AuthMode>,
+    /// The bootstrap admin credential (operator actions; with auth on, an admin key of the
+    /// default tenant that creates the first keys), inline...
+    #[serde(default)]
+    admin_token: Option<String>,
+    /// ...or in a file (its surrounding whitespace is ignored).
+    #[serde(default)]
+    admin_token_file: Option<PathBuf>,
+    /// Per-tenant bounds with auth on: `max_leases`, `max_waiters`, `rate_per_s`, `burst`.
+    #[serde(default)]
+    tenants: Option<TenantPolicy>,
 }
 
 /// A parsed, checked config file.
@@ -81,6 +95,7 @@ fn load(path: &Path) -> anyhow::Result<Loaded> {
 fn parse(text: &str) -> anyhow::Result<Loaded> {
     let file: FileConfig = toml::from_str(text)?;
     let secret = peer_secret(&file.node)?;
+    let admin_token = admin_token(&file.node)?;
     let mut members = BTreeMap::new();
     for (id, addr) in file.node.initial_members {
         let id: u64 = id
@@ -93,6 +108,20 @@ fn parse(text: &str) -> anyhow::Result<Loaded> {
     config.advertise_peer_addr = file.node.advertise_peer_addr;
     config.policy = file.node.policy.unwrap_or_default();
     config.enable_fault_injection = file.node.enable_fault_injection;
+    config.admin_token = admin_token;
+    config.auth = file.node.auth.ok_or_else(|| {
+        anyhow::anyhow!(
+            "[node] must say auth = \"on\" (every /v1 call needs an API key; set admin_token or \
+             admin_token_file to create the first keys) or auth = \"off\" (the lock API is open \
+             to anyone who can reach the port)"
+        )
+    })?;
+    if config.auth == AuthMode::On && config.admin_token.is_none() {
+        tracing::warn!(
+            "auth is on without admin_token: only keys already in the cluster's key table work"
+        );
+    }
+    config.tenants = file.node.tenants.unwrap_or_default();
     if let Some(p) = &file.proxy {
         p.validate().map_err(anyhow::Error::msg)?;
     }
@@ -146,6 +175,27 @@ pub async fn run(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The bootstrap admin credential from the `[node]` table, inline or from its file.
+fn admin_token(node: &NodeFileConfig) -> anyhow::Result<Option<String>> {
+    let token = match (&node.admin_token, &node.admin_token_file) {
+        (Some(_), Some(_)) => {
+            anyhow::bail!("[node] sets both admin_token and admin_token_file; keep one")
+        }
+        (Some(t), None) => t.trim().to_string(),
+        (None, Some(file)) => std::fs::read_to_string(file)
+            .with_context(|| format!("read admin_token_file {}", file.display()))?
+            .trim()
+            .to_string(),
+        (None, None) => return Ok(None),
+    };
+    // It is a bearer credential for every operator action: it must not be guessable.
+    anyhow::ensure!(
+        token.len() >= 16,
+        "[node] admin_token must be at least 16 characters (e.g. `openssl rand -hex 32`)"
+    );
+    Ok(Some(token))
+}
+
 /// The peer secret from the `[node]` table, inline or from its file.
 fn peer_secret(node: &NodeFileConfig) -> anyhow::Result<PeerSecret> {
     let text = match (&node.peer_secret, &node.peer_secret_file) {
@@ -179,7 +229,8 @@ mod tests {
             std::fs::write(&secret, "0123456789abcdef0123456789abcdef\n").unwrap();
             let text = std::fs::read_to_string(dir.join(format!("node{id}.toml")))
                 .unwrap()
-                .replace("/etc/fencegate/peer-secret", &secret.display().to_string());
+                .replace("/etc/fencegate/peer-secret", &secret.display().to_string())
+                .replace("/etc/fencegate/admin-token", &secret.display().to_string());
             let loaded = parse(&text).unwrap();
             assert_eq!(loaded.config.id, id);
             assert_eq!(loaded.config.initial_members.len(), 3);
@@ -187,6 +238,11 @@ mod tests {
             assert_eq!(loaded.config.advertise_addr.as_ref(), Some(&me.api));
             assert_eq!(loaded.config.advertise_peer_addr.as_ref(), Some(&me.peer));
             assert!(loaded.proxy.is_some(), "node{id} has no [proxy]");
+            assert_eq!(
+                loaded.config.auth,
+                AuthMode::On,
+                "node{id} serves an open API"
+            );
             match &founding {
                 None => founding = Some(loaded.config.initial_members.clone()),
                 Some(f) => assert_eq!(f, &loaded.config.initial_members),
@@ -198,7 +254,7 @@ mod tests {
     fn unknown_keys_and_bad_member_ids_are_refused() {
         let base =
             "listen = \"127.0.0.1:7001\"\npeer_listen = \"127.0.0.1:7101\"\n[node]\nid = 1\n\
-                    data_dir = \"/tmp/x\"\npeer_secret = \"0123456789abcdef0123\"\n";
+                    data_dir = \"/tmp/x\"\npeer_secret = \"0123456789abcdef0123\"\nauth = \"off\"\n";
         assert!(parse(base).is_ok());
         assert!(parse(&format!("{base}colour = \"blue\"\n")).is_err());
         assert!(parse(&format!(
@@ -208,5 +264,31 @@ mod tests {
         let no_secret = base.replace("peer_secret = \"0123456789abcdef0123\"\n", "");
         let err = format!("{:#}", parse(&no_secret).err().expect("refused"));
         assert!(err.contains("peer_secret"), "{err}");
+    }
+
+    /// A production node never serves an open lock API by omission: the file says which.
+    #[test]
+    fn auth_must_be_said_and_on_takes_the_bootstrap_token() {
+        let base =
+            "listen = \"127.0.0.1:7001\"\npeer_listen = \"127.0.0.1:7101\"\n[node]\nid = 1\n\
+                    data_dir = \"/tmp/x\"\npeer_secret = \"0123456789abcdef0123\"\n";
+        let err = format!("{:#}", parse(base).err().expect("refused without auth"));
+        assert!(err.contains("auth = \"on\""), "{err}");
+        let off = parse(&format!("{base}auth = \"off\"\n")).expect("off");
+        assert_eq!(off.config.auth, AuthMode::Off);
+        let on = parse(&format!(
+            "{base}auth = \"on\"\nadmin_token = \"0123456789abcdef0123\"\n\
+             [node.tenants]\nmax_leases = 5\n"
+        ))
+        .expect("on");
+        assert_eq!(on.config.auth, AuthMode::On);
+        assert_eq!(
+            on.config.admin_token.as_deref(),
+            Some("0123456789abcdef0123")
+        );
+        assert_eq!(on.config.tenants.max_leases, 5);
+        assert!(parse(&format!("{base}auth = \"maybe\"\n")).is_err());
+        let short = format!("{base}auth = \"on\"\nadmin_token = \"short\"\n");
+        assert!(parse(&short).is_err());
     }
 }

@@ -94,7 +94,7 @@ impl Processes {
             let peer = peer_ports[i];
             let mut config = format!(
                 "listen = \"{addr}\"\npeer_listen = \"127.0.0.1:{peer}\"\n\n[node]\nid = {id}\n\
-                 data_dir = {data_dir:?}\npeer_secret = \"sigkill-test-peer-secret\"\n\
+                 data_dir = {data_dir:?}\npeer_secret = \"sigkill-test-peer-secret\"\nauth = \"off\"\n\
                  initial_members = {{ {} }}\n",
                 members.join(", ")
             );

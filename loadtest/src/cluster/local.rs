@@ -170,7 +170,7 @@ impl LocalCluster {
                 "listen = \"127.0.0.1:{api_port}\"\npeer_listen = \"127.0.0.1:{peer_port}\"\n\n\
                  [node]\nid = {id}\ndata_dir = \"{data}\"\npeer_secret = \"{secret}\"\n\
                  initial_members = {{ {members} }}\n\
-                 enable_fault_injection = {faults}\n",
+                 enable_fault_injection = {faults}\nauth = \"off\"\n",
                 peer_port = peer_ports[i],
                 data = dir.join(format!("node{id}")).display(),
                 members = members.join(", "),

@@ -7,6 +7,7 @@
 //! the [`Node`], and turn its answer back into a wire body or an [`ApiError`].
 
 mod admin;
+mod auth;
 mod cluster;
 mod error;
 mod locks;
@@ -90,6 +91,11 @@ pub fn router(node: Arc<Node>) -> Router {
         )
         .route("/v1/admin/members/add", post(admin::add_member))
         .route("/v1/admin/members/remove", post(admin::remove_member))
+        .route(
+            "/v1/admin/keys",
+            get(admin::list_keys).post(admin::create_key),
+        )
+        .route("/v1/admin/keys/{id}/revoke", post(admin::revoke_key))
         .route("/healthz", get(cluster::healthz))
         .route("/readyz", get(cluster::readyz))
         .route("/metrics", get(cluster::metrics))
@@ -102,6 +108,11 @@ pub fn router(node: Arc<Node>) -> Router {
             )
         })
         .fallback(|| async { ApiError::not_found("No such endpoint; see docs/api.md.") })
+        // API keys, when the node requires them; outermost, so no handler runs unchecked.
+        .layer(middleware::from_fn_with_state(
+            node.clone(),
+            auth::authenticate,
+        ))
         .with_state(node)
 }
 

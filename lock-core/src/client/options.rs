@@ -4,7 +4,7 @@ use std::time::Duration;
 
 /// Options for a [`Client`](super::Client). Start from `ClientOptions::default()` and set
 /// the fields you need.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct ClientOptions {
     /// Longest one HTTP attempt may take (connect + answer). Keep it above the server's
@@ -26,6 +26,24 @@ pub struct ClientOptions {
     pub backoff_base: Duration,
     /// Longest retry backoff. Default 1 s.
     pub backoff_max: Duration,
+    /// The API key sent as `Authorization: Bearer` on every call, for a cluster that requires
+    /// keys. Default none.
+    pub api_key: Option<String>,
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("request_timeout", &self.request_timeout)
+            .field("call_timeout", &self.call_timeout)
+            .field("safety_margin", &self.safety_margin)
+            .field("safety_margin_ratio", &self.safety_margin_ratio)
+            .field("backoff_base", &self.backoff_base)
+            .field("backoff_max", &self.backoff_max)
+            // A bearer credential: debug output ends up in logs.
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 impl Default for ClientOptions {
@@ -37,6 +55,7 @@ impl Default for ClientOptions {
             safety_margin_ratio: 0.01,
             backoff_base: Duration::from_millis(50),
             backoff_max: Duration::from_secs(1),
+            api_key: None,
         }
     }
 }

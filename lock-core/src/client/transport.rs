@@ -160,11 +160,11 @@ impl Transport {
         body: &B,
         timeout: Duration,
     ) -> Result<T, AttemptError> {
-        let resp = self
-            .http
-            .post(url)
-            .json(body)
-            .timeout(timeout)
+        let mut req = self.http.post(url).json(body).timeout(timeout);
+        if let Some(key) = &self.opts.api_key {
+            req = req.bearer_auth(key);
+        }
+        let resp = req
             .send()
             .await
             .map_err(|e| AttemptError::Uncertain(format!("{url}: {}", error_chain(&e))))?;

@@ -1,6 +1,6 @@
 //! Snapshots: the machine as a plain image, and back (rebuilding the derived indexes).
 
-use super::lock_machine::LockMachine;
+use super::lock_machine::{count_up, LockMachine};
 use super::state::{dedup_key, DedupEntry, MachineImage};
 
 impl LockMachine {
@@ -24,6 +24,7 @@ impl LockMachine {
             dedup_records,
             dedup: Vec::new(),
             quotas: self.quotas.clone(),
+            keys: self.keys.values().cloned().collect(),
         }
     }
 
@@ -34,13 +35,16 @@ impl LockMachine {
             last_token: image.last_token,
             gc_floor: image.gc_floor,
             quotas: image.quotas,
+            keys: image.keys.into_iter().map(|k| (k.id.clone(), k)).collect(),
             ..Default::default()
         };
         for (name, res) in image.resources {
             if let Some(l) = &res.lease {
                 m.lease_expiry.insert((l.expires_at_ms, name.clone()));
+                count_up(&mut m.tenant_leases, &name);
             }
             for w in &res.waiters {
+                count_up(&mut m.tenant_waiters, &name);
                 m.waiter_deadlines
                     .insert((w.deadline_ms, name.clone(), w.request_id.clone()));
             }
@@ -87,6 +91,12 @@ impl LockMachine {
         }
         if rebuilt.total_waiters != self.total_waiters {
             return Err("total_waiters out of step".into());
+        }
+        if rebuilt.tenant_leases != self.tenant_leases {
+            return Err("tenant_leases out of step".into());
+        }
+        if rebuilt.tenant_waiters != self.tenant_waiters {
+            return Err("tenant_waiters out of step".into());
         }
         Ok(())
     }

@@ -93,6 +93,7 @@ impl LockMachine {
         if let Some(pos) = res.waiters.iter().position(|w| w.request_id == request_id) {
             if let Some(w) = res.waiters.remove(pos) {
                 self.total_waiters -= 1;
+                super::lock_machine::count_down(&mut self.tenant_waiters, resource);
                 self.waiter_deadlines
                     .remove(&(w.deadline_ms, resource.to_string(), w.request_id));
             }

@@ -20,16 +20,19 @@
 
 // Persistent (structurally shared) collections: cloning the whole machine is O(1), so a
 // snapshot copies it under the lock in constant time and serialises outside the lock.
-use imbl::{OrdMap, OrdSet};
+use imbl::{HashMap, OrdMap, OrdSet};
 
+use super::keys::ApiKeyRecord;
 use super::quota::QuotaLedger;
 use super::state::{
     dedup_key, DedupGrant, DedupKey, DedupRecord, DedupState, FenceGrant, Lease, ResourceState,
     Waiter,
 };
 use super::types::{
-    Acquire, AdmitOutcome, Batch, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone,
+    Acquire, AdmitOutcome, Batch, Command, Effect, Grant, LeaseId, Proposal, Response,
+    TenantLimitHit, WaiterGone,
 };
+use crate::wire::split_scoped;
 
 /// The replicated lock state.
 #[derive(Clone, Debug, Default)]
@@ -48,6 +51,8 @@ pub struct LockMachine {
     pub(super) gc_floor: u64,
     /// Global rate-limit quotas and the shares leased to proxies.
     pub(super) quotas: QuotaLedger,
+    /// The API keys by id (digests only).
+    pub(super) keys: OrdMap<String, ApiKeyRecord>,
 
     // Indexes, derived from the above and rebuilt on restore. Kept in step by the helpers
     // below; `check_indexes` verifies them in tests.
@@ -57,6 +62,10 @@ pub struct LockMachine {
     pub(super) idle_expiry: OrdSet<(u64, String)>,
     pub(super) reissue_index: OrdSet<(u64, String)>,
     pub(super) total_waiters: u64,
+    /// Leases and waiters per tenant (the namespace of the resource name), for the tenants'
+    /// bounds. Tenants without any are absent.
+    pub(super) tenant_leases: HashMap<String, u64>,
+    pub(super) tenant_waiters: HashMap<String, u64>,
 }
 
 impl LockMachine {
@@ -104,6 +113,23 @@ impl LockMachine {
             Command::QuotaSet(spec) => {
                 self.quotas.set(spec.clone());
                 Response::QuotaDefined
+            }
+            Command::KeyCreate(record) => self.create_key(record),
+            Command::KeyRevoke { id } => self.revoke_key(id),
+            Command::AsKey { key_id, cmd } => {
+                if !self.keys.contains_key(key_id) {
+                    Response::KeyRefused
+                } else {
+                    // The stamp was observed above; the inner call applies under it.
+                    let inner = Proposal {
+                        now_ms: proposal.now_ms,
+                        failover_grace_ms: proposal.failover_grace_ms,
+                        cmd: (**cmd).clone(),
+                    };
+                    let (resp, inner_fx) = self.apply(&inner, term);
+                    fx.extend(inner_fx);
+                    resp
+                }
             }
         };
         (resp, fx)
@@ -156,6 +182,31 @@ impl LockMachine {
             };
         }
         let now = self.now_ms;
+        let tenant = split_scoped(&a.resource).0;
+        let free = self
+            .resources
+            .get(&a.resource)
+            .is_none_or(|r| r.lease.is_none() && r.reissue_at_ms.is_none());
+        if let Some(limits) = a.tenant_limits {
+            let (count, bound, hit) = if free {
+                (
+                    &self.tenant_leases,
+                    limits.max_leases,
+                    TenantLimitHit::Leases,
+                )
+            } else {
+                (
+                    &self.tenant_waiters,
+                    limits.max_waiters,
+                    TenantLimitHit::Waiters,
+                )
+            };
+            // A try-once acquire of a busy resource adds no waiter: it is answered below.
+            let adds = free || a.wait_timeout_ms > 0;
+            if adds && count.get(tenant).copied().unwrap_or(0) >= u64::from(bound) {
+                return Response::TenantLimit(hit);
+            }
+        }
         let res = self.resources.entry(a.resource.clone()).or_default();
         if res.lease.is_none() && res.reissue_at_ms.is_none() {
             debug_assert!(res.waiters.is_empty(), "settled free resource has waiters");
@@ -197,6 +248,7 @@ impl LockMachine {
         });
         let position = res.waiters.len() as u32;
         self.total_waiters += 1;
+        count_up(&mut self.tenant_waiters, &a.resource);
         self.waiter_deadlines
             .insert((deadline, a.resource.clone(), a.request_id.clone()));
         self.remember(key, DedupState::Waiting, a.retain_ms);
@@ -526,6 +578,7 @@ impl LockMachine {
         let l = self.resources.get_mut(resource)?.lease.take()?;
         self.lease_expiry
             .remove(&(l.expires_at_ms, resource.to_string()));
+        count_down(&mut self.tenant_leases, resource);
         Some(l.fencing_token)
     }
 
@@ -543,6 +596,7 @@ impl LockMachine {
                 return;
             };
             self.total_waiters -= 1;
+            count_down(&mut self.tenant_waiters, resource);
             self.waiter_deadlines.remove(&(
                 w.deadline_ms,
                 resource.to_string(),
@@ -598,6 +652,7 @@ impl LockMachine {
             self.idle_expiry.remove(&(until, resource.to_string()));
         }
         self.lease_expiry.insert((expires, resource.to_string()));
+        count_up(&mut self.tenant_leases, resource);
         Grant {
             resource: resource.to_string(),
             lease_id,
@@ -625,5 +680,23 @@ impl LockMachine {
             .get(resource)
             .and_then(|r| r.waiters.iter().position(|w| w.request_id == request_id))
             .map_or(0, |p| p as u32 + 1)
+    }
+}
+
+/// One more lease or waiter for the tenant of `resource`.
+pub(super) fn count_up(counts: &mut HashMap<String, u64>, resource: &str) {
+    *counts
+        .entry(split_scoped(resource).0.to_string())
+        .or_default() += 1;
+}
+
+/// One fewer; a tenant at zero is dropped, so the map holds only tenants with something.
+pub(super) fn count_down(counts: &mut HashMap<String, u64>, resource: &str) {
+    let tenant = split_scoped(resource).0;
+    if let Some(n) = counts.get_mut(tenant) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            counts.remove(tenant);
+        }
     }
 }

@@ -3,6 +3,7 @@
 mod idempotency;
 mod image;
 mod indexes;
+mod keys;
 mod lock_machine;
 mod quota;
 mod reads;
@@ -13,6 +14,7 @@ pub use idempotency::{
     Completion, Finding, IdemCommand, IdemOutcome, IdemRecord, IdemScope, IdemState,
     IdempotencyMachine, RecordWrite, StoredAnswer, StoredBody,
 };
+pub use keys::ApiKeyRecord;
 pub use lock_machine::LockMachine;
 pub use quota::{
     DemandReport, QuotaGrant, QuotaLease, QuotaLedger, QuotaOutcome, QuotaPolicy, QuotaRequest,
@@ -23,5 +25,6 @@ pub use state::{
     MachineImage, ResourceState, Waiter, DEFAULT_IDLE_RETAIN_MS,
 };
 pub use types::{
-    Acquire, AdmitOutcome, Batch, Command, Effect, Grant, LeaseId, Proposal, Response, WaiterGone,
+    Acquire, AdmitOutcome, Batch, Command, Effect, Grant, LeaseId, Proposal, Response,
+    TenantLimitHit, TenantLimits, WaiterGone,
 };

@@ -3,7 +3,9 @@
 use super::lock_machine::LockMachine;
 use super::quota::QuotaLedger;
 use super::state::{Lease, ResourceState};
-use crate::wire::{LockStats, LockView};
+use crate::wire::{
+    scoped_name, split_scoped, LockStats, LockView, DEFAULT_TENANT, TENANT_SEPARATOR,
+};
 
 impl LockMachine {
     /// When the resource's ended lease's proxy grants run out at the latest, while the next
@@ -62,6 +64,40 @@ impl LockMachine {
         limit: usize,
         now_ms: u64,
     ) -> (Vec<LockView>, Option<String>) {
+        self.page(prefix, after, limit, now_ms, |_| true)
+    }
+
+    /// [`list_after`](Self::list_after) within `tenant`'s namespace: `prefix`, `after` and the
+    /// answer use the tenant's own names, and no other tenant's resource is ever visited.
+    pub fn list_tenant(
+        &self,
+        tenant: &str,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        now_ms: u64,
+    ) -> (Vec<LockView>, Option<String>) {
+        let prefix = scoped_name(tenant, prefix);
+        let after = after.map(|a| scoped_name(tenant, a));
+        // The default tenant's names are the bare ones; other tenants' sort among them.
+        let default = tenant == DEFAULT_TENANT;
+        let (mut page, next) = self.page(&prefix, after.as_deref(), limit, now_ms, |name| {
+            !default || !name.contains(TENANT_SEPARATOR)
+        });
+        for view in &mut page {
+            view.resource = split_scoped(&view.resource).1.to_string();
+        }
+        (page, next.map(|n| split_scoped(&n).1.to_string()))
+    }
+
+    fn page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        now_ms: u64,
+        keep: impl Fn(&str) -> bool,
+    ) -> (Vec<LockView>, Option<String>) {
         use std::ops::Bound;
         let start = match after {
             Some(a) if a >= prefix => Bound::Excluded(a.to_string()),
@@ -74,6 +110,7 @@ impl LockMachine {
             .resources
             .range((start, Bound::Unbounded))
             .take_while(|(name, _)| name.starts_with(prefix))
+            .filter(|(name, _)| keep(name))
             .filter(|(_, r)| {
                 let live = r.lease.as_ref().is_some_and(|l| l.expires_at_ms > now);
                 live || !r.waiters.is_empty()

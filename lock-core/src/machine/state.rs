@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
+use super::keys::ApiKeyRecord;
 use super::quota::QuotaLedger;
 use super::types::Grant;
 use crate::wire::LeaseId;
@@ -231,6 +232,9 @@ pub struct MachineImage {
     /// Absent in snapshots taken before quotas existed.
     #[serde(default)]
     pub quotas: QuotaLedger,
+    /// The API keys (digests only), in id order. Absent in snapshots taken before keys existed.
+    #[serde(default)]
+    pub keys: Vec<ApiKeyRecord>,
 }
 
 /// How long an idle resource record is kept (it carries the resource's last token).

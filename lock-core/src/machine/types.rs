@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::idempotency::{IdemCommand, IdemOutcome};
+use super::keys::ApiKeyRecord;
 use super::quota::{QuotaOutcome, QuotaRequest, QuotaSpec};
 pub use crate::wire::LeaseId;
 
@@ -135,6 +136,29 @@ pub enum Command {
     /// on: their `QuotaDefine` no longer changes it. Leases granted before keep their shares
     /// until they end; new ones fit the new limits.
     QuotaSet(QuotaSpec),
+    /// Adds an API key (its digest, never the key) to the replicated key table.
+    KeyCreate(ApiKeyRecord),
+    /// Removes an API key: from the moment this applies, no call made with it is applied.
+    KeyRevoke {
+        id: String,
+    },
+    /// A lock call made with the API key `key_id`: applied only if that key still exists when
+    /// the command is applied, so a call that raced with the key's revocation and was ordered
+    /// after it in the log does nothing (`Response::KeyRefused`). Wraps lock calls only.
+    AsKey {
+        key_id: String,
+        cmd: Box<Command>,
+    },
+}
+
+/// Per-tenant bounds, stamped into an acquire by the proposing node (with authentication on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantLimits {
+    /// Leases the tenant may hold at once; an acquire that would be granted beyond it is
+    /// refused. (A hand-off to a waiter is not: the waiter was admitted under its own bound.)
+    pub max_leases: u32,
+    /// Waiting acquires the tenant may have at once, across its resources.
+    pub max_waiters: u32,
 }
 
 /// An acquire, already validated and clamped to policy by the proposing node.
@@ -155,6 +179,10 @@ pub struct Acquire {
     pub max_waiters: u32,
     /// Bound on waiters across all resources.
     pub max_total_waiters: u32,
+    /// The tenant's bounds (its tenant is the resource name's namespace); none without
+    /// authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_limits: Option<TenantLimits>,
 }
 
 /// What a granted (or renewed) lease looks like to its holder.
@@ -210,6 +238,21 @@ pub enum Response {
     Quota(QuotaOutcome),
     /// How many of the returned quota leases were still on the ledger.
     QuotaReturned(u32),
+    /// Whether the key was added (false: its id was taken).
+    KeyCreated(bool),
+    /// Whether a key with that id existed.
+    KeyRevoked(bool),
+    /// An `AsKey` call whose key no longer exists: nothing was applied.
+    KeyRefused,
+    /// An acquire beyond its tenant's bounds: nothing was applied.
+    TenantLimit(TenantLimitHit),
+}
+
+/// Which of a tenant's bounds an acquire hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TenantLimitHit {
+    Leases,
+    Waiters,
 }
 
 /// The state machine's verdict on a proxy's admission request.

@@ -50,6 +50,7 @@ impl Policy {
             retain_ms: self.retry_window_ms,
             max_waiters: self.max_waiters_per_resource,
             max_total_waiters: self.max_total_waiters,
+            tenant_limits: None,
         })
     }
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::auth::{AuthMode, TenantPolicy};
 use crate::net::PeerSecret;
 
 /// Configuration of one fencegate node (the `[node]` part of the config file).
@@ -41,6 +42,14 @@ pub struct NodeConfig {
     /// (the membership endpoints then stay open, as before there was a credential).
     #[serde(default)]
     pub admin_token: Option<String>,
+    /// Whether the public API requires API keys (`on`) or is open (`off`, the default of the
+    /// library; the `fencegate node` config file must say which). With keys on, `admin_token`
+    /// also acts as an admin key of the default tenant, so the first keys can be created.
+    #[serde(default)]
+    pub auth: AuthMode,
+    /// Per-tenant bounds, applied with authentication on.
+    #[serde(default)]
+    pub tenants: TenantPolicy,
     /// The audit log (`<data_dir>/audit/audit.log`) rotates at this size...
     #[serde(default = "default_audit_max_bytes")]
     pub audit_max_bytes: u64,
@@ -175,6 +184,8 @@ impl NodeConfig {
             policy: Policy::default(),
             enable_fault_injection: false,
             admin_token: None,
+            auth: AuthMode::Off,
+            tenants: TenantPolicy::default(),
             audit_max_bytes: default_audit_max_bytes(),
             audit_keep: default_audit_keep(),
         }

@@ -41,6 +41,10 @@ pub struct Metrics {
     pub idem_forgotten: IntCounter,
     /// Operators' resolutions of idempotency records of unknown outcome, by resolution.
     pub idem_resolutions: IntCounterVec,
+    /// Calls refused for authentication, by reason (missing, invalid, role).
+    pub auth_denied: IntCounterVec,
+    /// Lock calls refused by a tenant's bound, by bound (leases, waiters, rate).
+    pub tenant_limited: IntCounterVec,
 }
 
 impl Metrics {
@@ -112,6 +116,22 @@ impl Metrics {
                 &["resolution"],
             )
             .unwrap_or_else(|e| panic!("metric idempotency_operator_resolutions_total: {e}")),
+            auth_denied: IntCounterVec::new(
+                Opts::new(
+                    "auth_denied_total",
+                    "Calls refused by authentication, by reason",
+                ),
+                &["reason"],
+            )
+            .unwrap_or_else(|e| panic!("metric auth_denied_total: {e}")),
+            tenant_limited: IntCounterVec::new(
+                Opts::new(
+                    "tenant_limited_total",
+                    "Lock calls refused by a tenant bound",
+                ),
+                &["limit"],
+            )
+            .unwrap_or_else(|e| panic!("metric tenant_limited_total: {e}")),
             registry,
         };
         let r = &m.registry;
@@ -139,6 +159,8 @@ impl Metrics {
         register(Box::new(m.last_applied.clone()));
         register(Box::new(m.idem_forgotten.clone()));
         register(Box::new(m.idem_resolutions.clone()));
+        register(Box::new(m.auth_denied.clone()));
+        register(Box::new(m.tenant_limited.clone()));
         m
     }
 

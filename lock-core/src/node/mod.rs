@@ -4,6 +4,7 @@
 //! storage, starts raft and the node's background tasks; serving the HTTP API on top of it is
 //! the [`api`](crate::api) layer's job, and [`crate::server`] puts the two together.
 
+mod auth;
 mod batcher;
 mod clock;
 mod commands;
@@ -23,6 +24,9 @@ use std::time::Duration;
 
 use openraft::ServerState;
 
+pub use auth::{
+    constant_time_eq, key_digest, new_api_key, AuthMode, Caller, Denied, TenantPolicy, TenantRates,
+};
 pub use clock::Clock;
 pub use config::{MemberAddrs, NodeConfig, Policy, MAX_FAILOVER_GRACE_MS};
 pub use error::{NodeError, ProposeError};
@@ -52,6 +56,8 @@ pub struct Node {
     writes: batcher::BatchQueue,
     /// The operators' view: audit log, activity counters, member health, metrics history.
     pub ops: Arc<ops::OpsState>,
+    /// Each tenant's lock-call rate on this node (with authentication on).
+    pub tenant_rates: TenantRates,
 }
 
 impl Node {

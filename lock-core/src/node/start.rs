@@ -112,6 +112,7 @@ pub async fn start(
         advertise,
         writes,
         ops,
+        tenant_rates: Default::default(),
     });
 
     maybe_initialize(&node).await?;

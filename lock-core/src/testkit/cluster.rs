@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 
 use super::{eventually, ApiClient};
 use crate::net::PeerSecret;
-use crate::node::{MemberAddrs, NodeConfig, Policy};
+use crate::node::{AuthMode, MemberAddrs, NodeConfig, Policy, TenantPolicy};
 use crate::server::{self, NodeHandle};
 use crate::wire::{AcquireRequest, ClusterStatus};
 
@@ -26,6 +26,11 @@ pub struct TestCluster {
     /// The cluster's peer secret.
     pub secret: PeerSecret,
     pub policy: Policy,
+    /// With API keys on (see [`start_with_auth`](Self::start_with_auth)): every node's
+    /// bootstrap admin token, which this harness's own calls carry.
+    pub admin_token: Option<String>,
+    /// Per-tenant bounds with keys on.
+    pub tenants: TenantPolicy,
     dir: TempDir,
     http: reqwest::Client,
 }
@@ -36,6 +41,22 @@ impl TestCluster {
     }
 
     pub async fn start_with(n: u64, policy: Policy) -> Self {
+        Self::start_configured(n, policy, None, TenantPolicy::default()).await
+    }
+
+    /// A cluster that requires API keys, with `admin_token` as every node's bootstrap admin
+    /// credential and `tenants` as the per-tenant bounds. The harness's own calls (`get`,
+    /// `post`, the leader checks) carry the admin token.
+    pub async fn start_with_auth(n: u64, admin_token: &str, tenants: TenantPolicy) -> Self {
+        Self::start_configured(n, Policy::default(), Some(admin_token.to_string()), tenants).await
+    }
+
+    async fn start_configured(
+        n: u64,
+        policy: Policy,
+        admin_token: Option<String>,
+        tenants: TenantPolicy,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut listeners = BTreeMap::new();
         let mut addrs = BTreeMap::new();
@@ -52,6 +73,8 @@ impl TestCluster {
             peer_addrs,
             secret: PeerSecret::new(&PeerSecret::generate()).expect("secret"),
             policy,
+            admin_token,
+            tenants,
             dir,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
@@ -88,7 +111,17 @@ impl TestCluster {
         );
         c.policy = self.policy.clone();
         c.enable_fault_injection = true;
+        if let Some(token) = &self.admin_token {
+            c.auth = AuthMode::On;
+            c.admin_token = Some(token.clone());
+            c.tenants = self.tenants.clone();
+        }
         c
+    }
+
+    /// The directory holding every node's data dir (`node<id>/`).
+    pub fn data_root(&self) -> &std::path::Path {
+        self.dir.path()
     }
 
     pub fn node(&self, id: u64) -> &NodeHandle {
@@ -133,14 +166,21 @@ impl TestCluster {
             .collect()
     }
 
+    /// The request with the admin token, when keys are on.
+    fn authorized(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.admin_token {
+            Some(token) => req.bearer_auth(token),
+            None => req,
+        }
+    }
+
     pub fn url(&self, id: u64, path: &str) -> String {
         format!("http://{}{}", self.addrs[&id], path)
     }
 
     pub async fn post(&self, id: u64, path: &str, body: impl Serialize) -> (u16, Value) {
         let resp = self
-            .http
-            .post(self.url(id, path))
+            .authorized(self.http.post(self.url(id, path)))
             .json(&body)
             .send()
             .await
@@ -151,8 +191,7 @@ impl TestCluster {
 
     pub async fn post_raw(&self, id: u64, path: &str, body: &str) -> (u16, Value) {
         let resp = self
-            .http
-            .post(self.url(id, path))
+            .authorized(self.http.post(self.url(id, path)))
             .body(body.to_string())
             .send()
             .await
@@ -164,8 +203,7 @@ impl TestCluster {
     /// A GET; a body that is not JSON (e.g. `/metrics`) comes back as a JSON string.
     pub async fn get(&self, id: u64, path: &str) -> (u16, Value) {
         let resp = self
-            .http
-            .get(self.url(id, path))
+            .authorized(self.http.get(self.url(id, path)))
             .send()
             .await
             .expect("request");

@@ -122,7 +122,9 @@ error_codes! {
     IdempotencyNotUnknown = ("idempotency_not_unknown", 409),
     /// An operator action without the admin credential (`Authorization: Bearer <token>`).
     Unauthorized = ("unauthorized", 401),
-    /// An operator action with a wrong credential, or on a node without an admin token.
+    /// An operator action with a wrong credential, or on a node without an admin token; with
+    /// authentication on, a key whose role does not allow the call (a client key on an
+    /// operator endpoint).
     Forbidden = ("forbidden", 403),
     /// An operator action could not be completed (e.g. no other voter took over a drain);
     /// the message says what state the cluster was left in.
@@ -130,6 +132,16 @@ error_codes! {
     /// Fencing proxy: the tenant's rate limit is used up here; retry after `Retry-After` when
     /// the answer has one.
     RateLimited = ("rate_limited", 429),
+    /// With authentication on: a call without `Authorization: Bearer <api key>`, or with a key
+    /// that is unknown or revoked.
+    Unauthenticated = ("unauthenticated", 401),
+    /// The tenant holds as many leases as its limit allows; release one or retry later.
+    TenantLeaseLimit = ("tenant_lease_limit", 429),
+    /// The tenant has as many waiting acquires as its limit allows.
+    TenantWaiterLimit = ("tenant_waiter_limit", 429),
+    /// The tenant sent more lock calls to this node than its rate allows; retry after
+    /// `retry_after_ms`.
+    TenantRateLimited = ("tenant_rate_limited", 429),
 }
 
 impl fmt::Display for ErrorCode {

@@ -15,6 +15,7 @@
 //!   rate-limited requests.
 //! - [`idempotency`]: the operator endpoints for the proxy's records of unknown outcome.
 //! - [`quotas`]: the operator's view and run-time changes of global rate limits.
+//! - [`tenant`]: tenant names and namespaces, API keys and the key management bodies.
 
 pub mod admin;
 pub mod cluster;
@@ -25,6 +26,7 @@ pub mod idempotency;
 mod lease_id;
 pub mod locks;
 pub mod quotas;
+pub mod tenant;
 
 pub use admin::{
     AdminAddMember, AdminRemoveMember, AuditEntry, AuditTail, ClusterOverview, DrainResponse,
@@ -52,4 +54,9 @@ pub use locks::{
 pub use quotas::{
     QuotaDefinition, QuotaList, QuotaShareView, QuotaTenantView, QuotaView, SetQuotaRequest,
     MAX_QUOTA_LEASE_MS, MAX_QUOTA_NAME_LEN, MIN_QUOTA_LEASE_MS,
+};
+pub use tenant::{
+    api_key_id, scoped_name, split_scoped, validate_stored_name, validate_tenant, CreateKeyRequest,
+    CreatedKey, KeyInfo, KeyList, KeyRole, RevokeKeyResponse, API_KEY_PREFIX, DEFAULT_TENANT,
+    TENANT_SEPARATOR,
 };

@@ -3,6 +3,7 @@
 //! (`lock_core::testkit`).
 //!
 //! - `api`: every call of the v1 API, on the leader and on followers, one file per concern.
+//! - `auth`: API keys and tenants on clusters that require keys.
 //! - `client`: the Rust client library, with faults between it and the cluster.
 //! - `faults`: the invariants under leader kills, partitions, clock skew, whole-cluster restarts
 //!   and follower catch-up.
@@ -13,6 +14,7 @@
 //! deadlines instead of sleeping a fixed time.
 
 mod api;
+mod auth;
 mod client;
 mod faults;
 mod replication;

@@ -21,6 +21,7 @@ fn acquire(resource: &str, request_id: &str, lease: u128, wait_timeout_ms: u64) 
         retain_ms: 600_000,
         max_waiters: 8,
         max_total_waiters: 64,
+        tenant_limits: None,
     })
 }
 

@@ -17,6 +17,7 @@ fn acquire(m: &mut LockMachine, now_ms: u64, resource: &str, ttl_ms: u64, lease:
         retain_ms: 600_000,
         max_waiters: 8,
         max_total_waiters: 1_000,
+        tenant_limits: None,
     });
     m.apply(
         &Proposal {

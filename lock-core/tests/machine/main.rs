@@ -26,6 +26,7 @@ mod renew;
 mod retention;
 mod retry;
 mod revocation;
+mod tenants;
 mod tick;
 mod tokens;
 mod waiting;

@@ -188,6 +188,10 @@ impl Model {
             | Command::QuotaSet(_)
             | Command::QuotaLease(_)
             | Command::QuotaReturn { .. } => Response::Noop,
+            // Nor key commands (with tenant bounds off); `tenants.rs` checks those.
+            Command::KeyCreate(_) | Command::KeyRevoke { .. } | Command::AsKey { .. } => {
+                Response::Noop
+            }
         };
         (resp, fx)
     }

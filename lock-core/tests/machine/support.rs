@@ -46,6 +46,7 @@ pub fn acq(resource: &str, request_id: &str, lease_id: u128) -> Acquire {
         retain_ms: RETAIN,
         max_waiters: 64,
         max_total_waiters: 1024,
+        tenant_limits: None,
     }
 }
 

@@ -233,6 +233,7 @@ fn waiter_queue_is_bounded_per_resource_and_in_total() {
             wait_timeout_ms: 60_000,
             max_waiters: 2,
             max_total_waiters: 3,
+            tenant_limits: None,
             ..acq(resource, rid, id)
         })
     };

@@ -203,6 +203,7 @@ impl World {
                     retain_ms: *retain_ms,
                     max_waiters: 2,
                     max_total_waiters: 4,
+                    tenant_limits: None,
                 })
             }
             Op::Renew { res, pick } => Command::Renew {

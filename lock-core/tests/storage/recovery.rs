@@ -68,6 +68,7 @@ fn acquire(resource: &str, request_id: &str, lease: u128, wait_timeout_ms: u64) 
         retain_ms: 600_000,
         max_waiters: 16,
         max_total_waiters: 1_000,
+        tenant_limits: None,
     })
 }
 

@@ -17,6 +17,7 @@ pub struct Api {
     endpoints: Vec<String>,
     http: reqwest::Client,
     admin_token: Option<String>,
+    api_key: Option<String>,
 }
 
 impl Api {
@@ -29,6 +30,7 @@ impl Api {
             endpoints: args.endpoints.clone(),
             http,
             admin_token: args.admin_token.clone(),
+            api_key: args.api_key.clone(),
         })
     }
 
@@ -98,7 +100,14 @@ impl Api {
             if let Some(b) = body {
                 req = req.json(b);
             }
-            if let (true, Some(token)) = (admin, &self.admin_token) {
+            // Admin calls prefer the admin credential, others the API key; either stands in
+            // for the other (the bootstrap admin token is an admin key of the default tenant).
+            let bearer = if admin {
+                self.admin_token.as_ref().or(self.api_key.as_ref())
+            } else {
+                self.api_key.as_ref().or(self.admin_token.as_ref())
+            };
+            if let Some(token) = bearer {
                 req = req.bearer_auth(token);
             }
             let resp = match req.send().await {

@@ -1,4 +1,4 @@
-//! The operator and scripting commands: `cluster`, `member`, `lock`, `version`.
+//! The operator and scripting commands: `cluster`, `member`, `lock`, `keys`, `version`.
 //!
 //! Every command takes the same endpoint list (`--endpoints` or `FENCEGATE_ENDPOINTS`), prints
 //! with `-o json|table`, and fails the same way: one `error: <code>: <message>` line on stderr
@@ -7,6 +7,7 @@
 mod api;
 mod cluster;
 mod error;
+mod keys;
 mod lock;
 mod output;
 mod run;
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 pub use cluster::{cluster, member, ClusterArgs, MemberArgs};
 pub use error::{exit, CliError, EXIT_CODES_HELP};
+pub use keys::{keys, KeysArgs};
 pub use lock::{lock, LockArgs};
 pub use output::{json_pretty, resolve as output_format, Format};
 
@@ -53,6 +55,16 @@ pub struct ClientArgs {
         global = true
     )]
     pub admin_token: Option<String>,
+    /// API key for a cluster that requires keys, sent as `Authorization: Bearer` on lock
+    /// calls and reads (and on admin calls when no --admin-token is given).
+    #[arg(
+        long,
+        env = "FENCEGATE_API_KEY",
+        hide_env_values = true,
+        value_name = "KEY",
+        global = true
+    )]
+    pub api_key: Option<String>,
     /// How long a lock call keeps retrying when no node answers definitely (node down, no
     /// quorum) before it gives up with exit code 5. A --wait comes on top.
     #[arg(
@@ -77,6 +89,7 @@ impl ClientArgs {
         }
         let mut options = ClientOptions::default();
         options.call_timeout = self.timeout;
+        options.api_key = self.api_key.clone().or_else(|| self.admin_token.clone());
         Ok(Client::with_options(self.endpoints.clone(), options)?)
     }
 }

@@ -18,7 +18,7 @@ use crate::api::{cluster, parse_json, ApiError};
 use crate::machine::{Command, Response};
 use crate::node::Node;
 use crate::wire::{
-    validate_id, validate_resource, AddMemberRequest, AdminAddMember, AdminRemoveMember,
+    validate_id, validate_stored_name, AddMemberRequest, AdminAddMember, AdminRemoveMember,
     DrainResponse, ErrorBody, ErrorCode, ForceReleaseResponse, OperatorRequest,
     RemoveMemberRequest, SnapshotResponse,
 };
@@ -64,7 +64,7 @@ pub async fn force_release(
         &req.operator,
         Some(&resource),
     )?;
-    validate_resource(&resource).map_err(ApiError::invalid)?;
+    validate_stored_name(&resource).map_err(ApiError::invalid)?;
     let cmd = Command::ForceRelease {
         resource: resource.clone(),
         operator: req.operator.clone(),

@@ -15,8 +15,8 @@ use crate::api::ApiError;
 use crate::node::ops::AuditFilter;
 use crate::node::Node;
 use crate::wire::{
-    validate_resource, AuditTail, ClusterOverview, GrantView, HotEntry, HotResources, LeaseDetail,
-    MetricsSeries, PeerHealth, ResourceDetail, Role, WaiterView,
+    validate_stored_name, AuditTail, ClusterOverview, GrantView, HotEntry, HotResources,
+    LeaseDetail, MetricsSeries, PeerHealth, ResourceDetail, Role, WaiterView,
 };
 
 /// Most entries a hot list or an audit tail returns.
@@ -84,7 +84,8 @@ pub async fn overview(State(node): State<Arc<Node>>) -> Json<ClusterOverview> {
         status,
         peers,
         elections: node.ops.elections(),
-        actions_enabled: node.config.admin_token.is_some(),
+        // With keys on, any admin key may act, bootstrap token or not.
+        actions_enabled: node.config.admin_token.is_some() || node.auth_on(),
     })
 }
 
@@ -114,7 +115,7 @@ pub async fn resource(
 ) -> Result<Json<ResourceDetail>, ApiError> {
     let Path(resource) = resource
         .map_err(|e| ApiError::invalid(format!("Bad resource in the URL: {}.", e.body_text())))?;
-    validate_resource(&resource).map_err(ApiError::invalid)?;
+    validate_stored_name(&resource).map_err(ApiError::invalid)?;
     node.read_barrier().await?;
     let events = node.ops.hot.events(&resource);
     let detail = node.machine.read(|m| {

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{lock_held, unexpected, Audit};
+use super::{lock_held, unexpected, Audit, Scope};
 use crate::api::{parse_json, ApiError};
-use crate::machine::{Acquire, Command, Grant, Response, WaiterGone};
+use crate::machine::{Acquire, Command, Grant, Response, TenantLimitHit, WaiterGone};
 use crate::node::{Node, WaitOutcome, WaitTicket};
 use crate::wire::{AcquireRequest, AcquireResponse, ErrorCode};
 
@@ -15,21 +15,26 @@ const WAIT_SLACK: Duration = Duration::from_secs(2);
 
 pub(super) async fn acquire(
     node: &Arc<Node>,
+    scope: &Scope,
     resource: &str,
     body: &[u8],
 ) -> Result<AcquireResponse, ApiError> {
     let started = Instant::now();
     let req: AcquireRequest = parse_json(body)?;
-    let cmd = node
+    let mut cmd = node
         .acquire_command(resource, req)
         .map_err(ApiError::invalid)?;
+    cmd.tenant_limits = scope.limits;
     let waits = cmd.wait_timeout_ms > 0;
     // Subscribe before proposing so a hand-off applied before we hear back is not missed.
     let mut ticket = waits.then(|| node.waits.subscribe(resource, &cmd.request_id));
     // Armed before proposing: a caller that hangs up while the acquire is being committed
     // must not leave a waiter behind for the whole wait timeout.
     let mut guard = CancelOnDrop::arm(node, &cmd, waits);
-    let response = match node.propose(Command::Acquire(cmd.clone())).await {
+    let response = match node
+        .propose(scope.wrap(Command::Acquire(cmd.clone())))
+        .await
+    {
         Ok(r) => r,
         Err(e) => {
             // The caller hears 503 and retries with the same request_id; the waiter (if the
@@ -55,6 +60,7 @@ pub(super) async fn acquire(
              wait with wait_timeout_ms to be handed the lock as soon as they have.",
         )
         .with_retry_after(retry_after_ms)),
+        Response::TenantLimit(hit) => Err(tenant_limit(node, hit)),
         Response::TooManyWaiters => Err(ApiError::new(
             ErrorCode::TooManyWaiters,
             "The wait queue for this resource (or the node) is full; retry later.",
@@ -93,12 +99,34 @@ pub(super) async fn acquire(
         Err(e) => audit(None, None).record(node, e.code().as_str(), Some(started)),
     }
     outcome.map(|g| AcquireResponse {
-        resource: g.resource,
+        resource: scope.shown(&g.resource),
         lease_id: g.lease_id,
         fencing_token: g.fencing_token,
         ttl_ms: g.ttl_ms,
         expires_at_ms: g.expires_at_ms,
     })
+}
+
+/// An acquire beyond the tenant's bounds: counted, and a 429 with its own code.
+fn tenant_limit(node: &Node, hit: TenantLimitHit) -> ApiError {
+    let (label, code, message) = match hit {
+        TenantLimitHit::Leases => (
+            "leases",
+            ErrorCode::TenantLeaseLimit,
+            "Your tenant holds as many leases as its limit allows; release one or retry later.",
+        ),
+        TenantLimitHit::Waiters => (
+            "waiters",
+            ErrorCode::TenantWaiterLimit,
+            "Your tenant has as many waiting acquires as its limit allows; retry later or \
+             try once (wait_timeout_ms 0).",
+        ),
+    };
+    node.metrics
+        .tenant_limited
+        .with_label_values(&[label])
+        .inc();
+    ApiError::new(code, message)
 }
 
 /// Long-polls a queued acquire. If the caller goes away (the future is dropped), the guard

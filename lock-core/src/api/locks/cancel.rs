@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::unexpected;
+use super::{unexpected, Scope};
 use crate::api::{parse_json, ApiError};
 use crate::machine::{Command, Response};
 use crate::node::Node;
@@ -10,6 +10,7 @@ use crate::wire::{validate_id, CancelRequest, CancelResponse};
 
 pub(super) async fn cancel(
     node: &Arc<Node>,
+    scope: &Scope,
     resource: &str,
     body: &[u8],
 ) -> Result<CancelResponse, ApiError> {
@@ -19,7 +20,7 @@ pub(super) async fn cancel(
         resource: resource.to_string(),
         request_id: req.request_id,
     };
-    match node.propose(cmd).await? {
+    match node.propose(scope.wrap(cmd)).await? {
         Response::Cancelled(cancelled) => Ok(CancelResponse { cancelled }),
         other => Err(unexpected(other)),
     }

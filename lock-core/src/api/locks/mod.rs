@@ -21,15 +21,78 @@ use serde::Serialize;
 pub use read::{get, list};
 pub(crate) use release::wait_revoked;
 
+use super::auth::caller_of;
 use super::ApiError;
-use crate::machine::{LeaseId, Response};
+use crate::machine::{Command, LeaseId, Response, TenantLimits};
 use crate::node::ops::LockCallRecord;
-use crate::node::Node;
-use crate::wire::{validate_resource, ErrorCode, LOCK_ACTIONS};
+use crate::node::{Caller, Node};
+use crate::wire::{
+    scoped_name, split_scoped, validate_resource, ErrorCode, DEFAULT_TENANT, LOCK_ACTIONS,
+};
+
+/// The caller's namespace for one lock call. Handlers work on stored names (`tenant#name`, or
+/// the bare name in the default tenant) and show callers their own names.
+pub(crate) struct Scope {
+    tenant: String,
+    /// The API key the call was made with, checked again when its command is applied.
+    key_id: Option<String>,
+    limits: Option<TenantLimits>,
+}
+
+impl Scope {
+    /// With keys off (no caller) or the bootstrap credential: the default tenant, unbounded,
+    /// exactly as before tenants existed.
+    fn of(node: &Node, caller: Option<Caller>) -> Scope {
+        match caller {
+            Some(c) => Scope {
+                limits: Some(node.config.tenants.limits()),
+                tenant: c.tenant,
+                key_id: c.key_id,
+            },
+            None => Scope {
+                tenant: DEFAULT_TENANT.to_string(),
+                key_id: None,
+                limits: None,
+            },
+        }
+    }
+
+    fn stored(&self, name: &str) -> String {
+        scoped_name(&self.tenant, name)
+    }
+
+    fn shown(&self, stored: &str) -> String {
+        split_scoped(stored).1.to_string()
+    }
+
+    /// After a read barrier: whether the caller's key still exists in state at least as new as
+    /// the leader's commit, so a read after a committed revocation is refused on every node
+    /// (writes get the same guarantee from [`wrap`](Self::wrap)).
+    fn still_valid(&self, node: &Node) -> Result<(), ApiError> {
+        match &self.key_id {
+            Some(id) if node.machine.read(|m| m.api_key(id).is_none()) => {
+                Err(super::auth::refusal(crate::node::Denied::Invalid))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The command as made with the caller's key: not applied if the key is revoked first.
+    fn wrap(&self, cmd: Command) -> Command {
+        match &self.key_id {
+            Some(id) => Command::AsKey {
+                key_id: id.clone(),
+                cmd: Box::new(cmd),
+            },
+            None => cmd,
+        }
+    }
+}
 
 /// `POST /v1/locks/{resource}/{action}`; the resource may itself contain `/`.
 pub async fn post(
     State(node): State<Arc<Node>>,
+    caller: Option<axum::Extension<Caller>>,
     path: Result<Path<String>, PathRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<HttpResponse, ApiError> {
@@ -55,13 +118,15 @@ pub async fn post(
         )));
     }
     let started = Instant::now();
+    let scope = Scope::of(&node, caller_of(caller));
     let result = async {
         validate_resource(resource).map_err(ApiError::invalid)?;
+        let resource = &scope.stored(resource);
         match action {
-            "acquire" => json(acquire::acquire(&node, resource, &body).await),
-            "renew" => json(renew::renew(&node, resource, &body).await),
-            "release" => json(release::release(&node, resource, &body).await),
-            _ => json(cancel::cancel(&node, resource, &body).await),
+            "acquire" => json(acquire::acquire(&node, &scope, resource, &body).await),
+            "renew" => json(renew::renew(&node, &scope, resource, &body).await),
+            "release" => json(release::release(&node, &scope, resource, &body).await),
+            _ => json(cancel::cancel(&node, &scope, resource, &body).await),
         }
     }
     .await;
@@ -150,6 +215,10 @@ fn lock_held(retry_after_ms: u64, message: &str) -> ApiError {
 }
 
 fn unexpected(resp: Response) -> ApiError {
+    if resp == Response::KeyRefused {
+        // The key was revoked between the check at the door and the apply.
+        return super::auth::refusal(crate::node::Denied::Invalid);
+    }
     ApiError::new(
         ErrorCode::Internal,
         format!("Unexpected state machine response {resp:?}; this is a bug, please report it."),

@@ -9,14 +9,17 @@ use axum::extract::{Path, Query, State};
 use axum::Json;
 use serde::Deserialize;
 
-use super::{path_param, record};
+use super::{path_param, record, Scope};
+use crate::api::auth::caller_of;
 use crate::api::ApiError;
+use crate::node::Caller;
 use crate::node::Node;
 use crate::wire::{validate_resource, ErrorCode, LockList, LockView, LOCK_ACTIONS, MAX_LIST_LIMIT};
 
 /// `GET /v1/locks/{resource}`.
 pub async fn get(
     State(node): State<Arc<Node>>,
+    caller: Option<axum::Extension<Caller>>,
     resource: Result<Path<String>, PathRejection>,
 ) -> Result<Json<LockView>, ApiError> {
     let resource = path_param(resource)?;
@@ -31,8 +34,13 @@ pub async fn get(
     let started = Instant::now();
     let result = async {
         validate_resource(&resource).map_err(ApiError::invalid)?;
+        let scope = Scope::of(&node, caller_of(caller));
+        let stored = scope.stored(&resource);
         node.read_barrier().await?;
-        Ok(node.machine.read(|m| m.view(&resource, m.now_ms())))
+        scope.still_valid(&node)?;
+        let mut view = node.machine.read(|m| m.view(&stored, m.now_ms()));
+        view.resource = resource.clone();
+        Ok(view)
     }
     .await;
     record(&node, "get", started, result.as_ref().err());
@@ -52,6 +60,7 @@ pub struct ListQuery {
 /// at a time.
 pub async fn list(
     State(node): State<Arc<Node>>,
+    caller: Option<axum::Extension<Caller>>,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<LockList>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::invalid(format!("Bad query: {e}.")))?;
@@ -61,9 +70,12 @@ pub async fn list(
             "limit must be 1–{MAX_LIST_LIMIT}."
         )));
     }
+    let scope = Scope::of(&node, caller_of(caller));
     node.read_barrier().await?;
+    scope.still_valid(&node)?;
+    let tenant = scope.tenant;
     let (locks, next_after, now_ms) = node.machine.read(|m| {
-        let (page, next) = m.list_after(&q.prefix, q.after.as_deref(), limit, m.now_ms());
+        let (page, next) = m.list_tenant(&tenant, &q.prefix, q.after.as_deref(), limit, m.now_ms());
         (page, next, m.now_ms())
     });
     Ok(Json(LockList {

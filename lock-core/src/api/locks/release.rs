@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{lease_facts, required_lease, unexpected, Audit};
+use super::{lease_facts, required_lease, unexpected, Audit, Scope};
 use crate::api::{parse_json, ApiError};
 use crate::machine::{Command, Response};
 use crate::node::Node;
@@ -49,6 +49,7 @@ pub(crate) async fn wait_revoked(node: &Node, resource: &str) {
 
 pub(super) async fn release(
     node: &Arc<Node>,
+    scope: &Scope,
     resource: &str,
     body: &[u8],
 ) -> Result<ReleaseResponse, ApiError> {
@@ -60,7 +61,7 @@ pub(super) async fn release(
     };
     // Read before the release: afterwards the lease (and its holder's name) is gone.
     let (caller, token) = lease_facts(node, resource, &lease_id).await;
-    match node.propose(cmd).await? {
+    match node.propose(scope.wrap(cmd)).await? {
         Response::Released(released) => {
             Audit {
                 op: "release",

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{lease_facts, required_lease, unexpected, Audit};
+use super::{lease_facts, required_lease, unexpected, Audit, Scope};
 use crate::api::{parse_json, ApiError};
 use crate::machine::{Command, Response};
 use crate::node::Node;
@@ -10,6 +10,7 @@ use crate::wire::{ErrorCode, LeaseRequest, RenewResponse};
 
 pub(super) async fn renew(
     node: &Arc<Node>,
+    scope: &Scope,
     resource: &str,
     body: &[u8],
 ) -> Result<RenewResponse, ApiError> {
@@ -27,7 +28,7 @@ pub(super) async fn renew(
         token,
         caller: caller.clone(),
     };
-    match node.propose(cmd).await? {
+    match node.propose(scope.wrap(cmd)).await? {
         Response::Renewed(g) => {
             audit(Some(g.fencing_token)).record(node, "renewed", None);
             Ok(RenewResponse {

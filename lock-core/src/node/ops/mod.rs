@@ -146,6 +146,27 @@ impl super::Node {
         );
     }
 
+    /// Audits a call refused by authentication or a role check. Not fsynced per line, unlike
+    /// operator actions: anyone who reaches the port can send refused calls, and a sync for
+    /// each would let them load the disk at will. `caller` names the key by id or digest
+    /// prefix.
+    pub fn record_denial(&self, reason: &str, caller: Option<String>, detail: String) {
+        self.ops.audit.record(
+            AuditEntry {
+                time_ms: self.now_ms(),
+                node_id: self.id,
+                op: "denied".to_string(),
+                resource: None,
+                lease_digest: None,
+                token: None,
+                caller,
+                outcome: reason.to_string(),
+                detail: Some(detail),
+            },
+            false,
+        );
+    }
+
     /// Counts a fencing proxy's admission decision made through this node.
     pub fn record_fence_decision(&self, resource: &str, token: u64, outcome: &AdmitOutcome) {
         let outcome = match outcome {

@@ -1,0 +1,86 @@
+//! Tenant namespaces: a key of one tenant neither sees nor touches another tenant's locks,
+//! whatever names it guesses; the same name in two tenants is two independent locks, and
+//! fencing tokens stay globally monotonic across tenants.
+
+use lock_core::node::TenantPolicy;
+use lock_core::testkit::phase;
+use lock_core::wire::ResourceDetail;
+
+use super::support::{two_tenants, As, ADMIN_TOKEN};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tenants_neither_see_nor_touch_each_others_locks() {
+    let (cluster, leader, a_key, b_key) = two_tenants(TenantPolicy::default()).await;
+    let follower = cluster.followers(leader)[0];
+    let admin = As::key(&cluster, ADMIN_TOKEN);
+    let a = As::key(&cluster, &a_key.key);
+    let b = As::key(&cluster, &b_key.key);
+
+    phase("A takes orders/1; B does not see it, by name or by listing");
+    let a_lease = a.granted(leader, "orders/1", "a1").await;
+    assert_eq!(a_lease.resource, "orders/1", "callers see their own names");
+    let seen_by_b = b.view(follower, "orders/1").await;
+    assert!(!seen_by_b.held && seen_by_b.fencing_token.is_none() && seen_by_b.holder.is_none());
+    assert!(b.list(follower, "").await.locks.is_empty());
+    assert!(b.list(follower, "orders").await.locks.is_empty());
+
+    phase("B's own orders/1 is another lock: granted, with a newer token (invariant 2)");
+    let b_lease = b.granted(follower, "orders/1", "b1").await;
+    assert!(b_lease.fencing_token > a_lease.fencing_token);
+    let default_lease = admin.granted(leader, "orders/1", "d1").await;
+    assert!(default_lease.fencing_token > b_lease.fencing_token);
+
+    phase("B cannot renew or release A's lease, even holding its lease id (invariant 4)");
+    b.renew(follower, "orders/1", &a_lease)
+        .await
+        .refused(409, "lease_lost");
+    assert!(!b.release(follower, "orders/1", &a_lease).await);
+    let mine = a.view(leader, "orders/1").await;
+    assert!(mine.held);
+    assert_eq!(mine.fencing_token, Some(a_lease.fencing_token));
+
+    phase("names that would reach another namespace are refused");
+    for forged in ["tenant-a%23orders/1", "tenant-a#orders/1"] {
+        let r = b.acquire(follower, forged, "forge").await;
+        assert!(
+            matches!(r.status, 400 | 404),
+            "{forged}: {} {}",
+            r.status,
+            r.text
+        );
+    }
+    b.get(follower, "/v1/locks/tenant-a%23orders/1")
+        .await
+        .refused(400, "invalid_request");
+
+    phase("listings show each tenant its own names only");
+    let a_list = a.list(leader, "").await;
+    let names: Vec<&str> = a_list.locks.iter().map(|l| l.resource.as_str()).collect();
+    assert_eq!(names, ["orders/1"]);
+    let default_list = admin.list(leader, "").await;
+    let names: Vec<&str> = default_list
+        .locks
+        .iter()
+        .map(|l| l.resource.as_str())
+        .collect();
+    assert_eq!(names, ["orders/1"], "the default tenant sees only its own");
+    assert_eq!(
+        default_list.locks[0].fencing_token,
+        Some(default_lease.fencing_token)
+    );
+
+    phase("an operator sees every tenant's resource by its stored name");
+    let detail: ResourceDetail = admin
+        .get(leader, "/v1/admin/resources/tenant-a%23orders/1")
+        .await
+        .ok();
+    assert_eq!(
+        detail.lease.map(|l| l.fencing_token),
+        Some(a_lease.fencing_token)
+    );
+
+    phase("A releases its own; B's and the default tenant's locks are untouched");
+    assert!(a.release(leader, "orders/1", &a_lease).await);
+    assert!(b.view(leader, "orders/1").await.held);
+    assert!(admin.view(leader, "orders/1").await.held);
+}
