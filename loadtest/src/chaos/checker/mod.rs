@@ -97,7 +97,7 @@ mod tests {
             .collect();
         assert_eq!(
             violations,
-            vec![0, 0, 0, 1, 0, 0, 0],
+            vec![0, 0, 0, 1, 0, 0, 0, 0],
             "no final read recorded"
         );
     }
