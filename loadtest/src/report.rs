@@ -192,6 +192,8 @@ pub struct Summary {
     pub events: Vec<Event>,
     pub leader_kill: Option<LeaderKillReport>,
     pub ramp: Option<RampReport>,
+    /// `replica-down`: the stopped follower, restarted after the run, catching up.
+    pub catch_up: Option<crate::scenario::CatchUp>,
     pub node_failures: Vec<String>,
     pub warnings: Vec<String>,
 }

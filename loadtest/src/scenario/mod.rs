@@ -18,6 +18,8 @@ mod steady;
 mod summary;
 mod system;
 
+pub use replica_down::CatchUp;
+
 use std::path::Path;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -86,8 +88,11 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
 
     let mut client_bases = sut.bases.clone();
     let mut events = Vec::new();
+    let mut stopped = None;
     if scenario == Scenario::ReplicaDown {
-        events.push(replica_down::stop_one(&sut, &http, &mut client_bases).await?);
+        let (event, idx) = replica_down::stop_one(&sut, &http, &mut client_bases).await?;
+        events.push(event);
+        stopped = Some(idx);
     }
     let leader_hint = Arc::new(AtomicUsize::new(0));
     let backend = sut.client(&w, &http, &client_bases, &leader_hint).await?;
@@ -127,6 +132,30 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
 
     // ---- after the run ----
     let node_failures = sut.crashed();
+    let catch_up = match stopped {
+        Some(idx) if sut.local.is_some() => {
+            match replica_down::restart_and_catch_up(&sut, &http, idx).await {
+                Ok(c) => {
+                    eprintln!(
+                        "node {} restarted: answering after {:.2} s, caught up with index {} \
+                         ({} resources, {} dedup records) after {:.2} s",
+                        c.node_id,
+                        c.start_s,
+                        c.target_index,
+                        c.resources_on_leader,
+                        c.dedup_records_on_leader,
+                        c.caught_up_s
+                    );
+                    Some(c)
+                }
+                Err(e) => {
+                    warnings.push(format!("catch-up after the run: {e:#}"));
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     let invariants = ledger.report();
     let server_token_consistent = sut
         .last_token(&http)
@@ -164,6 +193,7 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         events: rec.events(),
         leader_kill,
         ramp,
+        catch_up,
         node_failures,
         warnings,
     };
