@@ -58,6 +58,34 @@ impl LockMachine {
         }
     }
 
+    /// Moves every dedup record and idle resource record still kept at `prev` later by `by`
+    /// ms. Only a forward jump of log time at a leader change calls for it (with stamps
+    /// anchored to the log, a new leader's first stamp is the log time itself, so `by` is
+    /// normally 0 and this costs nothing).
+    pub(super) fn shift_retention(&mut self, prev: u64, by: u64) {
+        if by == 0 {
+            return;
+        }
+        let kept: Vec<(u64, String, String)> = self
+            .dedup_expiry
+            .range((prev.saturating_add(1), String::new(), String::new())..)
+            .cloned()
+            .collect();
+        for (exp, res, rid) in kept {
+            self.dedup_expiry.remove(&(exp, res.clone(), rid.clone()));
+            let moved = exp.saturating_add(by);
+            self.dedup_expiry.insert((moved, res.clone(), rid.clone()));
+            if let Some(rec) = self.dedup.get_mut(&(res, rid)) {
+                rec.expires_at_ms = moved;
+            }
+        }
+        for (res, until) in shift_index(&mut self.idle_expiry, prev, by) {
+            if let Some(r) = self.resources.get_mut(&res) {
+                r.idle_until_ms = Some(until);
+            }
+        }
+    }
+
     pub(super) fn remove_waiter(&mut self, resource: &str, request_id: &str) {
         let Some(res) = self.resources.get_mut(resource) else {
             return;

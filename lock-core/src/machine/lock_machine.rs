@@ -15,6 +15,8 @@
 //! leader's first one (never negative) plus the stamped grace. A lease therefore keeps its
 //! remaining time as of the last committed stamp, the election is not charged to it, and clock
 //! offset between the two leaders cancels out. Never a reset to full TTL, never shorter.
+//! Dedup records and idle resource records are moved by the same jump (without the grace),
+//! so a jump of log time at a leader change never eats into the retry window either.
 
 // Persistent (structurally shared) collections: cloning the whole machine is O(1), so a
 // snapshot copies it under the lock in constant time and serialises outside the lock.
@@ -118,7 +120,12 @@ impl LockMachine {
         if term > self.term {
             // Skip the shift on the very first command ever (term 0 -> n): nothing to honour.
             if self.term != 0 || prev != 0 {
-                self.shift_live_deadlines(prev, (now - prev).saturating_add(grace_ms));
+                let jump = now - prev;
+                self.shift_live_deadlines(prev, jump.saturating_add(grace_ms));
+                // Retention is not charged with the jump either: a record kept for the retry
+                // window keeps it in log time that actually elapsed within terms. No grace:
+                // the election pause already runs in the record's favour.
+                self.shift_retention(prev, jump);
             }
             self.term = term;
         }

@@ -23,6 +23,7 @@ mod list;
 mod quota;
 mod release;
 mod renew;
+mod retention;
 mod retry;
 mod revocation;
 mod tick;

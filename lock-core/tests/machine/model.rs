@@ -80,6 +80,17 @@ impl Model {
                     if let Some(at) = r.reissue_at.as_mut().filter(|at| **at > prev) {
                         *at += by;
                     }
+                    // Retention (idle records, dedup records) is moved by the jump only.
+                    if let Some(u) = r.idle_until.as_mut().filter(|u| **u > prev) {
+                        *u += now - prev;
+                    }
+                }
+                for d in self.dedup.values_mut() {
+                    if let MDedup::Granted { expires, .. } = d {
+                        if *expires > prev {
+                            *expires += now - prev;
+                        }
+                    }
                 }
             }
             self.term = term;
