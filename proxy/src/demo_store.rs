@@ -28,6 +28,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use lock_core::node::HttpLimits;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -86,9 +87,18 @@ pub async fn serve(
         .route("/holds/{name}/release", post(release_hold))
         .route("/limited/{key}", get(limited).put(limited).post(limited))
         .with_state(Shared::default());
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    lock_core::api::listen::serve(listener, app, &limits(), None, shutdown).await
+}
+
+/// The demo store's listener limits: the public API's, with room for larger values, and idle
+/// keep-alive connections kept a minute so the proxies' pooled upstream connections are rarely
+/// closed under them.
+pub fn limits() -> HttpLimits {
+    HttpLimits {
+        max_body_bytes: 1 << 20,
+        header_timeout_ms: 60_000,
+        ..HttpLimits::default()
+    }
 }
 
 fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Store> {

@@ -63,6 +63,15 @@ struct NodeFileConfig {
     policy: Option<node::Policy>,
     #[serde(default)]
     enable_fault_injection: bool,
+    /// Limits of the public API's listener (`[node.limits]`).
+    #[serde(default)]
+    limits: Option<node::HttpLimits>,
+    /// Limits of the peer port's listener (`[node.peer_limits]`).
+    #[serde(default)]
+    peer_limits: Option<node::HttpLimits>,
+    /// Serve the public API over TLS (`[node.tls]`: `cert_file`, `key_file`).
+    #[serde(default)]
+    tls: Option<node::TlsFiles>,
 }
 
 /// A parsed, checked config file.
@@ -93,6 +102,17 @@ fn parse(text: &str) -> anyhow::Result<Loaded> {
     config.advertise_peer_addr = file.node.advertise_peer_addr;
     config.policy = file.node.policy.unwrap_or_default();
     config.enable_fault_injection = file.node.enable_fault_injection;
+    if let Some(limits) = file.node.limits {
+        limits.validate("node.limits").map_err(anyhow::Error::msg)?;
+        config.limits = limits;
+    }
+    if let Some(limits) = file.node.peer_limits {
+        limits
+            .validate("node.peer_limits")
+            .map_err(anyhow::Error::msg)?;
+        config.peer_limits = limits;
+    }
+    config.tls = file.node.tls;
     if let Some(p) = &file.proxy {
         p.validate().map_err(anyhow::Error::msg)?;
     }

@@ -9,6 +9,7 @@
 mod admin;
 mod cluster;
 mod error;
+pub mod listen;
 mod locks;
 mod peer_auth;
 mod raft_rpc;
@@ -28,16 +29,17 @@ use crate::net::PeerSecret;
 use crate::node::Node;
 use crate::wire::ErrorCode;
 
-/// Serves the public API of `node` on `listener` until `shutdown` completes; then stops
-/// accepting and lets in-flight calls finish.
+/// Serves the public API of `node` on `listener` (over TLS with `tls`, see
+/// [`listen::tls_acceptor`]) under the node's listener limits until `shutdown` completes; then
+/// stops accepting and lets in-flight calls finish.
 pub async fn serve(
     node: Arc<Node>,
     listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(node))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let limits = node.config.limits.clone();
+    listen::serve(listener, router(node), &limits, tls, shutdown).await
 }
 
 /// Serves the node-to-node calls of `node` on `listener`, to peers that prove they hold
@@ -48,9 +50,8 @@ pub async fn serve_peers(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, peer_router(node, secret))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let limits = node.config.peer_limits.clone();
+    listen::serve(listener, peer_router(node, secret), &limits, None, shutdown).await
 }
 
 /// The public routes of a node: the lock API, cluster status and health, metrics and the

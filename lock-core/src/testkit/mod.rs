@@ -13,6 +13,7 @@
 mod api_client;
 mod bulk;
 mod cluster;
+pub mod raw_http;
 mod relay;
 mod wait;
 

@@ -127,6 +127,8 @@ error_codes! {
     /// Fencing proxy: the tenant's rate limit is used up here; retry after `Retry-After` when
     /// the answer has one.
     RateLimited = ("rate_limited", 429),
+    /// The client did not send its whole request body in time (see the listener limits).
+    RequestTimeout = ("request_timeout", 408),
 }
 
 impl fmt::Display for ErrorCode {

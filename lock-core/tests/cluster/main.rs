@@ -15,4 +15,5 @@
 mod api;
 mod client;
 mod faults;
+mod listeners;
 mod replication;
