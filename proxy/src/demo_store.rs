@@ -87,7 +87,9 @@ pub async fn serve(
         .route("/holds/{name}/release", post(release_hold))
         .route("/limited/{key}", get(limited).put(limited).post(limited))
         .with_state(Shared::default());
-    lock_core::api::listen::serve(listener, app, &limits(), None, shutdown).await
+    let limits = limits();
+    let app = lock_core::api::listen::limit_bodies(app, &limits);
+    lock_core::api::listen::serve(listener, app, &limits, None, shutdown).await
 }
 
 /// The demo store's listener limits: the public API's, with room for larger values, and idle

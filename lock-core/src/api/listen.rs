@@ -14,7 +14,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::header::CONTENT_LENGTH;
 use axum::middleware::{self, Next};
@@ -66,8 +66,11 @@ pub fn tls_acceptor(files: &TlsFiles) -> io::Result<TlsAcceptor> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-/// Serves `router` on `listener` under `limits` (over TLS with `tls`) until `shutdown`
-/// completes; then stops accepting and lets the connections in flight finish their calls.
+/// Serves `router` on `listener` under the connection and header limits of `limits` (over TLS
+/// with `tls`) until `shutdown` completes; then stops accepting and lets the connections in
+/// flight finish their calls. Body limits are the router's (see [`limit_bodies`]), so that a
+/// gate in front of them (the peer port's authentication) can refuse a request before its body
+/// is read.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -75,10 +78,6 @@ pub async fn serve(
     tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
-    let router = router.layer(middleware::from_fn_with_state(
-        BodyLimits::from(limits),
-        read_body,
-    ));
     let header_timeout = Duration::from_millis(limits.header_timeout_ms);
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -137,8 +136,17 @@ pub async fn serve(
     Ok(())
 }
 
-#[derive(Clone, Copy)]
-struct BodyLimits {
+/// `router` with every request body read under the body limits of `limits` before a handler
+/// runs.
+pub fn limit_bodies(router: Router, limits: &HttpLimits) -> Router {
+    router.layer(middleware::from_fn_with_state(
+        BodyLimits::from(limits),
+        read_body,
+    ))
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BodyLimits {
     max_bytes: usize,
     timeout: Duration,
 }
@@ -156,6 +164,22 @@ impl From<&HttpLimits> for BodyLimits {
 /// ever waits on a slow client or holds more than `max_bytes` of one.
 async fn read_body(State(limits): State<BodyLimits>, req: Request, next: Next) -> Response {
     let (parts, body) = req.into_parts();
+    match read_limited(&parts, body, limits).await {
+        Ok(bytes) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Err(refused) => refused,
+    }
+}
+
+/// The whole body of a request with head `parts`, or the error answer: 413 when it is (or is
+/// announced to be) larger than the limit, 408 when it does not arrive in time.
+pub(crate) async fn read_limited(
+    parts: &axum::http::request::Parts,
+    body: Body,
+    limits: BodyLimits,
+) -> Result<Bytes, Response> {
     let too_large = || {
         ApiError::new(
             ErrorCode::PayloadTooLarge,
@@ -172,26 +196,20 @@ async fn read_body(State(limits): State<BodyLimits>, req: Request, next: Next) -
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limits.max_bytes as u64) {
-        return too_large();
+        return Err(too_large());
     }
     let read = Limited::new(body, limits.max_bytes).collect();
-    let bytes = match tokio::time::timeout(limits.timeout, read).await {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => return too_large(),
-        Ok(Err(_)) => {
-            return ApiError::invalid("The request body could not be read.").into_response()
-        }
-        Err(_) => {
-            return ApiError::new(
-                ErrorCode::RequestTimeout,
-                format!(
-                    "The request body did not arrive within {} ms; send it at once.",
-                    limits.timeout.as_millis()
-                ),
-            )
-            .into_response()
-        }
-    };
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
+    match tokio::time::timeout(limits.timeout, read).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+        Ok(Err(_)) => Err(ApiError::invalid("The request body could not be read.").into_response()),
+        Err(_) => Err(ApiError::new(
+            ErrorCode::RequestTimeout,
+            format!(
+                "The request body did not arrive within {} ms; send it at once.",
+                limits.timeout.as_millis()
+            ),
+        )
+        .into_response()),
+    }
 }

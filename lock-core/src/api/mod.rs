@@ -39,7 +39,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let limits = node.config.limits.clone();
-    listen::serve(listener, router(node), &limits, tls, shutdown).await
+    let router = listen::limit_bodies(router(node), &limits);
+    listen::serve(listener, router, &limits, tls, shutdown).await
 }
 
 /// Serves the node-to-node calls of `node` on `listener`, to peers that prove they hold
@@ -107,9 +108,10 @@ pub fn peer_router(node: Arc<Node>, secret: PeerSecret) -> Router {
         .route("/internal/propose", post(raft_rpc::propose))
         .route("/internal/read_index", post(raft_rpc::read_index))
         .fallback(|| async { ApiError::not_found("No such peer endpoint.") })
-        .layer(DefaultBodyLimit::max(raft_rpc::PEER_BODY_LIMIT))
+        // The gate below reads each body under the peer listener's limits first.
+        .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(
-            Arc::new(secret),
+            Arc::new(peer_auth::PeerGate::new(secret, &node.config.peer_limits)),
             peer_auth::authenticate,
         ))
         .with_state(node)
@@ -138,7 +140,7 @@ mod fuzz {
     use crate::wire::{AcquireRequest, CancelRequest, LeaseRequest};
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(2_000))]
+        #![proptest_config(ProptestConfig::with_cases(crate::testkit::fuzz_cases(2_000)))]
 
         #[test]
         fn any_body_parses_or_is_a_400(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {

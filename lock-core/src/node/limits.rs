@@ -43,8 +43,9 @@ impl Default for HttpLimits {
 }
 
 impl HttpLimits {
-    /// The peer port's limits: appends and snapshot chunks are large (up to 64 MiB), and peers
-    /// keep pooled connections open between heartbeats.
+    /// The peer port's limits. A snapshot chunk is at most 1 MiB plus its header and an append
+    /// carries a bounded number of entries; 64 MiB leaves room for both while still refusing a
+    /// runaway body. Peers keep pooled connections open between heartbeats.
     pub fn peer() -> Self {
         HttpLimits {
             max_body_bytes: 64 << 20,
