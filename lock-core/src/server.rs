@@ -43,6 +43,12 @@ pub async fn start(
     let addr = listener.local_addr()?;
     let peer_addr = peer_listener.local_addr()?;
     let secret = config.require_peer_secret()?;
+    // A certificate that cannot be loaded stops the start, before anything is opened.
+    let tls = config
+        .tls
+        .as_ref()
+        .map(api::listen::tls_acceptor)
+        .transpose()?;
     let running = node::start(config, addr, peer_addr).await?;
     let node = running.node.clone();
     let (stop_tx, stop_rx) = oneshot::channel();
@@ -66,7 +72,7 @@ pub async fn start(
     let server = tokio::spawn(async move {
         let served = async {
             let (public, peers) = tokio::join!(
-                api::serve(api_node.clone(), listener, stop),
+                api::serve(api_node.clone(), listener, tls, stop),
                 api::serve_peers(api_node, secret, peer_listener, peer_stop),
             );
             for (what, served) in [("API", public), ("peer", peers)] {

@@ -1,6 +1,7 @@
 //! Proxy configuration (the `[proxy]` table of a node's config file).
 
 use lock_core::machine::{QuotaPolicy, QuotaSpec};
+use lock_core::node::TlsFiles;
 use serde::{Deserialize, Serialize};
 
 use crate::idempotency::{IdempotencyMode, IdempotencyOptions};
@@ -36,6 +37,9 @@ pub struct ProxyConfig {
     /// harness uses it to show that its quota check can fail. Never enable in production.
     #[serde(default)]
     pub unsafe_refill_on_renew: bool,
+    /// Serve the proxy over TLS with this certificate (`[proxy.tls]`; plain HTTP without).
+    #[serde(default)]
+    pub tls: Option<TlsFiles>,
 }
 
 /// Longest admission grant: how long a release waits at most for a proxy that cannot confirm
@@ -63,6 +67,7 @@ impl ProxyConfig {
             unsafe_no_fencing: false,
             unsafe_no_idempotency: false,
             unsafe_refill_on_renew: false,
+            tls: None,
             routes: vec![
                 RouteConfig::new("/kv/{key}", "kv:{key}", &demo_store),
                 RouteConfig {
@@ -142,5 +147,78 @@ impl ProxyConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// A `[proxy]` table from a config file — arbitrary text, or TOML assembled from the real keys
+/// with arbitrary values — parses and validates to a usable config or to an error, never a
+/// panic.
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::route::Routes;
+
+    /// Parses, validates and compiles the routes, as a node's start does.
+    fn load(text: &str) {
+        if let Ok(config) = toml::from_str::<ProxyConfig>(text) {
+            if config.validate().is_ok() {
+                let _ = Routes::new(config.routes);
+            }
+        }
+    }
+
+    fn value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<i64>().prop_map(|n| n.to_string()),
+            "[ -~]{0,12}".prop_map(|s| format!("{s:?}")),
+            Just("true".to_string()),
+            Just("[]".to_string()),
+            Just("[\"GET\", \"PUT\"]".to_string()),
+            Just("{}".to_string()),
+        ]
+    }
+
+    fn line() -> impl Strategy<Value = String> {
+        let key = prop_oneof![
+            Just("listen"),
+            Just("grant_ms"),
+            Just("unsafe_no_fencing"),
+            Just("path"),
+            Just("resource"),
+            Just("upstream"),
+            Just("upstream_timeout_ms"),
+            Just("protected_methods"),
+            Just("idempotency"),
+            Just("tenant_header"),
+            Just("quota"),
+            Just("cost"),
+            Just("name"),
+            Just("rate_per_s"),
+            Just("burst"),
+            Just("policy"),
+            Just("lease_ms"),
+        ];
+        prop_oneof![
+            (key, value()).prop_map(|(k, v)| format!("{k} = {v}")),
+            Just("[[routes]]".to_string()),
+            Just("[[quotas]]".to_string()),
+            Just("[tls]".to_string()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(lock_core::testkit::fuzz_cases(1_000)))]
+
+        #[test]
+        fn any_text_is_a_config_or_an_error(text in "\\PC{0,200}") {
+            load(&text);
+        }
+
+        #[test]
+        fn toml_from_real_keys_is_a_config_or_an_error(lines in proptest::collection::vec(line(), 0..16)) {
+            load(&format!("listen = \"127.0.0.1:0\"\n{}", lines.join("\n")));
+        }
     }
 }

@@ -34,6 +34,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use lock_core::node::HttpLimits;
 use lock_core::wire::{LimitedLogEntry, Order};
 use serde::Serialize;
 use tokio::net::TcpListener;
@@ -143,9 +144,20 @@ pub async fn serve(
         // The proxy benchmark's upstream: reads the body, answers 200, keeps nothing.
         .route("/sink/{*path}", post(sink).put(sink))
         .with_state(Shared::default());
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let limits = limits();
+    let app = lock_core::api::listen::limit_bodies(app, &limits);
+    lock_core::api::listen::serve(listener, app, &limits, None, shutdown).await
+}
+
+/// The demo store's listener limits: the public API's, with room for larger values, and idle
+/// keep-alive connections kept a minute so the proxies' pooled upstream connections are rarely
+/// closed under them.
+pub fn limits() -> HttpLimits {
+    HttpLimits {
+        max_body_bytes: 1 << 20,
+        header_timeout_ms: 60_000,
+        ..HttpLimits::default()
+    }
 }
 
 fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Store> {

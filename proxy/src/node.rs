@@ -77,6 +77,15 @@ struct NodeFileConfig {
     /// Per-tenant bounds with auth on: `max_leases`, `max_waiters`, `rate_per_s`, `burst`.
     #[serde(default)]
     tenants: Option<TenantPolicy>,
+    /// Limits of the public API's listener (`[node.limits]`).
+    #[serde(default)]
+    limits: Option<node::HttpLimits>,
+    /// Limits of the peer port's listener (`[node.peer_limits]`).
+    #[serde(default)]
+    peer_limits: Option<node::HttpLimits>,
+    /// Serve the public API over TLS (`[node.tls]`: `cert_file`, `key_file`).
+    #[serde(default)]
+    tls: Option<node::TlsFiles>,
 }
 
 /// A parsed, checked config file.
@@ -122,6 +131,17 @@ fn parse(text: &str) -> anyhow::Result<Loaded> {
         );
     }
     config.tenants = file.node.tenants.unwrap_or_default();
+    if let Some(limits) = file.node.limits {
+        limits.validate("node.limits").map_err(anyhow::Error::msg)?;
+        config.limits = limits;
+    }
+    if let Some(limits) = file.node.peer_limits {
+        limits
+            .validate("node.peer_limits")
+            .map_err(anyhow::Error::msg)?;
+        config.peer_limits = limits;
+    }
+    config.tls = file.node.tls;
     if let Some(p) = &file.proxy {
         p.validate().map_err(anyhow::Error::msg)?;
     }
@@ -290,5 +310,71 @@ mod tests {
         assert!(parse(&format!("{base}auth = \"maybe\"\n")).is_err());
         let short = format!("{base}auth = \"on\"\nadmin_token = \"short\"\n");
         assert!(parse(&short).is_err());
+    }
+
+    mod fuzz {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn value() -> impl Strategy<Value = String> {
+            prop_oneof![
+                any::<i64>().prop_map(|n| n.to_string()),
+                "[ -~]{0,24}".prop_map(|s| format!("{s:?}")),
+                Just("\"0123456789abcdef0123\"".to_string()),
+                Just("true".to_string()),
+                Just("{}".to_string()),
+                Just("{ api = \"h:1\", peer = \"h:2\" }".to_string()),
+            ]
+        }
+
+        fn line() -> impl Strategy<Value = String> {
+            let key = prop_oneof![
+                Just("listen"),
+                Just("peer_listen"),
+                Just("id"),
+                Just("data_dir"),
+                Just("peer_secret"),
+                Just("advertise_addr"),
+                Just("initial_members"),
+                Just("enable_fault_injection"),
+                Just("min_ttl_ms"),
+                Just("max_ttl_ms"),
+                Just("failover_grace_ms"),
+                Just("max_body_bytes"),
+                Just("max_header_bytes"),
+                Just("header_timeout_ms"),
+                Just("max_connections"),
+                Just("cert_file"),
+            ];
+            prop_oneof![
+                4 => (key, value()).prop_map(|(k, v)| format!("{k} = {v}")),
+                1 => prop_oneof![
+                    Just("[node]"),
+                    Just("[node.policy]"),
+                    Just("[node.limits]"),
+                    Just("[node.peer_limits]"),
+                    Just("[node.tls]"),
+                    Just("[proxy]"),
+                ]
+                .prop_map(str::to_string),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(lock_core::testkit::fuzz_cases(1_000)))]
+
+            /// A node's config file — any text, or TOML made of the real keys with arbitrary
+            /// values — loads or is refused with an error, never a panic.
+            #[test]
+            fn any_config_text_loads_or_is_refused(text in "\\PC{0,200}") {
+                let _ = parse(&text);
+            }
+
+            #[test]
+            fn toml_from_real_keys_loads_or_is_refused(lines in proptest::collection::vec(line(), 0..20)) {
+                let _ = parse(&lines.join("\n"));
+            }
+        }
     }
 }

@@ -402,7 +402,7 @@ mod fuzz {
     use crate::config::ProxyConfig;
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(3_000))]
+        #![proptest_config(ProptestConfig::with_cases(lock_core::testkit::fuzz_cases(3_000)))]
 
         #[test]
         fn any_path_is_matched_or_refused_without_panic(path in "[/a-zA-Z0-9.%:_\\\\-]{0,40}") {
@@ -417,6 +417,23 @@ mod fuzz {
                 if let Some(m) = matched {
                     prop_assert!(!m.resource.contains(".."), "{}", m.resource);
                 }
+            }
+        }
+
+        /// Any route table from a config file compiles or is refused with an error, and a
+        /// compiled one matches any path (including raw bytes) or not — never a panic — and
+        /// derives the same resource every time.
+        #[test]
+        fn any_route_config_compiles_or_is_refused(
+            template in "[/a-z{}*.%:]{0,24}",
+            resource in "[a-z{}:/.*]{0,16}",
+            path in proptest::collection::vec(any::<u8>(), 0..48),
+        ) {
+            let config = RouteConfig::new(&template, &resource, "127.0.0.1:9");
+            if let Ok(routes) = Routes::new(vec![config]) {
+                let path = String::from_utf8_lossy(&path);
+                let first = routes.find(&path).map(|m| m.resource);
+                prop_assert_eq!(first, routes.find(&path).map(|m| m.resource));
             }
         }
     }

@@ -83,7 +83,23 @@ pub fn start(
     let mut service = pingora::proxy::http_proxy_service(&server_conf, proxy);
     let addr = listener.local_addr()?.to_string();
     listener.set_nonblocking(true)?;
-    service.add_tcp(&addr);
+    match &config.tls {
+        None => service.add_tcp(&addr),
+        Some(tls) => {
+            let path = |p: &std::path::Path| p.to_str().map(str::to_string);
+            let (Some(cert), Some(key)) = (path(&tls.cert_file), path(&tls.key_file)) else {
+                return Err(ProxyError::Config(
+                    "proxy.tls paths must be valid UTF-8".to_string(),
+                ));
+            };
+            // pingora reads the files here: a missing or unusable one stops the start.
+            service.add_tls(&addr, &cert, &key).map_err(|e| {
+                ProxyError::Config(format!(
+                    "proxy.tls: cannot use certificate {cert} with key {key}: {e}"
+                ))
+            })?;
+        }
+    }
     // Hand pingora the socket we bound instead of letting it bind the address itself.
     let mut fds = Fds::new();
     fds.add(addr, listener.into_raw_fd());

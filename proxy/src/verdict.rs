@@ -188,7 +188,11 @@ pub fn grant_from_outcome(
     match outcome {
         AdmitOutcome::Admitted { grant_ms } => Ok(LocalGrant {
             token,
-            deadline: sent + Duration::from_millis(*grant_ms).saturating_sub(margin),
+            // A grant too long to represent (only a corrupt answer could carry one) gives no
+            // time at all rather than a panic: the next write asks the cluster again.
+            deadline: sent
+                .checked_add(Duration::from_millis(*grant_ms).saturating_sub(margin))
+                .unwrap_or(sent),
         }),
         AdmitOutcome::Stale { highest } => Err(Rejection::Stale {
             presented: token,
@@ -296,7 +300,7 @@ mod fuzz {
     use super::*;
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(3_000))]
+        #![proptest_config(ProptestConfig::with_cases(lock_core::testkit::fuzz_cases(3_000)))]
 
         #[test]
         fn any_token_header_parses_or_is_refused(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
@@ -309,6 +313,62 @@ mod fuzz {
         #[test]
         fn any_resource_header_is_checked_without_panic(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
             let _ = check_resource_header(Some(&bytes), "kv:a");
+        }
+
+        /// The fast path forwards only the admitted token, only while a whole upstream timeout
+        /// fits in the grant; a lower token is stale; everything else asks the cluster.
+        #[test]
+        fn fast_verdict_forwards_only_the_admitted_token_in_time(
+            granted in proptest::option::of(0u64..8),
+            token in 0u64..8,
+            left_ms in 0u64..10_000,
+            timeout_ms in 0u64..10_000,
+        ) {
+            let now = Instant::now();
+            let grant = granted.map(|t| LocalGrant { token: t, deadline: now + Duration::from_millis(left_ms) });
+            let timeout = Duration::from_millis(timeout_ms);
+            let verdict = fast_verdict(grant.as_ref(), token, now, timeout);
+            match (grant, verdict) {
+                (None, v) => prop_assert_eq!(v, FastVerdict::Consult),
+                (Some(g), FastVerdict::Forward) => {
+                    prop_assert_eq!(token, g.token);
+                    prop_assert!(now + timeout <= g.deadline);
+                }
+                (Some(g), FastVerdict::Reject(r)) => {
+                    prop_assert!(token < g.token);
+                    prop_assert_eq!(r, Rejection::Stale { presented: token, highest: g.token });
+                }
+                (Some(g), FastVerdict::Consult) => {
+                    prop_assert!(token > g.token || now + timeout > g.deadline);
+                }
+            }
+        }
+
+        /// Any answer of the cluster becomes a grant or a rejection without panicking, and a
+        /// grant never reaches past what the cluster granted.
+        #[test]
+        fn any_admission_answer_maps_without_panic(
+            kind in 0u8..4,
+            n in any::<u64>(),
+            token in any::<u64>(),
+            margin_ms in any::<u64>(),
+        ) {
+            let outcome = match kind {
+                0 => AdmitOutcome::Admitted { grant_ms: n },
+                1 => AdmitOutcome::Stale { highest: n },
+                2 => AdmitOutcome::Unknown,
+                _ => AdmitOutcome::Ended,
+            };
+            let sent = Instant::now();
+            match grant_from_outcome(&outcome, token, sent, Duration::from_millis(margin_ms)) {
+                Ok(g) => {
+                    prop_assert_eq!(kind, 0);
+                    prop_assert_eq!(g.token, token);
+                    prop_assert!(g.deadline >= sent);
+                    prop_assert!(g.deadline.duration_since(sent) <= Duration::from_millis(n));
+                }
+                Err(_) => prop_assert!(kind != 0),
+            }
         }
     }
 }

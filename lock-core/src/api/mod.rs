@@ -10,6 +10,7 @@ mod admin;
 mod auth;
 mod cluster;
 mod error;
+pub mod listen;
 mod locks;
 mod peer_auth;
 mod raft_rpc;
@@ -29,16 +30,18 @@ use crate::net::PeerSecret;
 use crate::node::Node;
 use crate::wire::ErrorCode;
 
-/// Serves the public API of `node` on `listener` until `shutdown` completes; then stops
-/// accepting and lets in-flight calls finish.
+/// Serves the public API of `node` on `listener` (over TLS with `tls`, see
+/// [`listen::tls_acceptor`]) under the node's listener limits until `shutdown` completes; then
+/// stops accepting and lets in-flight calls finish.
 pub async fn serve(
     node: Arc<Node>,
     listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(node))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let limits = node.config.limits.clone();
+    let router = listen::limit_bodies(router(node), &limits);
+    listen::serve(listener, router, &limits, tls, shutdown).await
 }
 
 /// Serves the node-to-node calls of `node` on `listener`, to peers that prove they hold
@@ -49,9 +52,8 @@ pub async fn serve_peers(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, peer_router(node, secret))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let limits = node.config.peer_limits.clone();
+    listen::serve(listener, peer_router(node, secret), &limits, None, shutdown).await
 }
 
 /// The public routes of a node: the lock API, cluster status and health, metrics and the
@@ -127,9 +129,10 @@ pub fn peer_router(node: Arc<Node>, secret: PeerSecret) -> Router {
         .route("/internal/propose", post(raft_rpc::propose))
         .route("/internal/read_index", post(raft_rpc::read_index))
         .fallback(|| async { ApiError::not_found("No such peer endpoint.") })
-        .layer(DefaultBodyLimit::max(raft_rpc::PEER_BODY_LIMIT))
+        // The gate below reads each body under the peer listener's limits first.
+        .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(
-            Arc::new(secret),
+            Arc::new(peer_auth::PeerGate::new(secret, &node.config.peer_limits)),
             peer_auth::authenticate,
         ))
         .with_state(node)
@@ -158,7 +161,7 @@ mod fuzz {
     use crate::wire::{AcquireRequest, CancelRequest, LeaseRequest};
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(2_000))]
+        #![proptest_config(ProptestConfig::with_cases(crate::testkit::fuzz_cases(2_000)))]
 
         #[test]
         fn any_body_parses_or_is_a_400(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {

@@ -18,11 +18,6 @@ use crate::net::FROM_HEADER;
 use crate::node::Node;
 use crate::wire::ErrorCode;
 
-/// The largest peer request body. A snapshot chunk is at most `snapshot_max_chunk_size`
-/// (1 MiB) plus its header, and an append carries at most `max_payload_entries` entries; this
-/// leaves room for both while still refusing a runaway body.
-pub const PEER_BODY_LIMIT: usize = 64 << 20;
-
 fn admit(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
     let from = headers
         .get(FROM_HEADER)

@@ -106,8 +106,11 @@ impl Transport {
                 "request_timeout and call_timeout must be positive".into(),
             ));
         }
+        // Pooled connections are dropped before a node's listener would close them as idle
+        // (its header timeout, 10 s by default), so a call never races that close.
         let http = reqwest::Client::builder()
             .connect_timeout(opts.request_timeout)
+            .pool_idle_timeout(Duration::from_secs(5))
             .build()?;
         Ok(Transport {
             nodes: clean,

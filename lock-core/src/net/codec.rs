@@ -172,17 +172,52 @@ mod tests {
 mod fuzz {
     use proptest::prelude::*;
 
+    use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+
     use super::*;
-    use crate::machine::Command;
+    use crate::machine::{Batch, Command};
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(2_000))]
+        #![proptest_config(ProptestConfig::with_cases(crate::testkit::fuzz_cases(2_000)))]
 
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             let _ = decode::<Command>(&bytes);
             let _ = decode::<Vec<Command>>(&bytes);
             let _ = decode_snapshot_chunk(&bytes);
+            // Every message the peer port decodes, and what it answers with.
+            let _ = decode::<AppendEntriesRequest<TypeConfig>>(&bytes);
+            let _ = decode::<AppendEntriesResponse<u64>>(&bytes);
+            let _ = decode::<VoteRequest<u64>>(&bytes);
+            let _ = decode::<VoteResponse<u64>>(&bytes);
+            let _ = decode::<Batch>(&bytes);
+        }
+
+        /// A real append with a batch of commands, damaged: it decodes to something or fails
+        /// with an error.
+        #[test]
+        fn damaged_appends_never_panic(cut in 0usize..256, flip in 0usize..4096, bit in 0u8..8) {
+            let batch = Batch::new(5, 7, vec![
+                Command::Tick { max_items: 7 },
+                Command::Release { resource: "kv:a".into(), lease_id: crate::wire::LeaseId(9) },
+            ]);
+            let entry = openraft::Entry::<TypeConfig> {
+                log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(3, 1), 42),
+                payload: openraft::EntryPayload::Normal(batch),
+            };
+            let append = AppendEntriesRequest::<TypeConfig> {
+                vote: openraft::Vote::new_committed(3, 1),
+                prev_log_id: None,
+                entries: vec![entry],
+                leader_commit: None,
+            };
+            let mut frame = encode(&append).expect("encode");
+            let at = flip % frame.len().max(1);
+            if let Some(b) = frame.get_mut(at) {
+                *b ^= 1 << bit;
+            }
+            frame.truncate(frame.len().saturating_sub(cut % 32));
+            let _ = decode::<AppendEntriesRequest<TypeConfig>>(&frame);
         }
 
         #[test]

@@ -49,7 +49,9 @@ impl PeerClient {
     pub fn new(self_id: u64, faults: FaultLayer, secret: PeerSecret) -> Self {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(500))
-            .pool_idle_timeout(Duration::from_secs(30))
+            // Below the peer listener's idle close (its header timeout, 30 s by default), so a
+            // pooled connection is never reused just as the other side closes it.
+            .pool_idle_timeout(Duration::from_secs(20))
             .tcp_nodelay(true)
             .build()
             .unwrap_or_else(|_| reqwest::Client::new());

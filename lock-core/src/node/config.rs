@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::auth::{AuthMode, TenantPolicy};
+use super::limits::{HttpLimits, TlsFiles};
 use crate::net::PeerSecret;
 
 /// Configuration of one fencegate node (the `[node]` part of the config file).
@@ -56,6 +57,15 @@ pub struct NodeConfig {
     /// ...keeping this many rotated files.
     #[serde(default = "default_audit_keep")]
     pub audit_keep: usize,
+    /// Limits of the public API's listener.
+    #[serde(default)]
+    pub limits: HttpLimits,
+    /// Limits of the peer port's listener.
+    #[serde(default = "HttpLimits::peer")]
+    pub peer_limits: HttpLimits,
+    /// Serve the public API over TLS with this certificate (plain HTTP without).
+    #[serde(default)]
+    pub tls: Option<TlsFiles>,
 }
 
 fn default_audit_max_bytes() -> u64 {
@@ -188,6 +198,9 @@ impl NodeConfig {
             tenants: TenantPolicy::default(),
             audit_max_bytes: default_audit_max_bytes(),
             audit_keep: default_audit_keep(),
+            limits: HttpLimits::default(),
+            peer_limits: HttpLimits::peer(),
+            tls: None,
         }
     }
 }

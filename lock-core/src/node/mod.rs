@@ -10,6 +10,7 @@ mod clock;
 mod commands;
 mod config;
 mod error;
+mod limits;
 mod metrics;
 pub mod ops;
 mod propose;
@@ -30,6 +31,7 @@ pub use auth::{
 pub use clock::Clock;
 pub use config::{MemberAddrs, NodeConfig, Policy, MAX_FAILOVER_GRACE_MS};
 pub use error::{NodeError, ProposeError};
+pub use limits::{HttpLimits, TlsFiles, MIN_HEADER_BYTES};
 pub use metrics::Metrics;
 pub use revocations::{Revocation, Revocations};
 pub use start::{start, RunningNode};

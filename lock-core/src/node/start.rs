@@ -44,6 +44,14 @@ pub async fn start(
     peer: SocketAddr,
 ) -> Result<RunningNode, NodeError> {
     config.policy.validate().map_err(NodeError::Config)?;
+    config
+        .limits
+        .validate("limits")
+        .map_err(NodeError::Config)?;
+    config
+        .peer_limits
+        .validate("peer_limits")
+        .map_err(NodeError::Config)?;
     let secret = config.require_peer_secret()?;
     let advertise = NodeInfo {
         api_addr: config

@@ -93,7 +93,7 @@ impl SharedMachine {
 
 /// What a snapshot's bytes contain.
 #[derive(Serialize, Deserialize)]
-struct SnapshotPayload {
+pub(super) struct SnapshotPayload {
     last_applied: Option<LogId<u64>>,
     last_membership: Membership,
     image: MachineImage,

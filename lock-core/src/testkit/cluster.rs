@@ -78,6 +78,7 @@ impl TestCluster {
             dir,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
+                .pool_idle_timeout(Duration::from_secs(5))
                 .build()
                 .expect("client"),
         };
@@ -316,6 +317,8 @@ impl TestCluster {
             addrs: self.addrs.clone(),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
+                // Below the nodes' idle close (10 s): never reuse a connection being closed.
+                .pool_idle_timeout(Duration::from_secs(5))
                 .build()
                 .expect("client"),
         }

@@ -13,6 +13,7 @@
 mod api_client;
 mod bulk;
 mod cluster;
+pub mod raw_http;
 mod relay;
 mod wait;
 
@@ -20,3 +21,12 @@ pub use api_client::ApiClient;
 pub use cluster::TestCluster;
 pub use relay::TcpRelay;
 pub use wait::{eventually, phase};
+
+/// How many cases a fuzz test runs: `default` (sized for the test suite), or `PROPTEST_CASES`
+/// when set — the long runs recorded in docs/verification.md set it.
+pub fn fuzz_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

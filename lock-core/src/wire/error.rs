@@ -142,6 +142,8 @@ error_codes! {
     /// The tenant sent more lock calls to this node than its rate allows; retry after
     /// `retry_after_ms`.
     TenantRateLimited = ("tenant_rate_limited", 429),
+    /// The client did not send its whole request body in time (see the listener limits).
+    RequestTimeout = ("request_timeout", 408),
 }
 
 impl fmt::Display for ErrorCode {

@@ -17,4 +17,5 @@ mod api;
 mod auth;
 mod client;
 mod faults;
+mod listeners;
 mod replication;

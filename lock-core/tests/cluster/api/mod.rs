@@ -8,6 +8,7 @@ mod support;
 mod acquire;
 mod bad_input;
 mod cancel;
+mod fuzz;
 mod membership;
 mod reads;
 mod release;

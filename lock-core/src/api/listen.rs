@@ -1,0 +1,215 @@
+//! Serving a router on a listener with the limits every listener needs — body and header size,
+//! slow clients, connection count — and, optionally, TLS.
+//!
+//! Why not `axum::serve`: it exposes none of hyper's connection settings, so a client could
+//! hold a connection forever by sending a header one byte at a time, or open connections
+//! without bound. Here hyper's HTTP/1 connection enforces the header limits (431 for a head
+//! over `max_header_bytes`; a head not complete within `header_timeout_ms` closes the
+//! connection, which also ends idle keep-alive connections), a middleware reads each body under
+//! `max_body_bytes` and `body_timeout_ms` (413 `payload_too_large`, 408 `request_timeout`) before
+//! any handler runs, and a semaphore bounds the connections served at once.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::header::CONTENT_LENGTH;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::{self, ServerConfig};
+use tokio_rustls::TlsAcceptor;
+
+use super::ApiError;
+use crate::node::{HttpLimits, TlsFiles};
+use crate::wire::ErrorCode;
+
+/// Loads a certificate chain and key into a TLS acceptor (HTTP/1.1 only). The error names the
+/// file that could not be used.
+pub fn tls_acceptor(files: &TlsFiles) -> io::Result<TlsAcceptor> {
+    let bad = |what: &str, path: &std::path::Path, e: &dyn std::fmt::Display| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("TLS {what} {}: {e}", path.display()),
+        )
+    };
+    let certs = CertificateDer::pem_file_iter(&files.cert_file)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| bad("certificate file", &files.cert_file, &e))?;
+    if certs.is_empty() {
+        return Err(bad(
+            "certificate file",
+            &files.cert_file,
+            &"holds no certificate",
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_file(&files.key_file)
+        .map_err(|e| bad("key file", &files.key_file, &e))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key))
+        .map_err(|e| bad("certificate/key pair", &files.key_file, &e))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Serves `router` on `listener` under the connection and header limits of `limits` (over TLS
+/// with `tls`) until `shutdown` completes; then stops accepting and lets the connections in
+/// flight finish their calls. Body limits are the router's (see [`limit_bodies`]), so that a
+/// gate in front of them (the peer port's authentication) can refuse a request before its body
+/// is read.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: &HttpLimits,
+    tls: Option<TlsAcceptor>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    let header_timeout = Duration::from_millis(limits.header_timeout_ms);
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .max_buf_size(limits.max_header_bytes.max(crate::node::MIN_HEADER_BYTES));
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        // Wait for a free slot before accepting: beyond the bound, clients queue in the
+        // kernel's backlog instead of costing this process memory.
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot,
+            () = &mut shutdown => break,
+        };
+        let Ok(slot) = slot else { break };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let http = http.clone();
+        let watcher = graceful.watcher();
+        let tls = tls.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            match tls {
+                None => {
+                    let conn = http.serve_connection(TokioIo::new(stream), service);
+                    let _ = watcher.watch(conn).await;
+                }
+                Some(tls) => {
+                    // The handshake is part of the request head: the same deadline bounds it.
+                    let Ok(Ok(stream)) =
+                        tokio::time::timeout(header_timeout, tls.accept(stream)).await
+                    else {
+                        return;
+                    };
+                    let conn = http.serve_connection(TokioIo::new(stream), service);
+                    let _ = watcher.watch(conn).await;
+                }
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// `router` with every request body read under the body limits of `limits` before a handler
+/// runs.
+pub fn limit_bodies(router: Router, limits: &HttpLimits) -> Router {
+    router.layer(middleware::from_fn_with_state(
+        BodyLimits::from(limits),
+        read_body,
+    ))
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BodyLimits {
+    max_bytes: usize,
+    timeout: Duration,
+}
+
+impl From<&HttpLimits> for BodyLimits {
+    fn from(l: &HttpLimits) -> Self {
+        BodyLimits {
+            max_bytes: l.max_body_bytes,
+            timeout: Duration::from_millis(l.body_timeout_ms),
+        }
+    }
+}
+
+/// Reads the whole body under the size and time limits before the handler runs, so no handler
+/// ever waits on a slow client or holds more than `max_bytes` of one.
+async fn read_body(State(limits): State<BodyLimits>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    match read_limited(&parts, body, limits).await {
+        Ok(bytes) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Err(refused) => refused,
+    }
+}
+
+/// The whole body of a request with head `parts`, or the error answer: 413 when it is (or is
+/// announced to be) larger than the limit, 408 when it does not arrive in time.
+pub(crate) async fn read_limited(
+    parts: &axum::http::request::Parts,
+    body: Body,
+    limits: BodyLimits,
+) -> Result<Bytes, Response> {
+    let too_large = || {
+        ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "The request body is larger than this listener's limit of {} bytes.",
+                limits.max_bytes
+            ),
+        )
+        .into_response()
+    };
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limits.max_bytes as u64) {
+        return Err(too_large());
+    }
+    let read = Limited::new(body, limits.max_bytes).collect();
+    match tokio::time::timeout(limits.timeout, read).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+        Ok(Err(_)) => Err(ApiError::invalid("The request body could not be read.").into_response()),
+        Err(_) => Err(ApiError::new(
+            ErrorCode::RequestTimeout,
+            format!(
+                "The request body did not arrive within {} ms; send it at once.",
+                limits.timeout.as_millis()
+            ),
+        )
+        .into_response()),
+    }
+}
