@@ -15,12 +15,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
+use bytes::BytesMut;
 use axum::extract::{Request, State};
 use axum::http::header::CONTENT_LENGTH;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -173,6 +174,26 @@ async fn read_body(State(limits): State<BodyLimits>, req: Request, next: Next) -
     }
 }
 
+/// After refusing a body as too large, read and drop up to this much more of it before
+/// answering...
+const LINGER_BYTES: usize = 64 << 20;
+/// ...for at most this long. Like nginx's lingering close: a client still writing its body
+/// then reads the 413 instead of a connection reset under its write. Nothing is kept.
+const LINGER: Duration = Duration::from_secs(2);
+
+async fn linger(body: &mut Body) {
+    let drain = async {
+        let mut seen = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen += frame.data_ref().map_or(0, |d| d.len());
+            if seen > LINGER_BYTES {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
+}
+
 /// The whole body of a request with head `parts`, or the error answer: 413 when it is (or is
 /// announced to be) larger than the limit, 408 when it does not arrive in time.
 pub(crate) async fn read_limited(
@@ -195,13 +216,30 @@ pub(crate) async fn read_limited(
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    let mut body = body;
     if declared.is_some_and(|n| n > limits.max_bytes as u64) {
+        linger(&mut body).await;
         return Err(too_large());
     }
-    let read = Limited::new(body, limits.max_bytes).collect();
+    let read = async {
+        let mut bytes = BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame?.into_data() else {
+                continue; // trailers carry nothing a handler reads
+            };
+            if bytes.len() + data.len() > limits.max_bytes {
+                return Ok(None);
+            }
+            bytes.extend_from_slice(&data);
+        }
+        Ok::<_, axum::Error>(Some(bytes.freeze()))
+    };
     match tokio::time::timeout(limits.timeout, read).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+        Ok(Ok(Some(bytes))) => Ok(bytes),
+        Ok(Ok(None)) => {
+            linger(&mut body).await;
+            Err(too_large())
+        }
         Ok(Err(_)) => Err(ApiError::invalid("The request body could not be read.").into_response()),
         Err(_) => Err(ApiError::new(
             ErrorCode::RequestTimeout,
