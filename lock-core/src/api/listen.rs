@@ -15,12 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use bytes::BytesMut;
 use axum::extract::{Request, State};
 use axum::http::header::CONTENT_LENGTH;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
+use bytes::BytesMut;
 use http_body_util::BodyExt;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};

@@ -168,11 +168,16 @@ impl LogStore {
     /// With `from_top` the highest entries go first, so an interrupted truncation leaves a
     /// shorter but still gap-free log. Every batch is synced: a truncated entry must not come
     /// back after a restart, and a purge is rare enough that the fsyncs do not matter.
+    /// Deletes the entries in `range`. A truncation (`from_top`) is synced: new entries will be
+    /// appended at those indexes. A purge is not: its marker is already durable, so the entries
+    /// are invisible whether or not their deletion reached the disk (`open` finishes it after a
+    /// crash), and syncing a batch per 1,024 entries held every append behind the purge.
     fn remove_range<R: RangeBounds<u64>>(
         &self,
         range: R,
         from_top: bool,
     ) -> Result<(), StoreError> {
+        let durability = from_top.then_some(PersistMode::SyncAll);
         let bounds = (map_bound(range.start_bound()), map_bound(range.end_bound()));
         let mut keys = Vec::new();
         for guard in self.db.log.range::<[u8; 8], _>(bounds) {
@@ -182,7 +187,7 @@ impl LogStore {
             keys.reverse();
         }
         for chunk in keys.chunks(REMOVE_BATCH) {
-            let mut batch = self.db.db.batch().durability(Some(PersistMode::SyncAll));
+            let mut batch = self.db.db.batch().durability(durability);
             for key in chunk {
                 batch.remove(&self.db.log, key.clone());
             }

@@ -189,6 +189,11 @@ impl SnapshotFiles {
     }
 }
 
+/// Writeback is forced every this many bytes while a snapshot file is written...
+const SYNC_EVERY: usize = 1 << 20;
+
+/// ...so the disk never has the whole snapshot queued at once: the log's own fsyncs, which
+/// every commit waits for, would queue behind tens of MB of it.
 fn write_synced(path: &Path, header: &SnapshotHeader, data: &[u8]) -> Result<(), StoreError> {
     let header = encode("snapshot header", header)?;
     let header_len = u32::try_from(header.len()).map_err(|_| StoreError::Corrupt {
@@ -196,14 +201,15 @@ fn write_synced(path: &Path, header: &SnapshotHeader, data: &[u8]) -> Result<(),
         detail: format!("{} bytes is too large", header.len()),
     })?;
     let mut file = File::create(path).map_err(io_err(path))?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, &mut file);
-    out.write_all(MAGIC)
-        .and_then(|()| out.write_all(&header_len.to_be_bytes()))
-        .and_then(|()| out.write_all(&header))
-        .and_then(|()| out.write_all(data))
-        .and_then(|()| out.flush())
+    file.write_all(MAGIC)
+        .and_then(|()| file.write_all(&header_len.to_be_bytes()))
+        .and_then(|()| file.write_all(&header))
         .map_err(io_err(path))?;
-    drop(out);
+    for piece in data.chunks(SYNC_EVERY) {
+        file.write_all(piece)
+            .and_then(|()| file.sync_data())
+            .map_err(io_err(path))?;
+    }
     file.sync_all().map_err(io_err(path))
 }
 

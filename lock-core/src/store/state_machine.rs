@@ -418,7 +418,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             shared: self.shared.clone(),
             snapshots: self.snapshots.clone(),
         };
-        let (meta, data) = blocking(move || builder.build())
+        let (meta, data) = in_background(move || builder.build())
             .await
             .map_err(|e| e.into_raft(|err| StorageIOError::write_snapshot(None, err)))?;
         Ok(Snapshot {
@@ -427,3 +427,42 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         })
     }
 }
+
+/// Runs `f` on a thread of its own at the lowest CPU priority. Building a snapshot (imaging,
+/// encoding and writing tens of MB) is background work without a deadline, but on a small
+/// machine it competes for the same cores as apply, raft and the API: at normal priority each
+/// snapshot showed as a burst of slow commits. A thread of its own, because an unprivileged
+/// process cannot raise a thread's priority back, so a pooled thread would stay lowered.
+async fn in_background<T, F>(f: F) -> Result<T, StoreError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("snapshot-build".into())
+        .spawn(move || {
+            lower_this_threads_priority();
+            // The receiver is gone only if raft stopped waiting; nothing to report then.
+            let _ = tx.send(f());
+        })
+        .map_err(|e| StoreError::Task(format!("cannot start the snapshot thread: {e}")))?;
+    rx.await
+        .map_err(|_| StoreError::Task("the snapshot thread ended without a result".into()))?
+}
+
+#[cfg(target_os = "linux")]
+fn lower_this_threads_priority() {
+    // On Linux a nice value set with PRIO_PROCESS and a thread id applies to that thread only.
+    // SAFETY: plain syscalls on the calling thread's own id; no memory is shared.
+    let failed = unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 19) != 0
+    };
+    if failed {
+        tracing::debug!("could not lower the snapshot thread's priority");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn lower_this_threads_priority() {}
