@@ -215,16 +215,23 @@ fn reset(fd: RawFd) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    /// A connected client and server socket on 127.0.0.1.
+    async fn connected_pair() -> (TcpStream, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (client, server)
+    }
 
     /// A reset connection delivers nothing more: the peer sees the connection end with the
     /// bytes written after the reset missing, and the writer's next write fails.
     #[tokio::test]
     async fn a_cut_send_resets_the_connection() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (mut server, _) = listener.accept().await.unwrap();
+        let (mut client, mut server) = connected_pair().await;
         let dog = SendWatchdog::default();
         let guard = dog
             .watch(
@@ -246,11 +253,7 @@ mod tests {
     /// A send that ends unanswered is reset, not closed: nothing queued is delivered later.
     #[tokio::test]
     async fn an_unanswered_send_is_reset_when_it_ends() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (mut server, _) = listener.accept().await.unwrap();
+        let (mut client, mut server) = connected_pair().await;
         let dog = SendWatchdog::default();
         let guard = dog
             .watch(client.as_raw_fd(), Instant::now() + Duration::from_secs(60))
@@ -270,11 +273,7 @@ mod tests {
     /// its send-by has come (the peer sees the reset).
     #[tokio::test]
     async fn an_idle_watchdog_wakes_and_cuts_at_send_by() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (mut server, _) = listener.accept().await.unwrap();
+        let (client, mut server) = connected_pair().await;
         let dog = Arc::new(SendWatchdog::default());
         let running = tokio::spawn(dog.clone().run());
         tokio::task::yield_now().await;
@@ -294,11 +293,7 @@ mod tests {
     /// An answered send is never cut, however late the sweep.
     #[tokio::test]
     async fn an_answered_send_is_left_alone() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (mut server, _) = listener.accept().await.unwrap();
+        let (mut client, mut server) = connected_pair().await;
         let dog = SendWatchdog::default();
         let guard = dog.watch(client.as_raw_fd(), Instant::now()).unwrap();
         guard.answered();

@@ -322,18 +322,26 @@ fn fresh_data_dir(args: &ChaosArgs) -> anyhow::Result<Option<PathBuf>> {
     })
 }
 
-fn announce(args: &ChaosArgs, faults: &[Fault], seed: u64) {
-    let mode = match (
+/// The run's mode: its name in verdict.json and the phrase the start-up line shows.
+fn mode_names(args: &ChaosArgs) -> (&'static str, &'static str) {
+    match (
         args.unsafe_no_fencing,
         args.unsafe_no_idempotency,
         args.unsafe_refill_on_renew,
     ) {
-        (false, false, false) => "fenced",
-        (true, false, false) => "UNSAFE (fencing off)",
-        (false, true, false) => "UNSAFE (idempotency records off)",
-        (false, false, true) => "UNSAFE (buckets refill on renewal)",
-        _ => "UNSAFE (several safeguards off)",
-    };
+        (false, false, false) => ("fenced", "fenced"),
+        (true, false, false) => ("unsafe-no-fencing", "UNSAFE (fencing off)"),
+        (false, true, false) => ("unsafe-no-idempotency", "UNSAFE (idempotency records off)"),
+        (false, false, true) => (
+            "unsafe-refill-on-renew",
+            "UNSAFE (buckets refill on renewal)",
+        ),
+        _ => ("unsafe-several", "UNSAFE (several safeguards off)"),
+    }
+}
+
+fn announce(args: &ChaosArgs, faults: &[Fault], seed: u64) {
+    let (_, mode) = mode_names(args);
     let faults = if faults.is_empty() {
         "none".to_string()
     } else {
@@ -479,17 +487,7 @@ fn run_verdict(
     problems: Vec<String>,
     drops: &DropSwitch,
 ) -> Verdict {
-    let mode = match (
-        args.unsafe_no_fencing,
-        args.unsafe_no_idempotency,
-        args.unsafe_refill_on_renew,
-    ) {
-        (false, false, false) => "fenced",
-        (true, false, false) => "unsafe-no-fencing",
-        (false, true, false) => "unsafe-no-idempotency",
-        (false, false, true) => "unsafe-refill-on-renew",
-        _ => "unsafe-several",
-    };
+    let (mode, _) = mode_names(args);
     let mut verdict = Verdict::new(mode, m, results, problems);
     verdict.run = Some(RunSetup {
         seed,
