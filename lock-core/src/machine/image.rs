@@ -1,7 +1,58 @@
 //! Snapshots: the machine as a plain image, and back (rebuilding the derived indexes).
 
+use serde::ser::{SerializeSeq, SerializeStruct};
+use serde::{Serialize, Serializer};
+
 use super::lock_machine::{count_up, LockMachine};
 use super::state::{dedup_key, DedupEntry, MachineImage};
+
+/// The machine serialised exactly as its [`MachineImage`] would be, but straight from its
+/// collections: a snapshot of the seed state (a hundred thousand resources, a million dedup
+/// records) is encoded into its file without first building a second copy of the state in
+/// memory. Decode it as a `MachineImage`.
+pub struct ImageRef<'a>(pub &'a LockMachine);
+
+impl Serialize for ImageRef<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let m = self.0;
+        // Field names, order and count as `MachineImage` derives them; `dedup` (read from
+        // images of earlier versions only) is skipped there too when empty, as it always is.
+        let mut image = serializer.serialize_struct("MachineImage", 8)?;
+        image.serialize_field("now_ms", &m.now_ms)?;
+        image.serialize_field("term", &m.term)?;
+        image.serialize_field("last_token", &m.last_token)?;
+        image.serialize_field("gc_floor", &m.gc_floor)?;
+        image.serialize_field("resources", &Seq(m.resources.len(), || m.resources.iter()))?;
+        image.serialize_field(
+            "dedup_records",
+            &Seq(m.dedup.len(), || {
+                m.dedup.iter().map(|(key, rec)| DedupEntry::of(*key, rec))
+            }),
+        )?;
+        image.skip_field("dedup")?;
+        image.serialize_field("quotas", &m.quotas)?;
+        image.serialize_field("keys", &Seq(m.keys.len(), || m.keys.values()))?;
+        image.end()
+    }
+}
+
+/// A sequence of `len` items produced by an iterator, serialised like a `Vec` of them.
+struct Seq<F>(usize, F);
+
+impl<F, I> Serialize for Seq<F>
+where
+    F: Fn() -> I,
+    I: Iterator,
+    I::Item: Serialize,
+{
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.0))?;
+        for item in (self.1)() {
+            seq.serialize_element(&item)?;
+        }
+        seq.end()
+    }
+}
 
 impl LockMachine {
     pub fn image(&self) -> MachineImage {

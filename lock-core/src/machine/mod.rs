@@ -14,6 +14,7 @@ pub use idempotency::{
     Completion, Finding, IdemCommand, IdemOutcome, IdemRecord, IdemScope, IdemState,
     IdempotencyMachine, RecordWrite, StoredAnswer, StoredBody,
 };
+pub use image::ImageRef;
 pub use keys::ApiKeyRecord;
 pub use lock_machine::LockMachine;
 pub use quota::{

@@ -1,9 +1,8 @@
 //! The openraft type configuration of fencegate.
 
-use std::io::Cursor;
-
 use serde::{Deserialize, Serialize};
 
+use super::SnapshotStream;
 use crate::machine::{Batch, Response};
 use crate::timing;
 
@@ -45,7 +44,7 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = NodeInfo,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = SnapshotStream,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

@@ -9,9 +9,9 @@
 //! entries at or below it and redoes the rest, and no entry is applied twice.
 //!
 //! The journal is not synced per batch: the raft log is the source of truth. What makes that
-//! safe is that the snapshot keyspace is written with `SyncAll` in the same database, so by the
-//! time a snapshot at index S is durable (and the log before S may be purged), every record
-//! write up to S is durable too.
+//! safe is that the journal is synced before a snapshot at index S is made current (see
+//! `SnapshotFiles::persist_built`), so by the time the log before S may be purged, every
+//! record write up to S is durable too.
 //!
 //! Keys (all in one keyspace):
 //!
@@ -22,6 +22,7 @@
 //! | `u` + scope                           | empty (unsettled index: processing or unknown) |
 //! | `m`                                   | applied marker (8 BE) |
 //! | `v`                                   | index version (1: the unsettled index exists) |
+//! | `i`                                   | present while a snapshot's records are installed |
 //!
 //! where scope is tenant, route and key, each prefixed by its length (2 bytes BE).
 //!
@@ -41,6 +42,9 @@ const PURGE: u8 = b'x';
 const UNSETTLED: u8 = b'u';
 const MARKER: &[u8] = b"m";
 const VERSION: &[u8] = b"v";
+const INSTALLING: &[u8] = b"i";
+/// Writes per batch while a snapshot's records are installed.
+const INSTALL_STEP: usize = 10_000;
 /// Bumped when a derived index is added; an older keyspace is re-indexed when opened.
 const INDEX_VERSION: u8 = 1;
 
@@ -272,42 +276,83 @@ impl IdemStore {
     }
 
     /// Every record in `view`, in key order (for a snapshot's payload).
-    pub(crate) fn entries(&self, view: &Snapshot) -> Result<Vec<IdemEntry>, StoreError> {
-        let mut out = Vec::new();
-        for item in view.prefix(self.ks(), [RECORD]) {
+    pub(crate) fn entries<'a>(
+        &'a self,
+        view: &'a Snapshot,
+    ) -> impl Iterator<Item = Result<IdemEntry, StoreError>> + 'a {
+        view.prefix(self.ks(), [RECORD]).map(|item| {
             let (key, value) = item.into_inner()?;
             let rec: IdemRecord = decode("idempotency record", &value)?;
-            out.push((parse_scope(&key[1..])?, rec));
-        }
-        Ok(out)
+            Ok((parse_scope(&key[1..])?, rec))
+        })
     }
 
-    /// Replaces every record with `entries` as of log entry `index` (snapshot install or
-    /// recovery), in one synced batch: a crash leaves either the old or the new set.
-    pub(crate) fn replace_all(&self, entries: &[IdemEntry], index: u64) -> Result<(), StoreError> {
-        let mut batch = self
-            .db
-            .db
-            .batch()
-            .durability(Some(fjall::PersistMode::SyncAll));
+    /// Replaces every record with `entries` as of log entry `index` (a snapshot install, or
+    /// its recovery). A snapshot can carry millions of records, far more than one batch
+    /// should hold, so this goes in steps: the keyspace is first marked as being installed
+    /// (synced), then cleared and filled batch by batch, and the last, synced batch sets the
+    /// applied marker and removes the mark. A crash halfway leaves the mark, and
+    /// [`install_unfinished`](Self::install_unfinished) tells the next open to install again
+    /// from the snapshot file.
+    pub(crate) fn replace_all(
+        &self,
+        entries: impl IntoIterator<Item = Result<IdemEntry, StoreError>>,
+        index: u64,
+    ) -> Result<(), StoreError> {
+        let synced = || {
+            self.db
+                .db
+                .batch()
+                .durability(Some(fjall::PersistMode::SyncAll))
+        };
+        let mut batch = synced();
+        batch.insert(self.ks(), INSTALLING, index.to_be_bytes());
+        batch.commit()?;
+
+        let mut batch = self.db.db.batch();
+        let mut pending = 0;
+        let step = |batch: &mut WriteBatch, pending: &mut usize| -> Result<(), StoreError> {
+            *pending += 1;
+            if *pending >= INSTALL_STEP {
+                std::mem::replace(batch, self.db.db.batch()).commit()?;
+                *pending = 0;
+            }
+            Ok(())
+        };
         for item in self.ks().iter() {
             let (key, _) = item.into_inner()?;
-            batch.remove(self.ks(), key.to_vec());
-        }
-        batch.insert(self.ks(), VERSION, [INDEX_VERSION]);
-        for (scope, rec) in entries {
-            if unsettled(rec) {
-                batch.insert(self.ks(), unsettled_key(scope), b"");
+            // The mark stays, and so does the marker until the last batch moves it.
+            if &*key != INSTALLING && &*key != MARKER {
+                batch.remove(self.ks(), key.to_vec());
+                step(&mut batch, &mut pending)?;
             }
-            batch.insert(self.ks(), purge_key(rec.purge_at_ms, scope), b"");
+        }
+        for entry in entries {
+            let (scope, rec) = entry?;
+            if unsettled(&rec) {
+                batch.insert(self.ks(), unsettled_key(&scope), b"");
+            }
+            batch.insert(self.ks(), purge_key(rec.purge_at_ms, &scope), b"");
             batch.insert(
                 self.ks(),
-                record_key(scope),
-                encode("idempotency record", rec)?,
+                record_key(&scope),
+                encode("idempotency record", &rec)?,
             );
+            step(&mut batch, &mut pending)?;
         }
+        batch.commit()?;
+
+        let mut batch = synced();
+        batch.insert(self.ks(), VERSION, [INDEX_VERSION]);
+        batch.remove(self.ks(), INSTALLING);
         // Everything of entry `index` is in `entries`.
         self.commit(batch, slot(index, (SLOTS - 1) as usize))
+    }
+
+    /// Whether an install of a snapshot's records was interrupted (the records are then
+    /// neither the old nor the new set, and must be installed again).
+    pub(crate) fn install_unfinished(&self) -> Result<bool, StoreError> {
+        Ok(self.ks().get(INSTALLING)?.is_some())
     }
 }
 
@@ -544,8 +589,9 @@ mod tests {
             expires_at_ms: 50_000,
             purge_at_ms: 60_000,
         };
-        let entries = vec![(scope("z"), installed)];
-        store.replace_all(&entries, 10).unwrap();
+        store
+            .replace_all([Ok((scope("z"), installed))], 10)
+            .unwrap();
         assert_eq!(keys(&store.unknown_page(30_000, None, 10).unwrap()), ["z"]);
         // Expired records are not offered for resolution.
         assert!(store
@@ -591,16 +637,66 @@ mod tests {
         let view = leader.snapshot();
         // Writes after the view are not in it.
         leader.apply(10, &claim("late", 7), 0).unwrap();
-        let entries = leader.entries(&view).unwrap();
+        let entries: Vec<IdemEntry> = leader.entries(&view).collect::<Result<_, _>>().unwrap();
         assert_eq!(entries.len(), 3);
 
         follower.apply(1, &claim("stale", 1), 0).unwrap();
-        follower.replace_all(&entries, 3).unwrap();
+        follower
+            .replace_all(entries.iter().cloned().map(Ok), 3)
+            .unwrap();
         assert_eq!(follower.get(&scope("stale")).unwrap(), None);
         assert_eq!(follower.applied_marker().unwrap(), slot(3, 1_023));
         for (scope, rec) in &entries {
             assert_eq!(follower.get(scope).unwrap().as_ref(), Some(rec));
         }
         assert_eq!(follower.next_purge_ms().unwrap(), Some(20_000));
+    }
+
+    /// Installing a snapshot's records goes in many batches; one cut short (here by a
+    /// damaged record halfway) is visible afterwards, and installing again completes it.
+    #[test]
+    fn an_interrupted_install_is_seen_and_redone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        store.apply(1, &claim("before", 1), 0).unwrap();
+        let many = |n: u64| {
+            (0..n).map(|i| {
+                Ok((
+                    scope(&format!("k{i:06}")),
+                    IdemRecord {
+                        fingerprint: format!("fp{i}"),
+                        state: IdemState::Unknown { attempt: i },
+                        created_ms: 0,
+                        expires_at_ms: 50_000,
+                        purge_at_ms: 60_000 + i,
+                    },
+                ))
+            })
+        };
+        let damaged = many(25_000)
+            .take(15_000)
+            .chain(std::iter::once(Err(StoreError::Corrupt {
+                what: "test",
+                detail: "a damaged record".into(),
+            })));
+        assert!(store.replace_all(damaged, 40).is_err());
+        assert!(store.install_unfinished().unwrap());
+        assert_eq!(
+            store.applied_marker().unwrap(),
+            1,
+            "the marker stays behind"
+        );
+        drop(store);
+
+        let store = open(dir.path());
+        assert!(store.install_unfinished().unwrap(), "seen after a restart");
+        store.replace_all(many(25_000), 40).unwrap();
+        assert!(!store.install_unfinished().unwrap());
+        assert_eq!(store.applied_marker().unwrap(), slot(40, 1_023));
+        assert_eq!(store.get(&scope("before")).unwrap(), None);
+        assert!(store.get(&scope("k024999")).unwrap().is_some());
+        let view = store.snapshot();
+        assert_eq!(store.entries(&view).count(), 25_000);
+        assert_eq!(store.next_purge_ms().unwrap(), Some(60_000));
     }
 }

@@ -165,6 +165,36 @@ fn encode<T: serde::Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>,
     Ok(out)
 }
 
+/// [`encode`] into a writer, for values too large to hold encoded in memory (snapshots).
+fn encode_into<T: serde::Serialize, W: std::io::Write + ?Sized>(
+    what: &'static str,
+    value: &T,
+    out: &mut W,
+) -> Result<(), StoreError> {
+    let failed = |detail: String| StoreError::Encode { what, detail };
+    out.write_all(&[FORMAT_MSGPACK])
+        .map_err(|e| failed(e.to_string()))?;
+    rmp_serde::encode::write_named(out, value).map_err(|e| failed(e.to_string()))
+}
+
+/// [`decode`] from a reader, for values too large to read into memory first (snapshots).
+fn decode_from<T: serde::de::DeserializeOwned>(
+    what: &'static str,
+    mut input: impl std::io::Read,
+) -> Result<T, StoreError> {
+    let failed = |detail: String| StoreError::Decode { what, detail };
+    let mut first = [0u8; 1];
+    input
+        .read_exact(&mut first)
+        .map_err(|e| failed(format!("empty or unreadable: {e}")))?;
+    if first[0] == FORMAT_MSGPACK {
+        rmp_serde::from_read(input).map_err(|e| failed(e.to_string()))
+    } else {
+        serde_json::from_reader(std::io::Read::chain(&first[..], input))
+            .map_err(|e| failed(e.to_string()))
+    }
+}
+
 /// Decodes a value written by [`encode`], or the JSON of earlier versions.
 fn decode<T: serde::de::DeserializeOwned>(
     what: &'static str,
@@ -209,6 +239,14 @@ mod tests {
             decode::<Value>("value", &[FORMAT_MSGPACK, 0xc1]),
             Err(StoreError::Decode { what: "value", .. })
         ));
+
+        // The streaming forms agree with the in-memory ones, both ways.
+        let mut streamed = Vec::new();
+        encode_into("value", &v, &mut streamed).unwrap();
+        assert_eq!(streamed, bytes);
+        assert_eq!(decode_from::<Value>("value", &bytes[..]).unwrap(), v);
+        assert_eq!(decode_from::<Value>("value", &json[..]).unwrap(), old);
+        assert!(decode_from::<Value>("value", &[][..]).is_err());
     }
 }
 

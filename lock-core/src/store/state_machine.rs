@@ -2,9 +2,9 @@
 //!
 //! The machine lives in memory behind a [`SharedMachine`] so the API can read it between
 //! applies. It is persisted only as snapshots: an encoded payload of
-//! `{last_applied, last_membership, image}` in a snapshot file (see `snapshot_file.rs`).
+//! `{last_applied, last_membership, image}` in a snapshot file (see `snapshot_file.rs`),
+//! encoded straight from the machine and decoded straight from the file.
 
-use std::io::Cursor;
 use std::path::Path;
 use std::sync::{Arc, PoisonError, RwLock, RwLockWriteGuard};
 
@@ -16,10 +16,12 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 
 use super::idempotency::{slot, IdemEntry, IdemStore, UnknownPage};
-use super::snapshot_file::{Meta, SnapshotFiles};
-use super::{blocking, decode, encode, Db, EffectSink, StoreError};
-use crate::machine::{Command, Effect, IdemRecord, IdemScope, LockMachine, MachineImage, Response};
-use crate::raft::{NodeInfo, TypeConfig};
+use super::snapshot_file::{Meta, SnapshotFiles, SnapshotReader};
+use super::{blocking, encode_into, Db, EffectSink, StoreError};
+use crate::machine::{
+    Command, Effect, IdemRecord, IdemScope, ImageRef, LockMachine, MachineImage, Response,
+};
+use crate::raft::{NodeInfo, SnapshotStream, TypeConfig};
 
 type Membership = StoredMembership<u64, NodeInfo>;
 
@@ -91,21 +93,27 @@ impl SharedMachine {
     }
 }
 
-/// What a snapshot's bytes contain.
+/// What a snapshot's payload contains.
 #[derive(Serialize, Deserialize)]
 pub(super) struct SnapshotPayload {
     last_applied: Option<LogId<u64>>,
     last_membership: Membership,
     image: MachineImage,
-    /// The proxy's idempotency records, in key order, as of log index `idempotency_index`.
-    /// They live in their own keyspace, which is durable on its own, so a snapshot *built* for
-    /// compaction leaves them out (empty, `None`); a snapshot *sent* to a follower carries a
-    /// consistent copy taken when it is sent, at an index at or past the snapshot's own. The
-    /// follower installs them with that index as its applied marker and skips the log entries
-    /// up to it. (The copy is held in memory while it is sent: see docs/idempotency.md.)
+    /// The proxy's idempotency records, as snapshots sent by earlier versions carried them
+    /// (read, never written: they now follow the payload in the snapshot file).
     #[serde(default)]
     idempotency: Vec<IdemEntry>,
     #[serde(default)]
+    idempotency_index: Option<u64>,
+}
+
+/// A [`SnapshotPayload`] serialised straight from the applied state.
+#[derive(Serialize)]
+struct PayloadRef<'a> {
+    last_applied: Option<LogId<u64>>,
+    last_membership: &'a Membership,
+    image: ImageRef<'a>,
+    idempotency: &'a [IdemEntry],
     idempotency_index: Option<u64>,
 }
 
@@ -128,24 +136,27 @@ impl StateMachineStore {
         let idem = IdemStore::new(db.clone());
         idem.upgrade()?;
         let snapshots = SnapshotFiles::open(data_dir, db)?;
-        let applied = match snapshots.read_current()? {
-            Some((meta, data)) => {
-                let payload: SnapshotPayload = decode("snapshot", &data)?;
-                check_payload(&meta, &payload)?;
-                // The records keyspace is normally at or past the snapshot (its writes are
-                // synced with the snapshot's); only if it is behind a snapshot that carries
-                // records (a crash inside an install) is it set from the snapshot.
+        let applied = match snapshots.open_current()? {
+            Some(mut reader) => {
+                let mut payload = read_payload(&mut reader)?;
+                // The records keyspace is normally at or past the snapshot (its journal is
+                // synced before a snapshot becomes current). It is behind one that carries
+                // records, or marked as half installed, only if a crash cut an install short:
+                // then it is installed again from the snapshot.
                 let index = payload.last_applied.map_or(0, |id| id.index);
-                if let Some(at) = payload.idempotency_index {
-                    if idem.applied_marker()? < slot(index, 0) {
-                        idem.replace_all(&payload.idempotency, at.max(index))?;
+                let unfinished = idem.install_unfinished()?;
+                if unfinished || idem.applied_marker()? < slot(index, 0) {
+                    let carried = install_records(&idem, &mut reader, &mut payload)?;
+                    if unfinished && !carried {
+                        return Err(StoreError::Corrupt {
+                            what: "idempotency records",
+                            detail: "an interrupted snapshot install left them incomplete, \
+                                     and the current snapshot does not carry them"
+                                .into(),
+                        });
                     }
                 }
-                Applied {
-                    machine: LockMachine::from_image(payload.image),
-                    last_applied: payload.last_applied,
-                    last_membership: payload.last_membership,
-                }
+                Applied::restored(payload.image, payload.last_applied, payload.last_membership)
             }
             None => Applied {
                 machine: LockMachine::new(),
@@ -238,16 +249,29 @@ impl StateMachineStore {
     }
 }
 
-/// Adds a consistent copy of the idempotency records to a snapshot about to be sent. The copy
-/// is taken under the applied-state lock, so it is exactly the records after the last applied
-/// entry (never behind the snapshot, which was built from an earlier or equal state).
-fn with_records(
-    current: Option<(Meta, Vec<u8>)>,
+impl Applied {
+    fn restored(
+        image: MachineImage,
+        last_applied: Option<LogId<u64>>,
+        last_membership: Membership,
+    ) -> Self {
+        Applied {
+            machine: LockMachine::from_image(image),
+            last_applied,
+            last_membership,
+        }
+    }
+}
+
+/// The current snapshot as it goes to a follower: with a consistent copy of the idempotency
+/// records, taken under the applied-state lock, so it is exactly the records after the last
+/// applied entry (never behind the snapshot, which was built from an earlier or equal state).
+/// The records are streamed from a fjall snapshot into the file being sent, never collected
+/// in memory.
+fn outgoing(
+    snapshots: &SnapshotFiles,
     shared: &SharedMachine,
-) -> Result<Option<(Meta, Vec<u8>)>, StoreError> {
-    let Some((meta, data)) = current else {
-        return Ok(None);
-    };
+) -> Result<Option<(Meta, SnapshotStream)>, StoreError> {
     let (index, view, marker) = {
         let st = shared.inner.read().map_err(|_| StoreError::Poisoned)?;
         let marker = shared.idem.applied_marker()?;
@@ -260,12 +284,36 @@ fn with_records(
     if marker == 0 {
         // No idempotency command was ever applied here: there are no records at any index,
         // and the snapshot goes out exactly as it was built.
-        return Ok(Some((meta, data)));
+        return snapshots.outgoing(None);
     }
-    let mut payload: SnapshotPayload = decode("snapshot", &data)?;
-    payload.idempotency = shared.idem.entries(&view)?;
-    payload.idempotency_index = Some(index);
-    Ok(Some((meta, encode("snapshot", &payload)?)))
+    let mut entries = shared.idem.entries(&view);
+    snapshots.outgoing(Some((index, &mut entries)))
+}
+
+/// Reads a snapshot's payload and checks it against the snapshot's meta.
+fn read_payload(reader: &mut SnapshotReader) -> Result<SnapshotPayload, StoreError> {
+    let payload: SnapshotPayload = reader.payload()?;
+    check_payload(&reader.header.meta, &payload)?;
+    Ok(payload)
+}
+
+/// Installs the idempotency records a snapshot carries: after its payload in the file, or
+/// inside the payload in snapshots of earlier versions. Returns whether it carried any set.
+fn install_records(
+    idem: &IdemStore,
+    reader: &mut SnapshotReader,
+    payload: &mut SnapshotPayload,
+) -> Result<bool, StoreError> {
+    let index = payload.last_applied.map_or(0, |id| id.index);
+    if let Some((at, records)) = reader.records() {
+        idem.replace_all(records, at.max(index))?;
+    } else if let Some(at) = payload.idempotency_index {
+        let inline = std::mem::take(&mut payload.idempotency);
+        idem.replace_all(inline.into_iter().map(Ok), at.max(index))?;
+    } else {
+        return Ok(false);
+    }
+    Ok(true)
 }
 
 /// The snapshot's own record of what it contains must agree with its meta.
@@ -318,43 +366,62 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
     }
 
-    async fn begin_receiving_snapshot(
-        &mut self,
-    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<u64>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotStream>, StorageError<u64>> {
+        self.snapshots
+            .receiving()
+            .map(Box::new)
+            .map_err(|e| e.into_raft(|err| StorageIOError::write_snapshot(None, err)))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &Meta,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        mut snapshot: Box<SnapshotStream>,
     ) -> Result<(), StorageError<u64>> {
+        let failed = |e: StoreError| {
+            e.into_raft(|err| StorageIOError::write_snapshot(Some(meta.signature()), err))
+        };
+        let path = match snapshot.keep() {
+            Some(path) => path,
+            // Not a transfer into a file of ours (openraft's API also lets a caller hand over
+            // a snapshot it has): copy it into one.
+            None => {
+                let mut received = self.snapshots.receiving().map_err(failed)?;
+                let copied = tokio::io::copy(&mut *snapshot, &mut received).await;
+                let flushed = match copied {
+                    Ok(_) => tokio::io::AsyncWriteExt::shutdown(&mut received).await,
+                    Err(e) => Err(e),
+                };
+                flushed.map_err(|e| failed(StoreError::Task(format!("copy snapshot: {e}"))))?;
+                received
+                    .keep()
+                    .ok_or_else(|| failed(StoreError::Task("no snapshot file".into())))?
+            }
+        };
+        drop(snapshot);
         let meta = meta.clone();
         let snapshots = self.snapshots.clone();
         let shared = self.shared.clone();
         let install = blocking(move || {
-            let data = snapshot.into_inner();
-            let payload: SnapshotPayload = decode("received snapshot", &data)?;
-            check_payload(&meta, &payload)?;
-            let machine = LockMachine::from_image(payload.image);
+            // On disk first (checked, synced, current): once the machine is replaced, raft may
+            // purge the log it replaces. If a crash follows, `open` finds this snapshot and
+            // redoes the records install if it was cut short.
+            let mut reader = snapshots.install_received(&path, &meta)?;
+            let mut payload = read_payload(&mut reader)?;
+            // Rebuilt outside the lock: API reads go on meanwhile.
+            let image = std::mem::take(&mut payload.image);
+            let restored =
+                Applied::restored(image, payload.last_applied, payload.last_membership.clone());
             let index = payload.last_applied.map_or(0, |id| id.index);
-            // On disk first: once the machine is replaced, raft may purge the log it replaces.
-            // The records go first; if a crash falls in between, `open` finds the old snapshot
-            // and openraft sends this one again.
             let mut st = shared.write()?;
-            let at = payload.idempotency_index.unwrap_or(index).max(index);
-            shared.idem.replace_all(&payload.idempotency, at)?;
-            snapshots.persist(&meta, &data, snapshots.next_seq(), true)?;
-            *st = Applied {
-                machine,
-                last_applied: payload.last_applied,
-                last_membership: payload.last_membership,
-            };
+            if !install_records(&shared.idem, &mut reader, &mut payload)? {
+                // The sender had no records: none exist as of the snapshot.
+                shared.idem.replace_all(std::iter::empty(), index)?;
+            }
+            *st = restored;
             Ok(())
         });
-        install
-            .await
-            .map_err(|e| e.into_raft(|err| StorageIOError::write_snapshot(None, err)))
+        install.await.map_err(failed)
     }
 
     async fn get_current_snapshot(
@@ -362,12 +429,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
         let snapshots = self.snapshots.clone();
         let shared = self.shared.clone();
-        let current = blocking(move || with_records(snapshots.read_current()?, &shared))
+        let current = blocking(move || outgoing(&snapshots, &shared))
             .await
             .map_err(|e| e.into_raft(|err| StorageIOError::read_snapshot(None, err)))?;
-        Ok(current.map(|(meta, data)| Snapshot {
+        Ok(current.map(|(meta, stream)| Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data)),
+            snapshot: Box::new(stream),
         }))
     }
 }
@@ -379,9 +446,10 @@ pub struct SnapshotBuilder {
 }
 
 impl SnapshotBuilder {
-    fn build(&self) -> Result<(Meta, Vec<u8>), StoreError> {
-        // Clone under the read lock (O(1): the machine's collections are persistent), build
-        // the image and serialise outside it, so apply is never blocked by a snapshot.
+    fn build(&self) -> Result<(Meta, std::fs::File), StoreError> {
+        // Clone under the read lock (O(1): the machine's collections are persistent) and
+        // encode outside it, straight into the file, so apply is never blocked by a snapshot
+        // and no second copy of the state is built in memory.
         let (last_applied, last_membership, machine) = {
             let st = self.shared.inner.read().map_err(|_| StoreError::Poisoned)?;
             (
@@ -390,25 +458,24 @@ impl SnapshotBuilder {
                 st.machine.clone(),
             )
         };
-        let payload = SnapshotPayload {
-            last_applied,
-            last_membership,
-            image: machine.image(),
-            idempotency: Vec::new(),
-            idempotency_index: None,
-        };
-        let data = encode("snapshot", &payload)?;
         let seq = self.snapshots.next_seq();
-        let (term, index) = payload
-            .last_applied
-            .map_or((0, 0), |id| (id.leader_id.term, id.index));
+        let (term, index) = last_applied.map_or((0, 0), |id| (id.leader_id.term, id.index));
         let meta = Meta {
-            last_log_id: payload.last_applied,
-            last_membership: payload.last_membership,
+            last_log_id: last_applied,
+            last_membership: last_membership.clone(),
             snapshot_id: format!("{term}-{index}-{seq}"),
         };
-        self.snapshots.persist(&meta, &data, seq, false)?;
-        Ok((meta, data))
+        let payload = PayloadRef {
+            last_applied,
+            last_membership: &last_membership,
+            image: ImageRef(&machine),
+            idempotency: &[],
+            idempotency_index: None,
+        };
+        let (_, file) = self
+            .snapshots
+            .persist_built(&meta, seq, |out| encode_into("snapshot", &payload, out))?;
+        Ok((meta, file))
     }
 }
 
@@ -418,12 +485,12 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             shared: self.shared.clone(),
             snapshots: self.snapshots.clone(),
         };
-        let (meta, data) = in_background(move || builder.build())
+        let (meta, file) = in_background(move || builder.build())
             .await
             .map_err(|e| e.into_raft(|err| StorageIOError::write_snapshot(None, err)))?;
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data)),
+            snapshot: Box::new(SnapshotStream::durable(file)),
         })
     }
 }

@@ -3,7 +3,9 @@
 //! with that stamp would do. Dedup of retried acquires works inside a batch and across
 //! batches.
 
-use lock_core::machine::{Acquire, Batch, Command, LeaseId, LockMachine, Proposal, Response};
+use lock_core::machine::{
+    Acquire, Batch, Command, ImageRef, LeaseId, LockMachine, Proposal, Response,
+};
 use proptest::prelude::*;
 
 const GRACE: u64 = 1_000;
@@ -189,6 +191,11 @@ proptest! {
             prop_assert_eq!(&responses, &one_by_one);
             prop_assert_eq!(effects, one_by_one_fx);
             prop_assert_eq!(batched.image(), single.image());
+            // Snapshots serialise the machine in place; the bytes must be the image's.
+            prop_assert_eq!(
+                serde_json::to_vec(&ImageRef(&batched)).expect("in place"),
+                serde_json::to_vec(&batched.image()).expect("image")
+            );
             prop_assert!(batched.check_indexes().is_ok(), "{:?}", batched.check_indexes());
             // Invariant 1: at most one lease per resource; a grant answered twice in one batch
             // (a deduplicated retry) names the same lease and token.

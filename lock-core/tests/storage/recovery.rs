@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{ensure, Context, Result};
 use lock_core::machine::{Acquire, Command, Effect, LeaseId, Proposal, Response};
-use lock_core::raft::{NodeInfo, TypeConfig};
+use lock_core::raft::{NodeInfo, SnapshotStream, TypeConfig};
 use lock_core::store::{self, EffectSink, LogStore, StateMachineStore};
 use lock_core::testkit::phase;
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
@@ -16,8 +16,17 @@ use openraft::{
     StoredMembership, Vote,
 };
 use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 type Effects = Arc<Mutex<Vec<(u64, Vec<Effect>)>>>;
+
+/// The whole of a snapshot's bytes, as a leader would send them.
+async fn bytes_of(mut stream: Box<SnapshotStream>) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    stream.seek(std::io::SeekFrom::Start(0)).await?;
+    stream.read_to_end(&mut bytes).await?;
+    Ok(bytes)
+}
 
 fn log_id(term: u64, index: u64) -> LogId<u64> {
     LogId::new(CommittedLeaderId::new(term, 1), index)
@@ -162,7 +171,7 @@ async fn reopen_restores_vote_committed_log_snapshot_and_machine() -> Result<()>
     let snap = sm.get_snapshot_builder().await.build_snapshot().await?;
     ensure!(snap.meta.last_log_id == Some(log_id(2, 7)));
     ensure!(snap.meta.last_membership == StoredMembership::new(Some(log_id(1, 1)), membership()));
-    let snap_bytes = snap.snapshot.into_inner();
+    let snap_bytes = bytes_of(snap.snapshot).await?;
     sm.apply(entries[7..].to_vec()).await?;
     ensure!(shared.last_applied_index() == 8);
     let final_image = shared.read(|m| m.image());
@@ -192,7 +201,7 @@ async fn reopen_restores_vote_committed_log_snapshot_and_machine() -> Result<()>
         .context("snapshot survives")?;
     ensure!(current.meta == snap.meta, "snapshot meta survives");
     ensure!(
-        current.snapshot.into_inner() == snap_bytes,
+        bytes_of(current.snapshot).await? == snap_bytes,
         "snapshot bytes survive"
     );
 
@@ -297,7 +306,9 @@ async fn installed_snapshot_survives_reopen() -> Result<()> {
     phase("install it on another, which has applied nothing");
     let (_flog, mut follower, _) = open(follower_dir.path())?;
     let mut received = follower.begin_receiving_snapshot().await?;
-    *received = *snap.snapshot.clone();
+    let mut sent = snap.snapshot;
+    tokio::io::copy(&mut *sent, &mut *received).await?;
+    tokio::io::AsyncWriteExt::shutdown(&mut *received).await?;
     follower.install_snapshot(&snap.meta, received).await?;
     ensure!(follower.shared().read(|m| m.image()) == image);
     ensure!(follower.shared().last_applied_index() == 8);
