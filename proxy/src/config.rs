@@ -1,11 +1,14 @@
 //! Proxy configuration (the `[proxy]` table of a node's config file).
 
+use std::collections::HashMap;
+
 use lock_core::machine::{QuotaPolicy, QuotaSpec};
 use lock_core::node::TlsFiles;
 use serde::{Deserialize, Serialize};
 
 use crate::idempotency::{IdempotencyMode, IdempotencyOptions};
 use crate::route::RouteConfig;
+use crate::tenant::TenantSource;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -148,6 +151,55 @@ impl ProxyConfig {
         }
         Ok(())
     }
+
+    /// Checks the routes' tenant sources against the node's authentication (`auth_on`: keys
+    /// are checked) and returns one warning per route that lets clients name their tenant on
+    /// a node that checks keys.
+    pub fn check_tenants(&self, auth_on: bool) -> Result<Vec<String>, String> {
+        let mut warnings = Vec::new();
+        let mut quota_sources: HashMap<&str, (&str, TenantSource)> = HashMap::new();
+        for r in &self.routes {
+            let source = r.tenant_source(auth_on);
+            if source == TenantSource::ApiKey && !auth_on {
+                return Err(format!(
+                    "route {}: tenant = \"api_key\" needs API keys, but the node has auth = \
+                     \"off\"; set auth = \"on\" or take the tenant from a header \
+                     (tenant = \"header\")",
+                    r.path
+                ));
+            }
+            if source == TenantSource::Header && auth_on {
+                warnings.push(format!(
+                    "route {}: tenant = \"header\" on a node with auth = \"on\": clients of \
+                     this route choose their tenant ({}) for idempotency records and quotas, \
+                     and its writes are fenced in the default tenant's namespace",
+                    r.path, r.tenant_header
+                ));
+            }
+            // A quota's buckets are per tenant: if one route names the tenant by key and another
+            // by header, a header client could spend a keyed tenant's share.
+            if let Some(q) = &r.quota {
+                match quota_sources.get(q.as_str()) {
+                    Some((other, s)) if *s != source => {
+                        return Err(format!(
+                            "quota '{q}' is used by route {other} (tenant from {}) and route {} \
+                             (tenant from {}): its buckets would be shared by clients that \
+                             name their tenant and clients whose key names it; give both \
+                             routes the same tenant source or separate quotas",
+                            s.as_str(),
+                            r.path,
+                            source.as_str()
+                        ))
+                    }
+                    Some(_) => {}
+                    None => {
+                        quota_sources.insert(q, (&r.path, source));
+                    }
+                }
+            }
+        }
+        Ok(warnings)
+    }
 }
 
 /// A `[proxy]` table from a config file — arbitrary text, or TOML assembled from the real keys
@@ -164,6 +216,8 @@ mod fuzz {
     fn load(text: &str) {
         if let Ok(config) = toml::from_str::<ProxyConfig>(text) {
             if config.validate().is_ok() {
+                let _ = config.check_tenants(true);
+                let _ = config.check_tenants(false);
                 let _ = Routes::new(config.routes);
             }
         }
@@ -192,6 +246,7 @@ mod fuzz {
             Just("protected_methods"),
             Just("idempotency"),
             Just("tenant_header"),
+            Just("tenant"),
             Just("quota"),
             Just("cost"),
             Just("name"),

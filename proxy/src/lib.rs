@@ -19,4 +19,5 @@ pub mod route;
 pub mod send_deadline;
 pub mod server;
 pub mod service;
+pub mod tenant;
 pub mod verdict;

@@ -144,6 +144,9 @@ fn parse(text: &str) -> anyhow::Result<Loaded> {
     config.tls = file.node.tls;
     if let Some(p) = &file.proxy {
         p.validate().map_err(anyhow::Error::msg)?;
+        // Warnings are logged when the proxy starts; contradictions stop the node here.
+        p.check_tenants(config.auth == AuthMode::On)
+            .map_err(anyhow::Error::msg)?;
     }
     Ok(Loaded {
         listen: file.listen,

@@ -38,6 +38,12 @@ pub fn start(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<()>, ProxyError> {
     config.validate().map_err(ProxyError::Config)?;
+    for warning in config
+        .check_tenants(node.auth_on())
+        .map_err(ProxyError::Config)?
+    {
+        tracing::warn!("{warning}");
+    }
     let routes =
         Routes::new(config.routes.clone()).map_err(|e| ProxyError::Config(e.to_string()))?;
     let metrics = ProxyMetrics::new(&node.metrics.registry);
@@ -58,11 +64,14 @@ pub fn start(
              (demonstrations only)"
         );
     }
+    let keys = node.clone();
+    let auth_on = node.auth_on();
     let gate = Arc::new(FenceGate::new(node, config.grant_ms));
     let revocations = tokio::spawn(gate.clone().serve_revocations());
     let watchdog = Arc::new(SendWatchdog::default());
     let watching = tokio::spawn(watchdog.clone().run());
     let proxy = FenceProxy::new(routes, gate, metrics, watchdog)
+        .with_tenants_from_keys(keys, auth_on)
         .with_unsafe_no_fencing(config.unsafe_no_fencing)
         .with_idempotency(idempotency)
         .with_quotas(quotas.clone());
