@@ -202,6 +202,62 @@ impl ProxyConfig {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tenant::TenantSource;
+
+    fn dev() -> ProxyConfig {
+        ProxyConfig::dev("127.0.0.1:0".into(), "127.0.0.1:9".into())
+    }
+
+    #[test]
+    fn routes_follow_the_nodes_auth_and_contradictions_stop_the_start() {
+        // The dev routes say nothing: header tenants with keys off, key tenants with keys on.
+        assert_eq!(dev().check_tenants(false), Ok(Vec::new()));
+        assert_eq!(dev().check_tenants(true), Ok(Vec::new()));
+
+        // A route that wants keys on a node that checks none.
+        let mut keyed = dev();
+        keyed.routes[0].tenant = Some(TenantSource::ApiKey);
+        let err = keyed
+            .check_tenants(false)
+            .expect_err("api_key without auth");
+        assert!(err.contains("/kv/{key}") && err.contains("auth"), "{err}");
+        assert!(keyed.check_tenants(true).is_ok());
+
+        // A header route on a node with keys on starts, with a warning naming the route.
+        let mut open = dev();
+        open.routes[1].tenant = Some(TenantSource::Header);
+        let warnings = open.check_tenants(true).expect("allowed");
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("/orders"), "{warnings:?}");
+
+        // One quota's buckets reached by key tenants and by header tenants.
+        let mut mixed = dev();
+        let mut second = mixed.routes[2].clone();
+        second.path = "/limited2/{key}".into();
+        second.tenant = Some(TenantSource::Header);
+        mixed.routes.push(second);
+        let err = mixed
+            .check_tenants(true)
+            .expect_err("mixed sources on one quota");
+        assert!(err.contains("quota 'limited'"), "{err}");
+        assert!(mixed.check_tenants(false).is_ok());
+    }
+
+    #[test]
+    fn the_tenant_source_is_read_from_the_route_table() {
+        let text =
+            "listen = \"127.0.0.1:0\"\n[[routes]]\npath = \"/a/{k}\"\nresource = \"a:{k}\"\n\
+                    upstream = \"127.0.0.1:9\"\ntenant = \"api_key\"\n";
+        let config: ProxyConfig = toml::from_str(text).expect("parses");
+        assert_eq!(config.routes[0].tenant, Some(TenantSource::ApiKey));
+        let bad = text.replace("api_key", "client");
+        assert!(toml::from_str::<ProxyConfig>(&bad).is_err());
+    }
+}
+
 /// A `[proxy]` table from a config file — arbitrary text, or TOML assembled from the real keys
 /// with arbitrary values — parses and validates to a usable config or to an error, never a
 /// panic.

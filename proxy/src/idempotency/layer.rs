@@ -702,6 +702,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_keyed_request_reaches_the_upstream_with_its_tenant_and_without_its_key() {
+        let route = Route::compile(crate::route::RouteConfig::new("/o", "o", "127.0.0.1:9"))
+            .expect("route");
+        let mut req = pingora::http::RequestHeader::build("POST", b"/o", None).expect("head");
+        for (n, v) in [
+            ("authorization", "Bearer fgk_1_2"),
+            ("x-tenant", "acme"),
+            ("content-type", "text/plain"),
+        ] {
+            req.insert_header(n, v).expect("header");
+        }
+        let keyed = forwarded_headers(&req, &route, Some("acme"));
+        let names: Vec<&str> = keyed.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(!names.contains(&"authorization"), "{names:?}");
+        assert_eq!(
+            keyed
+                .iter()
+                .filter(|(n, _)| n.eq_ignore_ascii_case("x-tenant"))
+                .map(|(_, v)| v.as_slice())
+                .collect::<Vec<_>>(),
+            [b"acme".as_slice()]
+        );
+        // A header-tenant route forwards everything as it came.
+        let open = forwarded_headers(&req, &route, None);
+        assert_eq!(open.len(), 3);
+    }
+
+    #[test]
     fn keys_are_percent_encoded_in_the_lookup_path() {
         assert_eq!(percent_encode("abc-1_2.3~"), "abc-1_2.3~");
         assert_eq!(percent_encode("a/b c?"), "a%2Fb%20c%3F");

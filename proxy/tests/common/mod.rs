@@ -209,7 +209,19 @@ impl FenceHarness {
     }
 
     pub async fn start_with(adjust: impl FnOnce(&mut ProxyConfig)) -> Self {
-        let cluster = TestCluster::start(3).await;
+        Self::start_on(TestCluster::start(3).await, adjust).await
+    }
+
+    /// Like `start_with`, on a cluster that requires API keys (`auth = "on"`), with
+    /// `admin_token` as the bootstrap admin credential the harness's own lock calls carry.
+    pub async fn start_with_auth(admin_token: &str, adjust: impl FnOnce(&mut ProxyConfig)) -> Self {
+        let cluster =
+            TestCluster::start_with_auth(3, admin_token, lock_core::node::TenantPolicy::default())
+                .await;
+        Self::start_on(cluster, adjust).await
+    }
+
+    async fn start_on(cluster: TestCluster, adjust: impl FnOnce(&mut ProxyConfig)) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind store");
