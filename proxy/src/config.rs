@@ -62,7 +62,8 @@ impl ProxyConfig {
     /// required (tenant from `X-Tenant`, default `demo`) and lost answers reconciled through
     /// `GET /orders/by-key/{key}`; and `/limited/{key}` to the demo store, not fenced, limited
     /// per tenant (`X-Tenant`, default `demo`) to 100 requests/s with a burst of 200 across all
-    /// proxies of the cluster, `strict`.
+    /// proxies of the cluster, `strict`. The routes do not name a tenant source, so on nodes
+    /// with keys on (`fencegate dev --auth`) every tenant is the request's API key's instead.
     pub fn dev(listen: String, demo_store: String) -> Self {
         ProxyConfig {
             listen,
