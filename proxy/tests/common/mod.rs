@@ -466,3 +466,16 @@ pub fn assert_tokens_non_decreasing_per_key(log: &[StoreWrite]) {
         *h = t;
     }
 }
+
+/// Ports the OS has just handed out, for processes that take their ports as arguments. The
+/// listeners are dropped so the processes can bind them; a collision with another process in
+/// between is possible but unlikely.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("addr").port())
+        .collect()
+}
