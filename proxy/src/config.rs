@@ -6,6 +6,7 @@ use lock_core::machine::{QuotaPolicy, QuotaSpec};
 use lock_core::node::TlsFiles;
 use serde::{Deserialize, Serialize};
 
+use crate::conn_limits::ProxyLimits;
 use crate::idempotency::{IdempotencyMode, IdempotencyOptions};
 use crate::route::RouteConfig;
 use crate::tenant::TenantSource;
@@ -43,6 +44,9 @@ pub struct ProxyConfig {
     /// Serve the proxy over TLS with this certificate (`[proxy.tls]`; plain HTTP without).
     #[serde(default)]
     pub tls: Option<TlsFiles>,
+    /// The listener's connection cap and request-head deadline (`[proxy.limits]`).
+    #[serde(default)]
+    pub limits: ProxyLimits,
 }
 
 /// Longest admission grant: how long a release waits at most for a proxy that cannot confirm
@@ -72,6 +76,7 @@ impl ProxyConfig {
             unsafe_no_idempotency: false,
             unsafe_refill_on_renew: false,
             tls: None,
+            limits: ProxyLimits::default(),
             routes: vec![
                 RouteConfig::new("/kv/{key}", "kv:{key}", &demo_store),
                 RouteConfig {
@@ -109,6 +114,7 @@ impl ProxyConfig {
                 self.grant_ms
             ));
         }
+        self.limits.validate()?;
         let mut names = std::collections::HashSet::new();
         for q in &self.quotas {
             if !names.insert(q.name.as_str()) {
@@ -311,12 +317,15 @@ mod fuzz {
             Just("burst"),
             Just("policy"),
             Just("lease_ms"),
+            Just("max_connections"),
+            Just("header_timeout_ms"),
         ];
         prop_oneof![
             (key, value()).prop_map(|(k, v)| format!("{k} = {v}")),
             Just("[[routes]]".to_string()),
             Just("[[quotas]]".to_string()),
             Just("[tls]".to_string()),
+            Just("[limits]".to_string()),
         ]
     }
 

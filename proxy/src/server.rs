@@ -4,14 +4,17 @@
 use std::future::Future;
 use std::os::fd::IntoRawFd;
 use std::sync::Arc;
+use std::time::Duration;
 
 use lock_core::node::Node;
 use pingora::server::configuration::ServerConf;
 use pingora::server::{Fds, ListenFds};
+use pingora::services::listening::Service as ListeningService;
 use pingora::services::Service as _;
 use tokio::sync::watch;
 
 use crate::config::ProxyConfig;
+use crate::conn_limits::{Connections, Limited};
 use crate::gate::FenceGate;
 use crate::idempotency::IdempotencyLayer;
 use crate::metrics::ProxyMetrics;
@@ -47,6 +50,7 @@ pub fn start(
     let routes =
         Routes::new(config.routes.clone()).map_err(|e| ProxyError::Config(e.to_string()))?;
     let metrics = ProxyMetrics::new(&node.metrics.registry);
+    let connections = Connections::new(config.limits.clone(), &node.metrics.registry);
     let idempotency = Arc::new(
         IdempotencyLayer::new(node.clone(), &node.metrics.registry)
             .with_unsafe_no_records(config.unsafe_no_idempotency),
@@ -72,6 +76,7 @@ pub fn start(
     let watching = tokio::spawn(watchdog.clone().run());
     let proxy = FenceProxy::new(routes, gate, metrics, watchdog)
         .with_tenants_from_keys(keys, auth_on)
+        .with_header_timeout(Duration::from_millis(config.limits.header_timeout_ms))
         .with_unsafe_no_fencing(config.unsafe_no_fencing)
         .with_idempotency(idempotency)
         .with_quotas(quotas.clone());
@@ -89,7 +94,9 @@ pub fn start(
     }
 
     let server_conf = Arc::new(ServerConf::default());
-    let mut service = pingora::proxy::http_proxy_service(&server_conf, proxy);
+    // pingora's own service, with the connection cap and head deadline in front of its app.
+    let app = Limited::new(pingora::proxy::http_proxy(&server_conf, proxy), connections);
+    let mut service = ListeningService::new("fencing proxy".to_string(), app);
     let addr = listener.local_addr()?.to_string();
     listener.set_nonblocking(true)?;
     match &config.tls {

@@ -12,6 +12,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 use serde_json::{json, Value};
 
+use crate::conn_limits::{self, ProxyLimits};
 use crate::gate::{Admission, FenceGate, InFlightGuard};
 use crate::idempotency::{Handled, IdempotencyLayer, Permit, Refusal};
 use crate::metrics::ProxyMetrics;
@@ -42,6 +43,8 @@ pub struct FenceProxy {
     /// The node whose key table authenticates requests on routes that take the tenant from
     /// an API key, and whether it checks keys (which routes then do by default).
     keys: Option<(Arc<Node>, bool)>,
+    /// `[proxy.limits] header_timeout_ms`: re-armed for the next head when a request ends.
+    header_timeout: Duration,
 }
 
 /// Per-request state.
@@ -78,7 +81,14 @@ impl FenceProxy {
             quotas: None,
             watchdog,
             keys: None,
+            header_timeout: Duration::from_millis(ProxyLimits::default().header_timeout_ms),
         }
+    }
+
+    /// The listener's head deadline, which the service re-arms after each request.
+    pub fn with_header_timeout(mut self, timeout: Duration) -> Self {
+        self.header_timeout = timeout;
+        self
     }
 
     /// Lets routes take the tenant from an API key checked against `node`'s key table; with
@@ -299,6 +309,12 @@ impl ProxyHttp for FenceProxy {
             send_guard: None,
             key_tenant: None,
         }
+    }
+
+    /// The first hook after the head was read: the head deadline is met.
+    async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
+        conn_limits::head_read(session);
+        Ok(())
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
@@ -604,7 +620,8 @@ impl ProxyHttp for FenceProxy {
         }
     }
 
-    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut Ctx) {
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Ctx) {
+        conn_limits::request_done(session, self.header_timeout);
         self.metrics
             .seconds
             .with_label_values(&[ctx.outcome])
