@@ -7,14 +7,15 @@
 //! new connection's stream is wrapped in a [`LimitedStream`] that holds one of the
 //! `max_connections` slots until the connection is dropped, and whose reads fail once the head
 //! deadline has passed. The service marks the head as read in its first hook
-//! ([`head_read`]) and re-arms the deadline when a request ends ([`request_done`]), so the next
-//! head on a kept-alive connection — and the idle wait before it — gets the same bound, as on
-//! the node's listener. Body reads are not bounded by it (pingora's per-read timeout and the
-//! fence's send-by are).
+//! ([`head_read`]) and marks the connection idle when a request ends ([`request_done`]); the
+//! first byte of the next head on a kept-alive connection starts the deadline again. The idle
+//! wait itself stays pingora's keep-alive timeout (60 s), so clients that pool connections see
+//! the same idle lifetime as before. Body reads are not bounded by the deadline (pingora's
+//! per-read timeout and the fence's send-by are).
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -39,8 +40,8 @@ use tokio::time::{Instant, Sleep};
 pub struct ProxyLimits {
     /// Connections served at once; a connection beyond it is closed as soon as it is accepted.
     pub max_connections: usize,
-    /// Time a client has to send a whole request head, counted from the connection's start or
-    /// the end of its previous request (so it also closes idle kept-alive connections).
+    /// Time a client has to send a whole request head, counted from the connection's start or,
+    /// on a kept-alive connection, from the first byte of the next head.
     pub header_timeout_ms: u64,
 }
 
@@ -122,21 +123,28 @@ impl Drop for Slot {
     }
 }
 
+/// Where a connection is between heads, shared between the stream and the service's hooks.
+const HEAD_DUE: u8 = 0;
+const HEAD_READ: u8 = 1;
+const IDLE: u8 = 2;
+
 /// When the current request head must be in, shared between the stream and the service's hooks.
 struct HeadClock {
-    /// The head of the current request has been read: reads are not bounded.
-    read: AtomicBool,
-    /// The deadline, in ms after `base`.
+    /// `HEAD_DUE` (reads are bounded by the deadline), `HEAD_READ` (a body or an answer is on
+    /// its way: not bounded) or `IDLE` (between requests: the next byte starts a head).
+    state: AtomicU8,
+    /// The deadline while `HEAD_DUE`, in ms after `base`.
     deadline_ms: AtomicU64,
     base: Instant,
 }
 
 impl HeadClock {
+    /// A head is due within `timeout` from now.
     fn arm(&self, timeout: Duration) {
         let at = self.base.elapsed() + timeout;
         self.deadline_ms
             .store(at.as_millis() as u64, Ordering::Release);
-        self.read.store(false, Ordering::Release);
+        self.state.store(HEAD_DUE, Ordering::Release);
     }
 }
 
@@ -164,7 +172,7 @@ impl LimitedStream {
     fn new(inner: Stream, slot: Slot, connections: Arc<Connections>) -> Self {
         let base = Instant::now();
         let head = Arc::new(HeadClock {
-            read: AtomicBool::new(false),
+            state: AtomicU8::new(HEAD_DUE),
             deadline_ms: AtomicU64::new(0),
             base,
         });
@@ -185,7 +193,7 @@ impl LimitedStream {
     /// Whether the head deadline has passed while a head is awaited (and arms the timer that
     /// wakes the reader at that deadline).
     fn head_overdue(&mut self, cx: &mut Context<'_>) -> bool {
-        if self.head.read.load(Ordering::Acquire) {
+        if self.head.state.load(Ordering::Acquire) != HEAD_DUE {
             return false;
         }
         let deadline = self.head.deadline_ms.load(Ordering::Acquire);
@@ -214,7 +222,17 @@ impl AsyncRead for LimitedStream {
                 "the request head did not arrive within the proxy's header timeout",
             )));
         }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.inner).poll_read(cx, buf);
+        // The first byte after an idle wait starts the next head, and its deadline.
+        if matches!(read, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            let timeout = self.connections.timeout();
+            let head = &self.head;
+            if head.state.load(Ordering::Acquire) == IDLE {
+                head.arm(timeout);
+            }
+        }
+        read
     }
 }
 
@@ -329,15 +347,15 @@ fn clock(session: &Session) -> Option<&Arc<HeadClock>> {
 /// The request's head has been read: its body is not bounded by the head deadline.
 pub fn head_read(session: &Session) {
     if let Some(head) = clock(session) {
-        head.read.store(true, Ordering::Release);
+        head.state.store(HEAD_READ, Ordering::Release);
     }
 }
 
-/// The request is over: the connection's next head (and the idle wait before it) must arrive
-/// within the header timeout from now.
-pub fn request_done(session: &Session, timeout: Duration) {
+/// The request is over: the connection waits for its next head, whose first byte starts the
+/// deadline again.
+pub fn request_done(session: &Session) {
     if let Some(head) = clock(session) {
-        head.arm(timeout);
+        head.state.store(IDLE, Ordering::Release);
     }
 }
 

@@ -4,7 +4,6 @@
 use std::future::Future;
 use std::os::fd::IntoRawFd;
 use std::sync::Arc;
-use std::time::Duration;
 
 use lock_core::node::Node;
 use pingora::server::configuration::ServerConf;
@@ -76,7 +75,6 @@ pub fn start(
     let watching = tokio::spawn(watchdog.clone().run());
     let proxy = FenceProxy::new(routes, gate, metrics, watchdog)
         .with_tenants_from_keys(keys, auth_on)
-        .with_header_timeout(Duration::from_millis(config.limits.header_timeout_ms))
         .with_unsafe_no_fencing(config.unsafe_no_fencing)
         .with_idempotency(idempotency)
         .with_quotas(quotas.clone());

@@ -12,7 +12,7 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 use serde_json::{json, Value};
 
-use crate::conn_limits::{self, ProxyLimits};
+use crate::conn_limits;
 use crate::gate::{Admission, FenceGate, InFlightGuard};
 use crate::idempotency::{Handled, IdempotencyLayer, Permit, Refusal};
 use crate::metrics::ProxyMetrics;
@@ -43,8 +43,6 @@ pub struct FenceProxy {
     /// The node whose key table authenticates requests on routes that take the tenant from
     /// an API key, and whether it checks keys (which routes then do by default).
     keys: Option<(Arc<Node>, bool)>,
-    /// `[proxy.limits] header_timeout_ms`: re-armed for the next head when a request ends.
-    header_timeout: Duration,
 }
 
 /// Per-request state.
@@ -81,14 +79,7 @@ impl FenceProxy {
             quotas: None,
             watchdog,
             keys: None,
-            header_timeout: Duration::from_millis(ProxyLimits::default().header_timeout_ms),
         }
-    }
-
-    /// The listener's head deadline, which the service re-arms after each request.
-    pub fn with_header_timeout(mut self, timeout: Duration) -> Self {
-        self.header_timeout = timeout;
-        self
     }
 
     /// Lets routes take the tenant from an API key checked against `node`'s key table; with
@@ -621,7 +612,7 @@ impl ProxyHttp for FenceProxy {
     }
 
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Ctx) {
-        conn_limits::request_done(session, self.header_timeout);
+        conn_limits::request_done(session);
         self.metrics
             .seconds
             .with_label_values(&[ctx.outcome])

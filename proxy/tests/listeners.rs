@@ -190,8 +190,9 @@ async fn proxy_listener_serves_tls_with_the_configured_certificate() {
 }
 
 /// The proxy's request-head deadline (`[proxy.limits] header_timeout_ms`): a head trickled a
-/// byte at a time, a connection that sends nothing, and a kept-alive connection idle after its
-/// request are closed; a body that trickles after a prompt head is not cut by it.
+/// byte at a time, a connection that sends nothing, and the next head trickled on a kept-alive
+/// connection are closed; the idle wait between requests and a body that trickles after a
+/// prompt head are not cut by it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_listener_bounds_the_time_to_send_a_head() {
     let h = FenceHarness::start_with(|c| {
@@ -226,7 +227,7 @@ async fn proxy_listener_bounds_the_time_to_send_a_head() {
     let mut idle = raw_http::idle(proxy).await;
     assert!(raw_http::closed_within(&mut idle, WAIT).await);
 
-    phase("a kept-alive connection is closed when no next head follows its answer");
+    phase("a kept-alive connection idles as before; its next head, trickled, is cut off");
     let mut conn = tokio::net::TcpStream::connect(proxy)
         .await
         .expect("connect");
@@ -236,7 +237,19 @@ async fn proxy_listener_bounds_the_time_to_send_a_head() {
     let mut buf = [0u8; 1024];
     let n = conn.read(&mut buf).await.expect("answer");
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 404"));
-    assert!(raw_http::closed_within(&mut conn, WAIT).await);
+    assert!(
+        !raw_http::closed_within(&mut conn, Duration::from_millis(1_500)).await,
+        "an idle kept-alive connection was closed by the head deadline"
+    );
+    let got = raw_http::exchange(
+        conn,
+        vec![],
+        bytewise(head.as_bytes()),
+        Duration::from_millis(100),
+        WAIT,
+    )
+    .await;
+    assert!(got.closed && got.status.is_none(), "{got:?}");
 
     phase("a body trickled for longer than the head deadline still arrives whole");
     let head =
