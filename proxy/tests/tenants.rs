@@ -76,8 +76,8 @@ impl Tenant {
         (status, resp.json().await.unwrap_or(Value::Null))
     }
 
-    /// Acquires `resource` in this tenant's namespace; returns its fencing token.
-    async fn acquire(&self, h: &FenceHarness, resource: &str) -> u64 {
+    /// Acquires `resource` in this tenant's namespace; returns its fencing token and lease id.
+    async fn acquire(&self, h: &FenceHarness, resource: &str) -> (u64, String) {
         let (status, body) = self
             .call(
                 h,
@@ -90,7 +90,10 @@ impl Tenant {
             )
             .await;
         assert_eq!(status, 200, "{} acquires {resource}: {body}", self.name);
-        body["fencing_token"].as_u64().expect("fencing_token")
+        (
+            body["fencing_token"].as_u64().expect("fencing_token"),
+            body["lease_id"].as_str().expect("lease_id").to_string(),
+        )
     }
 
     /// `w` with this tenant's key.
@@ -325,7 +328,7 @@ async fn a_fence_token_admits_only_its_tenants_writes() {
     let bolt = Tenant::create(&h, "bolt").await;
 
     phase("acme takes kv:x in its namespace and writes /kv/x with its token");
-    let acme_token = acme.acquire(&h, "kv:x").await;
+    let (acme_token, acme_lease) = acme.acquire(&h, "kv:x").await;
     let r = h
         .client
         .send(1, &acme.sign(Write::put("x", acme_token, "acme-1")))
@@ -367,7 +370,7 @@ async fn a_fence_token_admits_only_its_tenants_writes() {
     );
 
     phase("bolt's own lock of kv:x admits bolt's writes, to bolt's copy of x");
-    let bolt_token = bolt.acquire(&h, "kv:x").await;
+    let (bolt_token, _) = bolt.acquire(&h, "kv:x").await;
     assert!(bolt_token > acme_token, "tokens stay one global counter");
     let r = h
         .client
@@ -384,6 +387,35 @@ async fn a_fence_token_admits_only_its_tenants_writes() {
         r.body
     );
 
+    phase("acme releases: every proxy refuses acme's token at once, bolt's still writes");
+    let (status, body) = acme
+        .call(
+            &h,
+            h.cluster.running()[0],
+            Method::POST,
+            "/v1/locks/kv:x/release",
+            Some(json!({ "lease_id": acme_lease })),
+        )
+        .await;
+    assert_eq!((status, &body["released"]), (200, &json!(true)), "{body}");
+    for id in h.proxy_ids() {
+        let r = h
+            .client
+            .send(id, &acme.sign(Write::put("x", acme_token, "acme-late")))
+            .await;
+        assert_eq!(
+            (r.status, r.code()),
+            (412, "stale_fencing_token"),
+            "via proxy {id}: {}",
+            r.body
+        );
+    }
+    let r = h
+        .client
+        .send(1, &bolt.sign(Write::put("x", bolt_token, "bolt-2")))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+
     phase("the store got exactly the admitted writes, each in its tenant's copy");
     let landed: Vec<(String, Option<u64>, String)> = h
         .client
@@ -398,6 +430,7 @@ async fn a_fence_token_admits_only_its_tenants_writes() {
             ("acme#x".to_string(), Some(acme_token), "acme-1".to_string()),
             ("bolt#x".to_string(), Some(bolt_token), "bolt-1".to_string()),
             ("acme#x".to_string(), Some(acme_token), "acme-2".to_string()),
+            ("bolt#x".to_string(), Some(bolt_token), "bolt-2".to_string()),
         ]
     );
     h.shutdown().await;
