@@ -110,7 +110,8 @@ impl FenceProxy {
             // The config check refuses api_key routes without keys; refuse rather than guess.
             let body = ErrorBody::new(
                 ErrorCode::Unauthenticated,
-                "This proxy route takes the tenant from an API key, but this proxy has no key                  table; nothing was forwarded.",
+                "This proxy route takes the tenant from an API key, but this proxy has no key \
+                 table; nothing was forwarded.",
             );
             return Err((ErrorCode::Unauthenticated.status(), body));
         };
