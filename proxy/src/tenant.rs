@@ -78,13 +78,7 @@ pub fn authenticate(
 ) -> Result<Caller, Denied> {
     let presented = bearer(req);
     let checked = node.authenticate(presented).and_then(|caller| {
-        let other_tenant = route.tenant_headers().any(|name| {
-            req.headers
-                .get_all(name)
-                .iter()
-                .any(|v| v.as_bytes() != caller.tenant.as_bytes())
-        });
-        if other_tenant {
+        if names_another_tenant(route, req, &caller.tenant) {
             Err(Denied::Tenant)
         } else {
             Ok(caller)
@@ -95,6 +89,17 @@ pub fn authenticate(
         node.record_denied(denied, req.method.as_str(), &path, presented);
     }
     checked
+}
+
+/// Whether any copy of any of the route's tenant headers names another tenant than `tenant`
+/// (every copy counts: a store may read another one than the proxy did).
+fn names_another_tenant(route: &RouteConfig, req: &RequestHeader, tenant: &str) -> bool {
+    route.tenant_headers().any(|name| {
+        req.headers
+            .get_all(name)
+            .iter()
+            .any(|v| v.as_bytes() != tenant.as_bytes())
+    })
 }
 
 /// The sentence a refused client reads.
@@ -132,6 +137,27 @@ mod tests {
         assert_eq!(route.tenant_source(true), TenantSource::Header);
         route.tenant = Some(TenantSource::ApiKey);
         assert_eq!(route.tenant_source(false), TenantSource::ApiKey);
+    }
+
+    #[test]
+    fn every_copy_of_every_tenant_header_must_name_the_keys_tenant() {
+        let mut route = RouteConfig::new("/o", "o", "127.0.0.1:9");
+        route.idempotency_options.tenant_header = "X-Org".into();
+        let request = |headers: &[(&'static str, &'static str)]| {
+            let mut req = RequestHeader::build("POST", b"/o", None).expect("head");
+            for (n, v) in headers {
+                req.append_header(*n, *v).expect("header");
+            }
+            req
+        };
+        let check = |headers| names_another_tenant(&route, &request(headers), "acme");
+        assert!(!check(&[]));
+        assert!(!check(&[("x-tenant", "acme"), ("x-org", "acme")]));
+        assert!(check(&[("x-tenant", "bolt")]));
+        assert!(check(&[("x-org", "bolt")]));
+        assert!(check(&[("x-tenant", "acme"), ("x-tenant", "bolt")]));
+        assert!(check(&[("x-tenant", "ACME")]));
+        assert!(check(&[("x-tenant", "")]));
     }
 
     #[test]
