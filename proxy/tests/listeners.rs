@@ -189,6 +189,12 @@ async fn proxy_listener_serves_tls_with_the_configured_certificate() {
     assert!(got.body.contains("no such key"), "{got:?}");
 }
 
+/// Sends `head` on `conn` a byte every 100 ms, reading what comes back for up to `WAIT`.
+async fn trickle(conn: tokio::net::TcpStream, head: &str) -> raw_http::RawReply {
+    let bytes = bytewise(head.as_bytes());
+    raw_http::exchange(conn, vec![], bytes, Duration::from_millis(100), WAIT).await
+}
+
 /// The proxy's request-head deadline (`[proxy.limits] header_timeout_ms`): a head trickled a
 /// byte at a time, a connection that sends nothing, and the next head trickled on a kept-alive
 /// connection are closed; the idle wait between requests and a body that trickles after a
@@ -213,14 +219,7 @@ async fn proxy_listener_bounds_the_time_to_send_a_head() {
         "GET /kv/a HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n",
         "a".repeat(200)
     );
-    let got = raw_http::send(
-        proxy,
-        vec![],
-        bytewise(head.as_bytes()),
-        Duration::from_millis(100),
-        WAIT,
-    )
-    .await;
+    let got = trickle(raw_http::idle(proxy).await, &head).await;
     assert!(got.closed && got.status.is_none(), "{got:?}");
 
     phase("a connection that sends nothing is closed");
@@ -241,14 +240,7 @@ async fn proxy_listener_bounds_the_time_to_send_a_head() {
         !raw_http::closed_within(&mut conn, Duration::from_millis(1_500)).await,
         "an idle kept-alive connection was closed by the head deadline"
     );
-    let got = raw_http::exchange(
-        conn,
-        vec![],
-        bytewise(head.as_bytes()),
-        Duration::from_millis(100),
-        WAIT,
-    )
-    .await;
+    let got = trickle(conn, &head).await;
     assert!(got.closed && got.status.is_none(), "{got:?}");
 
     phase("a body trickled for longer than the head deadline still arrives whole");
