@@ -1,11 +1,15 @@
 //! Proxy configuration (the `[proxy]` table of a node's config file).
 
+use std::collections::HashMap;
+
 use lock_core::machine::{QuotaPolicy, QuotaSpec};
 use lock_core::node::TlsFiles;
 use serde::{Deserialize, Serialize};
 
+use crate::conn_limits::ProxyLimits;
 use crate::idempotency::{IdempotencyMode, IdempotencyOptions};
 use crate::route::RouteConfig;
+use crate::tenant::TenantSource;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,6 +44,9 @@ pub struct ProxyConfig {
     /// Serve the proxy over TLS with this certificate (`[proxy.tls]`; plain HTTP without).
     #[serde(default)]
     pub tls: Option<TlsFiles>,
+    /// The listener's connection cap and request-head deadline (`[proxy.limits]`).
+    #[serde(default)]
+    pub limits: ProxyLimits,
 }
 
 /// Longest admission grant: how long a release waits at most for a proxy that cannot confirm
@@ -59,7 +66,8 @@ impl ProxyConfig {
     /// required (tenant from `X-Tenant`, default `demo`) and lost answers reconciled through
     /// `GET /orders/by-key/{key}`; and `/limited/{key}` to the demo store, not fenced, limited
     /// per tenant (`X-Tenant`, default `demo`) to 100 requests/s with a burst of 200 across all
-    /// proxies of the cluster, `strict`.
+    /// proxies of the cluster, `strict`. The routes do not name a tenant source, so on nodes
+    /// with keys on (`fencegate dev --auth`) every tenant is the request's API key's instead.
     pub fn dev(listen: String, demo_store: String) -> Self {
         ProxyConfig {
             listen,
@@ -68,6 +76,7 @@ impl ProxyConfig {
             unsafe_no_idempotency: false,
             unsafe_refill_on_renew: false,
             tls: None,
+            limits: ProxyLimits::default(),
             routes: vec![
                 RouteConfig::new("/kv/{key}", "kv:{key}", &demo_store),
                 RouteConfig {
@@ -105,6 +114,7 @@ impl ProxyConfig {
                 self.grant_ms
             ));
         }
+        self.limits.validate()?;
         let mut names = std::collections::HashSet::new();
         for q in &self.quotas {
             if !names.insert(q.name.as_str()) {
@@ -148,6 +158,111 @@ impl ProxyConfig {
         }
         Ok(())
     }
+
+    /// Checks the routes' tenant sources against the node's authentication (`auth_on`: keys
+    /// are checked) and returns one warning per route that lets clients name their tenant on
+    /// a node that checks keys.
+    pub fn check_tenants(&self, auth_on: bool) -> Result<Vec<String>, String> {
+        let mut warnings = Vec::new();
+        let mut quota_sources: HashMap<&str, (&str, TenantSource)> = HashMap::new();
+        for r in &self.routes {
+            let source = r.tenant_source(auth_on);
+            if source == TenantSource::ApiKey && !auth_on {
+                return Err(format!(
+                    "route {}: tenant = \"api_key\" needs API keys, but the node has auth = \
+                     \"off\"; set auth = \"on\" or take the tenant from a header \
+                     (tenant = \"header\")",
+                    r.path
+                ));
+            }
+            if source == TenantSource::Header && auth_on {
+                warnings.push(format!(
+                    "route {}: tenant = \"header\" on a node with auth = \"on\": clients of \
+                     this route choose their tenant ({}) for idempotency records and quotas, \
+                     and its writes are fenced in the default tenant's namespace",
+                    r.path, r.tenant_header
+                ));
+            }
+            // A quota's buckets are per tenant: if one route names the tenant by key and another
+            // by header, a header client could spend a keyed tenant's share.
+            if let Some(q) = &r.quota {
+                match quota_sources.get(q.as_str()) {
+                    Some((other, s)) if *s != source => {
+                        return Err(format!(
+                            "quota '{q}' is used by route {other} (tenant from {}) and route {} \
+                             (tenant from {}): its buckets would be shared by clients that \
+                             name their tenant and clients whose key names it; give both \
+                             routes the same tenant source or separate quotas",
+                            s.as_str(),
+                            r.path,
+                            source.as_str()
+                        ))
+                    }
+                    Some(_) => {}
+                    None => {
+                        quota_sources.insert(q, (&r.path, source));
+                    }
+                }
+            }
+        }
+        Ok(warnings)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tenant::TenantSource;
+
+    fn dev() -> ProxyConfig {
+        ProxyConfig::dev("127.0.0.1:0".into(), "127.0.0.1:9".into())
+    }
+
+    #[test]
+    fn routes_follow_the_nodes_auth_and_contradictions_stop_the_start() {
+        // The dev routes say nothing: header tenants with keys off, key tenants with keys on.
+        assert_eq!(dev().check_tenants(false), Ok(Vec::new()));
+        assert_eq!(dev().check_tenants(true), Ok(Vec::new()));
+
+        // A route that wants keys on a node that checks none.
+        let mut keyed = dev();
+        keyed.routes[0].tenant = Some(TenantSource::ApiKey);
+        let err = keyed
+            .check_tenants(false)
+            .expect_err("api_key without auth");
+        assert!(err.contains("/kv/{key}") && err.contains("auth"), "{err}");
+        assert!(keyed.check_tenants(true).is_ok());
+
+        // A header route on a node with keys on starts, with a warning naming the route.
+        let mut open = dev();
+        open.routes[1].tenant = Some(TenantSource::Header);
+        let warnings = open.check_tenants(true).expect("allowed");
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("/orders"), "{warnings:?}");
+
+        // One quota's buckets reached by key tenants and by header tenants.
+        let mut mixed = dev();
+        let mut second = mixed.routes[2].clone();
+        second.path = "/limited2/{key}".into();
+        second.tenant = Some(TenantSource::Header);
+        mixed.routes.push(second);
+        let err = mixed
+            .check_tenants(true)
+            .expect_err("mixed sources on one quota");
+        assert!(err.contains("quota 'limited'"), "{err}");
+        assert!(mixed.check_tenants(false).is_ok());
+    }
+
+    #[test]
+    fn the_tenant_source_is_read_from_the_route_table() {
+        let text =
+            "listen = \"127.0.0.1:0\"\n[[routes]]\npath = \"/a/{k}\"\nresource = \"a:{k}\"\n\
+                    upstream = \"127.0.0.1:9\"\ntenant = \"api_key\"\n";
+        let config: ProxyConfig = toml::from_str(text).expect("parses");
+        assert_eq!(config.routes[0].tenant, Some(TenantSource::ApiKey));
+        let bad = text.replace("api_key", "client");
+        assert!(toml::from_str::<ProxyConfig>(&bad).is_err());
+    }
 }
 
 /// A `[proxy]` table from a config file — arbitrary text, or TOML assembled from the real keys
@@ -164,6 +279,8 @@ mod fuzz {
     fn load(text: &str) {
         if let Ok(config) = toml::from_str::<ProxyConfig>(text) {
             if config.validate().is_ok() {
+                let _ = config.check_tenants(true);
+                let _ = config.check_tenants(false);
                 let _ = Routes::new(config.routes);
             }
         }
@@ -192,6 +309,7 @@ mod fuzz {
             Just("protected_methods"),
             Just("idempotency"),
             Just("tenant_header"),
+            Just("tenant"),
             Just("quota"),
             Just("cost"),
             Just("name"),
@@ -199,12 +317,15 @@ mod fuzz {
             Just("burst"),
             Just("policy"),
             Just("lease_ms"),
+            Just("max_connections"),
+            Just("header_timeout_ms"),
         ];
         prop_oneof![
             (key, value()).prop_map(|(k, v)| format!("{k} = {v}")),
             Just("[[routes]]".to_string()),
             Just("[[quotas]]".to_string()),
             Just("[tls]".to_string()),
+            Just("[limits]".to_string()),
         ]
     }
 

@@ -5,7 +5,8 @@
 //! accepted write in the order it was applied, with the `Fence-Token` header it carried (the
 //! store records it, it does not check it), so tests can prove what landed and in which order.
 //! A write may ask to be applied late with `X-Demo-Delay-Ms: N` (at most 60 s), which is how
-//! tests model a slow upstream.
+//! tests model a slow upstream. A `/kv` request with `X-Tenant: T` reaches tenant T's own copy
+//! of the key (logged as `T#key`); without it, the shared one.
 //!
 //! `/limited/{key}` answers 200 to GET, PUT and POST: the upstream of the rate-limited route.
 //! The store records each such request with its own wall-clock time of arrival and the
@@ -164,8 +165,22 @@ fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Store> {
     shared.store.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-async fn get_key(State(store): State<Shared>, Path(key): Path<String>) -> Response {
-    match lock(&store).data.get(&key) {
+/// Where `key` is kept: a request with `X-Tenant` (a proxy whose routes take the tenant from
+/// API keys sets it to the key's tenant) reaches that tenant's own copy, so two tenants'
+/// independent locks on the same name never guard the same data; without it, the shared one.
+fn kv_slot(headers: &HeaderMap, key: &str) -> String {
+    match headers.get("x-tenant").and_then(|v| v.to_str().ok()) {
+        Some(tenant) => format!("{tenant}#{key}"),
+        None => key.to_string(),
+    }
+}
+
+async fn get_key(
+    State(store): State<Shared>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    match lock(&store).data.get(&kv_slot(&headers, &key)) {
         Some(v) => v.clone().into_response(),
         None => (StatusCode::NOT_FOUND, "no such key\n").into_response(),
     }
@@ -186,17 +201,18 @@ async fn put_key(
     if let Some(ms) = header("x-demo-delay-ms") {
         tokio::time::sleep(Duration::from_millis(ms.min(60_000))).await;
     }
+    let slot = kv_slot(&headers, &key);
     let mut s = lock(&store);
     let seq = s.log.len() as u64 + 1;
     s.log.push(LogEntry {
         seq,
-        key: key.clone(),
+        key: slot.clone(),
         fence_token: header("fence-token"),
         value: String::from_utf8_lossy(&body).into_owned(),
         idempotency_key: None,
         tenant: None,
     });
-    s.data.insert(key, body);
+    s.data.insert(slot, body);
     (StatusCode::OK, Json(serde_json::json!({ "seq": seq }))).into_response()
 }
 

@@ -141,6 +141,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             "  lock API authentication: on (every /v1 call needs 'Authorization: Bearer <key>'; \
              make keys with: fencegate keys create --tenant NAME --admin-token {admin_token})"
         );
+        println!(
+            "  proxy tenants: from the API key (idempotency records, quotas and the locks a \
+             write is fenced with are the key's tenant's; an X-Tenant header must name it)"
+        );
         format!(" -H 'Authorization: Bearer {admin_token}'")
     } else {
         println!("  admin token (for the UI's operator actions): {admin_token}");
@@ -148,6 +152,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             "  lock API authentication: off (any local client may call /v1/locks; \
              start with --auth to require API keys)"
         );
+        println!("  proxy tenants: from the X-Tenant header (default demo)");
         String::new()
     };
     println!(
@@ -159,13 +164,15 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     println!(
         r#"  curl -s -XPOST http://{api}/v1/locks/kv:demo/acquire{auth_header} -d '{{"request_id":"r1"}}'"#
     );
-    println!("  curl -s -XPUT http://{proxy}/kv/demo -H 'Fence-Token: <fencing_token>' -d hello");
+    println!(
+        "  curl -s -XPUT http://{proxy}/kv/demo{auth_header} -H 'Fence-Token: <fencing_token>' -d hello"
+    );
     println!(
         r#"  curl -s -XPOST http://{api}/v1/locks/kv:demo/release{auth_header} -d '{{"lease_id":"<lease_id>"}}'"#
     );
     println!("Create an order; repeat the same line and the answer is replayed, not re-run:");
     println!(
-        r#"  curl -si -XPOST http://{proxy}/orders -H 'Idempotency-Key: order-1' -d '{{"item":"book"}}'"#
+        r#"  curl -si -XPOST http://{proxy}/orders{auth_header} -H 'Idempotency-Key: order-1' -d '{{"item":"book"}}'"#
     );
     println!();
     println!("Ctrl-C stops it; restarting with the same --data-dir keeps all state.");

@@ -10,6 +10,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod config;
+pub mod conn_limits;
 pub mod demo_store;
 pub mod gate;
 pub mod idempotency;
@@ -19,4 +20,5 @@ pub mod route;
 pub mod send_deadline;
 pub mod server;
 pub mod service;
+pub mod tenant;
 pub mod verdict;

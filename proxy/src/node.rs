@@ -144,6 +144,9 @@ fn parse(text: &str) -> anyhow::Result<Loaded> {
     config.tls = file.node.tls;
     if let Some(p) = &file.proxy {
         p.validate().map_err(anyhow::Error::msg)?;
+        // Warnings are logged when the proxy starts; contradictions stop the node here.
+        p.check_tenants(config.auth == AuthMode::On)
+            .map_err(anyhow::Error::msg)?;
     }
     Ok(Loaded {
         listen: file.listen,
@@ -310,6 +313,26 @@ mod tests {
         assert!(parse(&format!("{base}auth = \"maybe\"\n")).is_err());
         let short = format!("{base}auth = \"on\"\nadmin_token = \"short\"\n");
         assert!(parse(&short).is_err());
+    }
+
+    /// A proxy route that takes the tenant from API keys on a node that checks none is a
+    /// contradiction the start refuses, naming the route.
+    #[test]
+    fn a_key_tenant_route_needs_auth_on() {
+        let base =
+            "listen = \"127.0.0.1:7001\"\npeer_listen = \"127.0.0.1:7101\"\n[node]\nid = 1\n\
+                    data_dir = \"/tmp/x\"\npeer_secret = \"0123456789abcdef0123\"\n\
+                    admin_token = \"0123456789abcdef0123\"\n";
+        let proxy = "[proxy]\nlisten = \"127.0.0.1:8001\"\n[[proxy.routes]]\npath = \"/kv/{k}\"\n\
+                     resource = \"kv:{k}\"\nupstream = \"127.0.0.1:9000\"\ntenant = \"api_key\"\n";
+        let off = format!("{base}auth = \"off\"\n{proxy}");
+        let err = format!("{:#}", parse(&off).err().expect("refused"));
+        assert!(
+            err.contains("/kv/{k}") && err.contains("auth = \"on\""),
+            "{err}"
+        );
+        let on = format!("{base}auth = \"on\"\n{proxy}");
+        assert!(parse(&on).is_ok());
     }
 
     mod fuzz {

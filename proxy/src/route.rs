@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::idempotency::{IdempotencyMode, IdempotencyOptions};
+use crate::tenant::TenantSource;
 
 /// One configured route.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -35,7 +36,14 @@ pub struct RouteConfig {
     /// tenant; none by default.
     #[serde(default)]
     pub quota: Option<String>,
-    /// Header naming the tenant a request is counted for (missing: tenant `demo`).
+    /// Where a request's tenant comes from: `header` (the client's tenant header) or
+    /// `api_key` (the tenant of its `Authorization: Bearer` key). Unset: from the key when the
+    /// node has `auth = "on"`, from the header when it has `auth = "off"`.
+    #[serde(default)]
+    pub tenant: Option<TenantSource>,
+    /// Header naming the tenant a request is counted for (missing: tenant `demo`). With the
+    /// tenant from the key, a request may carry it only with the key's tenant, and the proxy
+    /// sets it to the key's tenant on the request it forwards.
     #[serde(default = "default_tenant_header")]
     pub tenant_header: String,
     /// Weight of one request of this route against its quota.
@@ -63,6 +71,7 @@ impl RouteConfig {
             idempotency: IdempotencyMode::Off,
             idempotency_options: IdempotencyOptions::default(),
             quota: None,
+            tenant: None,
             tenant_header: default_tenant_header(),
             cost: default_cost(),
         }

@@ -8,10 +8,12 @@ use std::sync::Arc;
 use lock_core::node::Node;
 use pingora::server::configuration::ServerConf;
 use pingora::server::{Fds, ListenFds};
+use pingora::services::listening::Service as ListeningService;
 use pingora::services::Service as _;
 use tokio::sync::watch;
 
 use crate::config::ProxyConfig;
+use crate::conn_limits::{Connections, Limited};
 use crate::gate::FenceGate;
 use crate::idempotency::IdempotencyLayer;
 use crate::metrics::ProxyMetrics;
@@ -38,9 +40,16 @@ pub fn start(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<()>, ProxyError> {
     config.validate().map_err(ProxyError::Config)?;
+    for warning in config
+        .check_tenants(node.auth_on())
+        .map_err(ProxyError::Config)?
+    {
+        tracing::warn!("{warning}");
+    }
     let routes =
         Routes::new(config.routes.clone()).map_err(|e| ProxyError::Config(e.to_string()))?;
     let metrics = ProxyMetrics::new(&node.metrics.registry);
+    let connections = Connections::new(config.limits.clone(), &node.metrics.registry);
     let idempotency = Arc::new(
         IdempotencyLayer::new(node.clone(), &node.metrics.registry)
             .with_unsafe_no_records(config.unsafe_no_idempotency),
@@ -58,11 +67,14 @@ pub fn start(
              (demonstrations only)"
         );
     }
+    let keys = node.clone();
+    let auth_on = node.auth_on();
     let gate = Arc::new(FenceGate::new(node, config.grant_ms));
     let revocations = tokio::spawn(gate.clone().serve_revocations());
     let watchdog = Arc::new(SendWatchdog::default());
     let watching = tokio::spawn(watchdog.clone().run());
     let proxy = FenceProxy::new(routes, gate, metrics, watchdog)
+        .with_tenants_from_keys(keys, auth_on)
         .with_unsafe_no_fencing(config.unsafe_no_fencing)
         .with_idempotency(idempotency)
         .with_quotas(quotas.clone());
@@ -80,7 +92,9 @@ pub fn start(
     }
 
     let server_conf = Arc::new(ServerConf::default());
-    let mut service = pingora::proxy::http_proxy_service(&server_conf, proxy);
+    // pingora's own service, with the connection cap and head deadline in front of its app.
+    let app = Limited::new(pingora::proxy::http_proxy(&server_conf, proxy), connections);
+    let mut service = ListeningService::new("fencing proxy".to_string(), app);
     let addr = listener.local_addr()?.to_string();
     listener.set_nonblocking(true)?;
     match &config.tls {

@@ -12,14 +12,19 @@ use pingora::proxy::{FailToProxy, ProxyHttp, Session};
 use pingora::{Error, ErrorSource, ErrorType, Result};
 use serde_json::{json, Value};
 
+use crate::conn_limits;
 use crate::gate::{Admission, FenceGate, InFlightGuard};
 use crate::idempotency::{Handled, IdempotencyLayer, Permit, Refusal};
 use crate::metrics::ProxyMetrics;
 use crate::quota::QuotaLimiter;
 use crate::route::{check_path, Route, Routes};
 use crate::send_deadline::{self, SendGuard, SendWatchdog};
+use crate::tenant::{self, TenantSource};
 use crate::verdict::{check_resource_header, parse_token, Rejection};
-use lock_core::wire::{ErrorBody, ErrorCode, FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
+use lock_core::node::{Denied, Node};
+use lock_core::wire::{
+    scoped_name, ErrorBody, ErrorCode, FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER,
+};
 use pingora::http::RequestHeader;
 use pingora::OrErr;
 
@@ -35,6 +40,9 @@ pub struct FenceProxy {
     quotas: Option<Arc<QuotaLimiter>>,
     /// Cuts a fenced write's upstream connection that is still sending at its send-by.
     watchdog: Arc<SendWatchdog>,
+    /// The node whose key table authenticates requests on routes that take the tenant from
+    /// an API key, and whether it checks keys (which routes then do by default).
+    keys: Option<(Arc<Node>, bool)>,
 }
 
 /// Per-request state.
@@ -50,6 +58,9 @@ pub struct Ctx {
     in_flight: Option<InFlightGuard>,
     /// A fenced write's upstream connection under the send-by watchdog, until answered.
     send_guard: Option<SendGuard>,
+    /// On a route that takes the tenant from the API key: the key's tenant, which the
+    /// forwarded request carries in the route's tenant header instead of the key.
+    key_tenant: Option<String>,
 }
 
 impl FenceProxy {
@@ -67,6 +78,54 @@ impl FenceProxy {
             idempotency: None,
             quotas: None,
             watchdog,
+            keys: None,
+        }
+    }
+
+    /// Lets routes take the tenant from an API key checked against `node`'s key table; with
+    /// `auth_on`, routes that do not say otherwise do.
+    pub fn with_tenants_from_keys(mut self, node: Arc<Node>, auth_on: bool) -> Self {
+        self.keys = Some((node, auth_on));
+        self
+    }
+
+    /// Where `route` takes its tenant from.
+    fn tenant_source(&self, route: &Route) -> TenantSource {
+        route
+            .config
+            .tenant_source(self.keys.as_ref().is_some_and(|(_, on)| *on))
+    }
+
+    /// On a route that takes the tenant from the API key: the key's tenant, or the refusal the
+    /// client gets. `Ok(None)` on a route that takes it from a header.
+    fn key_tenant(
+        &self,
+        route: &Route,
+        req: &RequestHeader,
+    ) -> std::result::Result<Option<String>, (u16, ErrorBody)> {
+        if self.tenant_source(route) != TenantSource::ApiKey {
+            return Ok(None);
+        }
+        let Some((node, _)) = &self.keys else {
+            // The config check refuses api_key routes without keys; refuse rather than guess.
+            let body = ErrorBody::new(
+                ErrorCode::Unauthenticated,
+                "This proxy route takes the tenant from an API key, but this proxy has no key \
+                 table; nothing was forwarded.",
+            );
+            return Err((ErrorCode::Unauthenticated.status(), body));
+        };
+        match tenant::authenticate(node, &route.config, req) {
+            Ok(caller) => Ok(Some(caller.tenant)),
+            Err(denied) => {
+                let code = match denied {
+                    Denied::Missing | Denied::Invalid => ErrorCode::Unauthenticated,
+                    Denied::Role | Denied::Tenant => ErrorCode::Forbidden,
+                };
+                let status = code.status();
+                let body = ErrorBody::new(code, tenant::refusal_message(denied, &route.config));
+                Err((status, body))
+            }
         }
     }
 
@@ -78,13 +137,21 @@ impl FenceProxy {
     }
 
     /// The route's quota check, from the local bucket only. `Some(answer)` refuses.
-    fn limit(&self, route: &Route, req: &RequestHeader) -> Option<(u16, ErrorBody)> {
+    fn limit(
+        &self,
+        route: &Route,
+        req: &RequestHeader,
+        key_tenant: Option<&str>,
+    ) -> Option<(u16, ErrorBody)> {
         let (Some(quota), Some(limiter)) = (&route.config.quota, &self.quotas) else {
             return None;
         };
-        let tenant = match tenant_of(req, &route.config.tenant_header) {
-            Ok(t) => t,
-            Err(body) => return Some((400, body)),
+        let tenant = match key_tenant {
+            Some(t) => t,
+            None => match tenant_of(req, &route.config.tenant_header) {
+                Ok(t) => t,
+                Err(body) => return Some((400, body)),
+            },
         };
         let limited = limiter.admit(quota, tenant, route.config.cost).err()?;
         let mut body = ErrorBody::new(
@@ -144,7 +211,10 @@ impl FenceProxy {
         let (Some(layer), Some(route)) = (&self.idempotency, route) else {
             return Ok(false);
         };
-        match layer.handle(session, route, None).await? {
+        match layer
+            .handle(session, route, ctx.key_tenant.as_deref(), None)
+            .await?
+        {
             Handled::Responded => {
                 ctx.outcome = "idempotent";
                 Ok(true)
@@ -229,7 +299,14 @@ impl ProxyHttp for FenceProxy {
             send_by: None,
             in_flight: None,
             send_guard: None,
+            key_tenant: None,
         }
+    }
+
+    /// The first hook after the head was read: the head deadline is met.
+    async fn early_request_filter(&self, session: &mut Session, _ctx: &mut Ctx) -> Result<()> {
+        conn_limits::head_read(session);
+        Ok(())
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
@@ -257,8 +334,17 @@ impl ProxyHttp for FenceProxy {
             .routes
             .get(m.route)
             .ok_or_else(|| Error::explain(ErrorType::InternalError, "route index out of range"))?;
+        // Whose request it is, before anything is spent on it.
+        match self.key_tenant(route, req) {
+            Ok(tenant) => ctx.key_tenant = tenant,
+            Err((status, body)) => {
+                ctx.outcome = "unauthenticated";
+                respond_error(session, status, &body).await?;
+                return Ok(true);
+            }
+        }
         // Rate limits first: a refused request costs the cluster nothing.
-        if let Some((status, body)) = self.limit(route, req) {
+        if let Some((status, body)) = self.limit(route, req, ctx.key_tenant.as_deref()) {
             ctx.outcome = "rate_limited";
             respond_error(session, status, &body).await?;
             return Ok(true);
@@ -276,6 +362,12 @@ impl ProxyHttp for FenceProxy {
             return self.forward(session, ctx).await;
         }
         let upstream_timeout = Duration::from_millis(route.config.upstream_timeout_ms);
+        // A tenant's locks live in its namespace: a key's writes are fenced on its tenant's
+        // lock of the derived name, so another tenant's token of the same name admits nothing.
+        let fenced = match &ctx.key_tenant {
+            Some(tenant) => scoped_name(tenant, &m.resource),
+            None => m.resource.clone(),
+        };
         let presented = parse_token(req.headers.get(FENCE_TOKEN_HEADER).map(|v| v.as_bytes())).ok();
         let local = (|| {
             lock_core::wire::validate_resource(&m.resource).map_err(Rejection::BadResource)?;
@@ -293,7 +385,7 @@ impl ProxyHttp for FenceProxy {
         let token = match local {
             Ok(token) => token,
             Err(rejection) => {
-                self.note_admission(&m.resource, presented, Err(&rejection));
+                self.note_admission(&fenced, presented, Err(&rejection));
                 ctx.outcome = "rejected";
                 respond_json(session, rejection.status(), &rejection.body()).await?;
                 return Ok(true);
@@ -306,7 +398,7 @@ impl ProxyHttp for FenceProxy {
         if let Some(layer) = idempotent {
             // An idempotent write is admitted only once its key is claimed for it: a replay of
             // a stored answer reaches no upstream and needs no fresh admission.
-            let resource = m.resource.clone();
+            let resource = fenced.clone();
             let admit = Box::pin(async move {
                 let admitted = self.gate.admit(&resource, token, upstream_timeout).await;
                 let how = admitted.as_ref().map(|a| a.how);
@@ -322,13 +414,16 @@ impl ProxyHttp for FenceProxy {
                     }),
                 }
             });
-            if let Handled::Responded = layer.handle(session, route, Some(admit)).await? {
+            if let Handled::Responded = layer
+                .handle(session, route, ctx.key_tenant.as_deref(), Some(admit))
+                .await?
+            {
                 ctx.outcome = "idempotent";
                 return Ok(true);
             }
         }
-        let admitted = self.gate.admit(&m.resource, token, upstream_timeout).await;
-        self.note_admission(&m.resource, Some(token), admitted.as_ref().map(|a| a.how));
+        let admitted = self.gate.admit(&fenced, token, upstream_timeout).await;
+        self.note_admission(&fenced, Some(token), admitted.as_ref().map(|a| a.how));
         match admitted {
             Ok(admitted) => {
                 ctx.send_by = Some(admitted.send_by);
@@ -371,6 +466,27 @@ impl ProxyHttp for FenceProxy {
         peer.options.read_timeout = Some(timeout);
         peer.options.write_timeout = Some(send_timeout);
         Ok(Box::new(peer))
+    }
+
+    /// On a route that takes the tenant from the API key, the upstream gets the key's tenant in
+    /// the route's tenant header (it keeps tenants' data apart by it) and never the key: the
+    /// key is a credential for this cluster, not for the store.
+    async fn upstream_request_filter(
+        &self,
+        _session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> Result<()> {
+        let (Some(tenant), Some(route)) =
+            (&ctx.key_tenant, ctx.route.and_then(|i| self.routes.get(i)))
+        else {
+            return Ok(());
+        };
+        upstream_request.remove_header("authorization");
+        for name in route.config.tenant_headers() {
+            upstream_request.insert_header(name.to_string(), tenant.as_str())?;
+        }
+        Ok(())
     }
 
     /// The epoch barrier against slow clients: per-read and per-write timeouts do not bound a
@@ -496,7 +612,8 @@ impl ProxyHttp for FenceProxy {
         }
     }
 
-    async fn logging(&self, _session: &mut Session, _e: Option<&Error>, ctx: &mut Ctx) {
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut Ctx) {
+        conn_limits::request_done(session);
         self.metrics
             .seconds
             .with_label_values(&[ctx.outcome])

@@ -11,6 +11,7 @@ use std::time::Duration;
 use common::{phase, FenceHarness};
 use lock_core::node::TlsFiles;
 use lock_core::testkit::raw_http::{self, bytewise, chunked};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
@@ -186,4 +187,126 @@ async fn proxy_listener_serves_tls_with_the_configured_certificate() {
     .await;
     assert_eq!(got.status, Some(404), "{got:?}");
     assert!(got.body.contains("no such key"), "{got:?}");
+}
+
+/// Sends `head` on `conn` a byte every 100 ms, reading what comes back for up to `WAIT`.
+async fn trickle(conn: tokio::net::TcpStream, head: &str) -> raw_http::RawReply {
+    let bytes = bytewise(head.as_bytes());
+    raw_http::exchange(conn, vec![], bytes, Duration::from_millis(100), WAIT).await
+}
+
+/// The proxy's request-head deadline (`[proxy.limits] header_timeout_ms`): a head trickled a
+/// byte at a time, a connection that sends nothing, and the next head trickled on a kept-alive
+/// connection are closed; the idle wait between requests and a body that trickles after a
+/// prompt head are not cut by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_listener_bounds_the_time_to_send_a_head() {
+    let h = FenceHarness::start_with(|c| {
+        c.limits.header_timeout_ms = 500;
+        // Unfenced writes, so a slow body is bounded by nothing but the listener.
+        c.routes[0].protected_methods = Vec::new();
+    })
+    .await;
+    let proxy: SocketAddr = h
+        .client
+        .proxy_addr(1)
+        .expect("proxy 1")
+        .parse()
+        .expect("addr");
+
+    phase("a head trickled a byte every 100 ms is cut off unanswered");
+    let head = format!(
+        "GET /kv/a HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n",
+        "a".repeat(200)
+    );
+    let got = trickle(raw_http::idle(proxy).await, &head).await;
+    assert!(got.closed && got.status.is_none(), "{got:?}");
+
+    phase("a connection that sends nothing is closed");
+    let mut idle = raw_http::idle(proxy).await;
+    assert!(raw_http::closed_within(&mut idle, WAIT).await);
+
+    phase("a kept-alive connection idles as before; its next head, trickled, is cut off");
+    let mut conn = tokio::net::TcpStream::connect(proxy)
+        .await
+        .expect("connect");
+    conn.write_all(b"GET /kv/none HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = [0u8; 1024];
+    let n = conn.read(&mut buf).await.expect("answer");
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 404"));
+    assert!(
+        !raw_http::closed_within(&mut conn, Duration::from_millis(1_500)).await,
+        "an idle kept-alive connection was closed by the head deadline"
+    );
+    let got = trickle(conn, &head).await;
+    assert!(got.closed && got.status.is_none(), "{got:?}");
+
+    phase("a body trickled for longer than the head deadline still arrives whole");
+    let head =
+        b"PUT /kv/slow HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\nConnection: close\r\n\r\n";
+    let got = raw_http::send(
+        proxy,
+        head.to_vec(),
+        bytewise(b"12345678"),
+        Duration::from_millis(200),
+        WAIT,
+    )
+    .await;
+    assert_eq!(got.status, Some(200), "{got:?}");
+    assert_eq!(
+        h.client.store_value("slow").await.as_deref(),
+        Some("12345678")
+    );
+
+    phase("the closings are counted");
+    let (_, metrics) = h.cluster.get(1, "/metrics").await;
+    let counted = metrics.as_str().unwrap_or_default().lines().any(|l| {
+        l.starts_with("fencegate_proxy_connections_limited_total{")
+            && l.contains("reason=\"header_timeout\"")
+    });
+    assert!(counted, "{metrics}");
+}
+
+/// The proxy's connection cap (`[proxy.limits] max_connections`): a connection beyond it is
+/// closed at once; once a connection ends, its slot serves a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_listener_caps_its_connections() {
+    let h = FenceHarness::start_with(|c| {
+        c.limits.max_connections = 2;
+        c.limits.header_timeout_ms = 60_000;
+    })
+    .await;
+    let proxy: SocketAddr = h
+        .client
+        .proxy_addr(1)
+        .expect("proxy 1")
+        .parse()
+        .expect("addr");
+
+    phase("two idle connections take both slots; a third is closed unanswered");
+    let first = raw_http::idle(proxy).await;
+    let mut second = raw_http::idle(proxy).await;
+    let mut third = raw_http::idle(proxy).await;
+    assert!(raw_http::closed_within(&mut third, WAIT).await);
+    assert!(
+        !raw_http::closed_within(&mut second, Duration::from_millis(200)).await,
+        "a connection within the cap was closed"
+    );
+
+    phase("once a connection closes, a new one is served");
+    drop(first);
+    common::eventually(WAIT, "a freed slot serves a request", async || {
+        let got = raw_http::send(
+            proxy,
+            b"GET /kv/none HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec(),
+            vec![],
+            Duration::ZERO,
+            WAIT,
+        )
+        .await;
+        got.status == Some(404)
+    })
+    .await;
 }

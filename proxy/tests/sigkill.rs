@@ -5,19 +5,18 @@
 //! Unlike the in-process clusters of lock-core's tests, nothing here can flush or clean up on
 //! the way down: whatever was acknowledged must already be on disk.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{free_ports, phase};
 use serde_json::{json, Value};
 
 const EVENT: Duration = Duration::from_secs(30);
-
-fn phase(msg: &str) {
-    eprintln!("---- {msg}");
-}
 
 /// The three processes and their data. Dropping it SIGKILLs every child that still runs (also
 /// when the test panics) and, on a panic, prints the tail of each node's log.
@@ -47,18 +46,6 @@ impl Drop for Processes {
             }
         }
     }
-}
-
-/// Ports the OS has just handed out. The listeners are dropped so the nodes can bind them; a
-/// collision with another process in between is possible but unlikely.
-fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr").port())
-        .collect()
 }
 
 impl Processes {

@@ -110,6 +110,11 @@ pub(crate) fn refusal(denied: Denied) -> ApiError {
             ErrorCode::Forbidden,
             "This call needs an admin key; the key sent is a client key. Nothing was done.",
         ),
+        Denied::Tenant => ApiError::new(
+            ErrorCode::Forbidden,
+            "The request names another tenant than the API key's; the key decides the tenant. \
+             Nothing was done.",
+        ),
     }
 }
 

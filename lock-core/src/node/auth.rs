@@ -94,6 +94,9 @@ pub enum Denied {
     Invalid,
     /// A valid key whose role does not allow the call.
     Role,
+    /// A valid key sent with a request that names another tenant (the fencing proxy's tenant
+    /// header): the key decides the tenant, and a request claiming another is refused.
+    Tenant,
 }
 
 impl Denied {
@@ -102,6 +105,7 @@ impl Denied {
             Denied::Missing => "missing",
             Denied::Invalid => "invalid",
             Denied::Role => "role",
+            Denied::Tenant => "tenant",
         }
     }
 }

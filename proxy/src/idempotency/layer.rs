@@ -123,11 +123,13 @@ impl IdempotencyLayer {
 
     /// Runs the idempotency flow. On a fenced route the request has passed the fence's local
     /// checks and `admit` is its admission, awaited only when the key is claimed for this
-    /// request (a replay needs none).
+    /// request (a replay needs none). `key_tenant` is the tenant of the request's API key on a
+    /// route that takes the tenant from the key (else the route's tenant header names it).
     pub async fn handle(
         &self,
         session: &mut Session,
         route: &Route,
+        key_tenant: Option<&str>,
         admit: Option<AdmitFuture<'_>>,
     ) -> Result<Handled> {
         let opts = &route.config.idempotency_options;
@@ -165,12 +167,15 @@ impl IdempotencyLayer {
             .headers
             .get(opts.tenant_header.as_str())
             .map(|v| v.as_bytes());
-        let tenant = match parse_tenant(tenant_raw, &opts.default_tenant) {
-            Ok(t) => t,
-            Err(e) => {
-                respond_error(session, ErrorCode::InvalidRequest, &e.to_string(), None).await?;
-                return Ok(Handled::Responded);
-            }
+        let tenant = match key_tenant {
+            Some(t) => t.to_string(),
+            None => match parse_tenant(tenant_raw, &opts.default_tenant) {
+                Ok(t) => t,
+                Err(e) => {
+                    respond_error(session, ErrorCode::InvalidRequest, &e.to_string(), None).await?;
+                    return Ok(Handled::Responded);
+                }
+            },
         };
         let Some(body) = read_body(session).await? else {
             let msg = format!(
@@ -210,12 +215,7 @@ impl IdempotencyLayer {
             method: reqwest::Method::from_bytes(req.method.as_str().as_bytes())
                 .unwrap_or(reqwest::Method::POST),
             path_and_query,
-            headers: req
-                .headers
-                .iter()
-                .filter(|(n, _)| forwarded_header(n.as_str()))
-                .map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec()))
-                .collect(),
+            headers: forwarded_headers(req, route, key_tenant),
             body,
         };
         self.run(session, route, &request, admit).await?;
@@ -549,6 +549,40 @@ async fn read_answer(resp: reqwest::Response) -> Result<Answer, reqwest::Error> 
 }
 
 /// Request headers that describe this hop, not the request: not forwarded by the client.
+/// The request headers the upstream gets. On a route that takes the tenant from the API key,
+/// the key is not passed on (it is a credential for this cluster, not for the store) and the
+/// route's tenant headers carry the key's tenant, as the streaming path forwards them.
+fn forwarded_headers(
+    req: &pingora::http::RequestHeader,
+    route: &Route,
+    key_tenant: Option<&str>,
+) -> Vec<(String, Vec<u8>)> {
+    let tenant_header = |n: &str| {
+        route
+            .config
+            .tenant_headers()
+            .any(|h| h.eq_ignore_ascii_case(n))
+    };
+    let mut headers: Vec<(String, Vec<u8>)> = req
+        .headers
+        .iter()
+        .filter(|(n, _)| forwarded_header(n.as_str()))
+        .filter(|(n, _)| {
+            key_tenant.is_none() || !(*n == "authorization" || tenant_header(n.as_str()))
+        })
+        .map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec()))
+        .collect();
+    if let Some(tenant) = key_tenant {
+        headers.extend(
+            route
+                .config
+                .tenant_headers()
+                .map(|h| (h.to_string(), tenant.as_bytes().to_vec())),
+        );
+    }
+    headers
+}
+
 fn forwarded_header(name: &str) -> bool {
     !matches!(
         name,
@@ -666,6 +700,34 @@ async fn respond_error(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_keyed_request_reaches_the_upstream_with_its_tenant_and_without_its_key() {
+        let route = Route::compile(crate::route::RouteConfig::new("/o", "o", "127.0.0.1:9"))
+            .expect("route");
+        let mut req = pingora::http::RequestHeader::build("POST", b"/o", None).expect("head");
+        for (n, v) in [
+            ("authorization", "Bearer fgk_1_2"),
+            ("x-tenant", "acme"),
+            ("content-type", "text/plain"),
+        ] {
+            req.insert_header(n, v).expect("header");
+        }
+        let keyed = forwarded_headers(&req, &route, Some("acme"));
+        let names: Vec<&str> = keyed.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(!names.contains(&"authorization"), "{names:?}");
+        assert_eq!(
+            keyed
+                .iter()
+                .filter(|(n, _)| n.eq_ignore_ascii_case("x-tenant"))
+                .map(|(_, v)| v.as_slice())
+                .collect::<Vec<_>>(),
+            [b"acme".as_slice()]
+        );
+        // A header-tenant route forwards everything as it came.
+        let open = forwarded_headers(&req, &route, None);
+        assert_eq!(open.len(), 3);
+    }
 
     #[test]
     fn keys_are_percent_encoded_in_the_lookup_path() {

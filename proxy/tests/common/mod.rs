@@ -209,7 +209,19 @@ impl FenceHarness {
     }
 
     pub async fn start_with(adjust: impl FnOnce(&mut ProxyConfig)) -> Self {
-        let cluster = TestCluster::start(3).await;
+        Self::start_on(TestCluster::start(3).await, adjust).await
+    }
+
+    /// Like `start_with`, on a cluster that requires API keys (`auth = "on"`), with
+    /// `admin_token` as the bootstrap admin credential the harness's own lock calls carry.
+    pub async fn start_with_auth(admin_token: &str, adjust: impl FnOnce(&mut ProxyConfig)) -> Self {
+        let cluster =
+            TestCluster::start_with_auth(3, admin_token, lock_core::node::TenantPolicy::default())
+                .await;
+        Self::start_on(cluster, adjust).await
+    }
+
+    async fn start_on(cluster: TestCluster, adjust: impl FnOnce(&mut ProxyConfig)) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind store");
@@ -453,4 +465,17 @@ pub fn assert_tokens_non_decreasing_per_key(log: &[StoreWrite]) {
         );
         *h = t;
     }
+}
+
+/// Ports the OS has just handed out, for processes that take their ports as arguments. The
+/// listeners are dropped so the processes can bind them; a collision with another process in
+/// between is possible but unlikely.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("addr").port())
+        .collect()
 }

@@ -1,0 +1,220 @@
+//! `fencegate dev` as a user runs it: one OS process with three nodes, their proxies and the
+//! demo store, driven over real HTTP. Open (the default), proxy tenants come from `X-Tenant`;
+//! with `--auth`, from the API key of each request.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{eventually, free_ports, phase};
+use lock_core::wire::{CreateKeyRequest, CreatedKey, KeyRole};
+use reqwest::{Client, RequestBuilder};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const EVENT: Duration = Duration::from_secs(30);
+
+/// A running `fencegate dev`; killed when dropped.
+struct Dev {
+    _child: Child,
+    _dir: tempfile::TempDir,
+    api: String,
+    proxy: String,
+    store: String,
+    /// The admin credential it printed.
+    admin: String,
+    http: Client,
+}
+
+impl Dev {
+    async fn start(auth: bool) -> Dev {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ports: Vec<String> = free_ports(10).iter().map(u16::to_string).collect();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencegate"));
+        cmd.arg("dev")
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(["--api-ports", &ports[0..3].join(",")])
+            .args(["--peer-ports", &ports[3..6].join(",")])
+            .args(["--proxy-ports", &ports[6..9].join(",")])
+            .args(["--demo-store-port", &ports[9]])
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true);
+        if auth {
+            cmd.arg("--auth");
+        }
+        let mut child = cmd.spawn().expect("spawn fencegate dev");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        // The banner names the admin credential once every node and proxy is up.
+        let admin = tokio::time::timeout(EVENT, async {
+            while let Some(line) = lines.next_line().await.expect("read stdout") {
+                let line = line.trim_start();
+                if line.starts_with("admin key") || line.starts_with("admin token") {
+                    return line.rsplit(' ').next().expect("credential").to_string();
+                }
+            }
+            panic!("fencegate dev ended without printing its admin credential");
+        })
+        .await
+        .expect("fencegate dev printed its banner");
+        // Keep reading, so the process never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let dev = Dev {
+            _child: child,
+            _dir: dir,
+            api: format!("http://127.0.0.1:{}", ports[0]),
+            proxy: format!("http://127.0.0.1:{}", ports[6]),
+            store: format!("http://127.0.0.1:{}", ports[9]),
+            admin,
+            http: Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .expect("client"),
+        };
+        eventually(EVENT, "node 1 is ready", async || {
+            matches!(dev.http.get(format!("{}/readyz", dev.api)).send().await, Ok(r) if r.status() == 200)
+        })
+        .await;
+        dev
+    }
+
+    async fn send(&self, req: RequestBuilder) -> (u16, Value) {
+        let resp = req.send().await.expect("request");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    /// Acquires `resource` (with `key`, if any) and returns its fencing token.
+    async fn acquire(&self, key: Option<&str>, resource: &str, request_id: &str) -> u64 {
+        let mut req = self
+            .http
+            .post(format!("{}/v1/locks/{resource}/acquire", self.api))
+            .json(&json!({ "request_id": request_id }));
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        let (status, body) = self.send(req).await;
+        assert_eq!(status, 200, "acquire {resource}: {body}");
+        body["fencing_token"].as_u64().expect("token")
+    }
+
+    /// `PUT /kv/{key}` through proxy 1 with a token, a key (if any) and extra headers.
+    async fn put(
+        &self,
+        bearer: Option<&str>,
+        key: &str,
+        token: u64,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .put(format!("{}/kv/{key}", self.proxy))
+            .header("fence-token", token)
+            .body("v");
+        if let Some(b) = bearer {
+            req = req.bearer_auth(b);
+        }
+        for (n, v) in headers {
+            req = req.header(*n, *v);
+        }
+        self.send(req).await
+    }
+
+    async fn store_log(&self) -> Value {
+        self.send(self.http.get(format!("{}/log", self.store)))
+            .await
+            .1
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_without_auth_is_open_and_takes_tenants_from_x_tenant() {
+    let dev = Dev::start(false).await;
+
+    phase("a lock taken without a key fences a keyless write through the proxy");
+    let token = dev.acquire(None, "kv:demo", "r1").await;
+    let (status, body) = dev.put(None, "demo", token, &[]).await;
+    assert_eq!(status, 200, "{body}");
+
+    phase("orders belong to the X-Tenant the client names; a retry is replayed");
+    let order = |tenant: &str| {
+        dev.http
+            .post(format!("{}/orders", dev.proxy))
+            .header("idempotency-key", "order-1")
+            .header("x-tenant", tenant)
+            .body(r#"{"item":"book"}"#)
+    };
+    let (status, first) = dev.send(order("t1")).await;
+    assert_eq!((status, &first["tenant"]), (201, &json!("t1")), "{first}");
+    let (_, again) = dev.send(order("t1")).await;
+    assert_eq!(again["id"], first["id"]);
+    let (_, other) = dev.send(order("t2")).await;
+    assert_ne!(
+        other["id"], first["id"],
+        "another tenant's key is another record"
+    );
+
+    phase("the write landed in the shared copy of the key");
+    let log = dev.store_log().await;
+    assert_eq!(log[0]["key"], "demo", "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_with_auth_takes_tenants_from_the_key() {
+    let dev = Dev::start(true).await;
+
+    phase("the printed admin key creates two tenants' client keys");
+    let mut keys = Vec::new();
+    for tenant in ["acme", "bolt"] {
+        let create = dev
+            .http
+            .post(format!("{}/v1/admin/keys", dev.api))
+            .bearer_auth(&dev.admin)
+            .json(&CreateKeyRequest {
+                tenant: tenant.into(),
+                role: KeyRole::Client,
+                label: None,
+            });
+        let (status, body) = dev.send(create).await;
+        assert_eq!(status, 200, "{body}");
+        let created: CreatedKey = serde_json::from_value(body).expect("created key");
+        eventually(EVENT, "node 1 knows the key", async || {
+            let req = dev
+                .http
+                .get(format!("{}/v1/cluster", dev.api))
+                .bearer_auth(&created.key);
+            dev.send(req).await.0 == 200
+        })
+        .await;
+        keys.push(created.key);
+    }
+    let (acme, bolt) = (keys[0].as_str(), keys[1].as_str());
+
+    phase("acme's token admits acme's write, not bolt's, and nothing without a key");
+    let token = dev.acquire(Some(acme), "kv:demo", "r1").await;
+    let (status, body) = dev.put(Some(acme), "demo", token, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = dev.put(None, "demo", token, &[]).await;
+    assert_eq!((status, &body["error"]), (401, &json!("unauthenticated")));
+    let (status, body) = dev.put(Some(bolt), "demo", token, &[]).await;
+    assert_eq!(
+        (status, &body["error"]),
+        (412, &json!("unknown_fencing_token"))
+    );
+    let (status, body) = dev
+        .put(Some(acme), "demo", token, &[("x-tenant", "bolt")])
+        .await;
+    assert_eq!((status, &body["error"]), (403, &json!("forbidden")));
+
+    phase("the store got acme's one write, in acme's copy of the key");
+    let log = dev.store_log().await;
+    assert_eq!(log.as_array().map(Vec::len), Some(1), "{log}");
+    assert_eq!(log[0]["key"], "acme#demo", "{log}");
+}
