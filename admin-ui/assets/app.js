@@ -498,6 +498,23 @@ function credential() {
 
 // ---- idempotency keys with an unknown outcome ---------------------------------------------
 
+// The cursors of the pages before the one shown (empty: the first page), and the next one's.
+const idemPages = [];
+let idemNext = null;
+
+function wireIdempotencyPages() {
+  $("#idem-next").addEventListener("click", () => {
+    if (idemNext) {
+      idemPages.push(idemNext);
+      refreshIdempotency();
+    }
+  });
+  $("#idem-first").addEventListener("click", () => {
+    idemPages.length = 0;
+    refreshIdempotency();
+  });
+}
+
 async function refreshIdempotency() {
   const note = $("#idem-note");
   const auth = credential();
@@ -506,7 +523,9 @@ async function refreshIdempotency() {
     replaceRows($("#idem-table tbody"), []);
     return;
   }
-  const r = await fetch("/v1/admin/idempotency/unknown?limit=50", {
+  const after = idemPages.at(-1);
+  const query = `limit=50${after ? `&after=${encodeURIComponent(after)}` : ""}`;
+  const r = await fetch(`/v1/admin/idempotency/unknown?${query}`, {
     headers: { Accept: "application/json", ...auth },
   });
   const page = await r.json().catch(() => ({}));
@@ -515,10 +534,16 @@ async function refreshIdempotency() {
     replaceRows($("#idem-table tbody"), []);
     return;
   }
+  idemNext = page.next || null;
+  $("#idem-next").disabled = !idemNext;
+  $("#idem-first").disabled = idemPages.length === 0;
+  const pageNo = idemPages.length + 1;
   note.textContent =
     page.records.length === 0
-      ? "No key has an unknown outcome."
-      : `${page.records.length} key(s)${page.next ? "; more follow once these are settled" : ""}.`;
+      ? pageNo === 1
+        ? "No key has an unknown outcome."
+        : `Page ${pageNo}: no more keys.`
+      : `Page ${pageNo}: ${page.records.length} key(s)${idemNext ? "; more on the next page" : ""}.`;
   replaceRows(
     $("#idem-table tbody"),
     page.records.map((rec) => {
@@ -648,6 +673,7 @@ document.addEventListener("DOMContentLoaded", () => {
     refresh();
   });
   wireActions();
+  wireIdempotencyPages();
   window.addEventListener("hashchange", route);
   route();
   setInterval(refresh, POLL_MS);

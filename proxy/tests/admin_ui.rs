@@ -1007,6 +1007,38 @@ async fn unknown_idempotency_outcomes_are_listed_and_resolved_from_the_page() {
     assert_eq!(keys, [("ui-never", "8"), ("ui-ran", "7")]);
     assert_eq!(page.next, None);
 
+    phase("pages of one: each cursor leads to the next record, then to the end");
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    for _ in 0..3 {
+        let mut url = "/v1/admin/idempotency/unknown?limit=1".to_string();
+        if let Some(a) = &after {
+            url.push_str(&format!("&after={a}"));
+        }
+        let page: IdemUnknownPage = cluster
+            .http
+            .get(cluster.url(3, &url))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("page")
+            .json()
+            .await
+            .expect("page body");
+        seen.extend(page.records.into_iter().map(|r| r.key));
+        after = page.next;
+        if after.is_none() {
+            break;
+        }
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        ["ui-never", "ui-ran"],
+        "every record once, across pages"
+    );
+    assert_eq!(after, None, "the pages end");
+
     // (A retry through a proxy now would reconcile: the dev route asks the store's lookup,
     // which would prove "never ran". Keys without a lookup stay unknown until resolved.)
     phase("a resolution naming another attempt is refused");

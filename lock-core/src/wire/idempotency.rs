@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// `GET /v1/admin/idempotency/unknown?limit=&after=`: one page of the records whose outcome is
-/// unknown, as the answering node has applied them.
+/// unknown, as of a linearizable read.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdemUnknownPage {
     pub records: Vec<IdemUnknownRecord>,

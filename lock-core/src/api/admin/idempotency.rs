@@ -39,7 +39,8 @@ pub struct UnknownQuery {
 }
 
 /// `GET /v1/admin/idempotency/unknown?limit=&after=`: records whose outcome is unknown, in
-/// a stable order, as this node has applied them (a claim whose owner's lease has ended counts).
+/// a stable order (a claim whose owner's lease has ended counts). Linearizable: the page
+/// reflects every command committed before the request, whichever node answers it.
 pub async fn unknown(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
@@ -60,6 +61,9 @@ pub async fn unknown(
             })
         })
         .transpose()?;
+    // An operator settles what the list shows: a follower that has not applied the latest
+    // claims and resolutions yet must not offer a stale list.
+    node.read_barrier().await?;
     let now_ms = node.now_ms();
     let page = node
         .machine
