@@ -1,6 +1,6 @@
 //! The closed loop's safety checks, as far as a client can see them: every grant's token and
-//! lease id are new and tokens increase per resource (the open loop's [`Ledger`]), and no two
-//! clients ever hold one resource at the same time.
+//! lease id are new (etcd: its token only per resource) and tokens increase per resource (the
+//! open loop's [`Ledger`]), and no two clients ever hold one resource at the same time.
 //!
 //! A client's hold is known to cover the span from the acquire's answer to the moment it
 //! sends the release: the server granted before it answered and cannot have released before
@@ -43,9 +43,15 @@ impl CheckReport {
 }
 
 impl Check {
-    pub fn new(resources: u32) -> Self {
+    /// `unique_tokens`: the system promises a token no other grant had, on any resource
+    /// (fencegate); etcd's stand-in token only increases per resource.
+    pub fn new(resources: u32, unique_tokens: bool) -> Self {
         Check {
-            ledger: Ledger::default(),
+            ledger: if unique_tokens {
+                Ledger::default()
+            } else {
+                Ledger::per_resource_tokens()
+            },
             holders: (0..resources).map(|_| AtomicU64::new(FREE)).collect(),
             overlaps: AtomicU64::new(0),
             examples: Mutex::new(Vec::new()),
@@ -119,7 +125,7 @@ mod tests {
 
     #[test]
     fn holds_in_turn_are_clean() {
-        let c = Check::new(4);
+        let c = Check::new(4, true);
         let a = grant(1, 10);
         c.granted(2, &a);
         c.releasing(2, &a);
@@ -133,7 +139,7 @@ mod tests {
 
     #[test]
     fn a_grant_inside_another_hold_is_two_holders() {
-        let c = Check::new(4);
+        let c = Check::new(4, true);
         let a = grant(1, 10);
         c.granted(1, &a);
         let b = grant(2, 11);
@@ -148,7 +154,7 @@ mod tests {
 
     #[test]
     fn a_token_going_backwards_on_a_resource_is_caught() {
-        let c = Check::new(4);
+        let c = Check::new(4, true);
         let a = grant(1, 10);
         c.granted(0, &a);
         c.releasing(0, &a);

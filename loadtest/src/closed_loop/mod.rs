@@ -177,7 +177,7 @@ async fn run_system(
     );
     let shared = Shared {
         backend: backend.clone(),
-        check: Arc::new(Check::new(cfg.resources)),
+        check: Arc::new(Check::new(cfg.resources, system == System::Fencegate)),
         // Request ids must not repeat a previous run's against the same (--target) cluster.
         run_id: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
