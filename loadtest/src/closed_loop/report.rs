@@ -86,7 +86,8 @@ impl LineReport {
             Loop::Cycle => "lock cycle",
             Loop::Renew => "renew",
         };
-        format!("{what}, {} clients", self.clients)
+        let plural = if self.clients == 1 { "" } else { "s" };
+        format!("{what}, {} client{plural}", self.clients)
     }
 }
 
