@@ -85,7 +85,8 @@ pub struct RunArgs {
     pub profile: Profile,
     #[arg(long, value_enum, default_value = "steady")]
     pub scenario: Scenario,
-    /// Write summary.json and SVG plots here.
+    /// Write summary.json and SVG plots here (cycles: summary.json and summary.md; compare
+    /// adds compare.json / compare.md and each system's files in its own folder).
     #[arg(long)]
     pub out: Option<PathBuf>,
 
@@ -112,7 +113,7 @@ pub struct RunArgs {
     pub etcd_script: Option<PathBuf>,
 
     // ---- workload --------------------------------------------------------------------------
-    /// Number of lockable resources.
+    /// Number of lockable resources (cycles: default 100000).
     #[arg(long)]
     pub resources: Option<u32>,
     /// Locks held at steady state (sets the hold time: active / rate, Little's law).
@@ -130,13 +131,14 @@ pub struct RunArgs {
     /// Renew jitter as a fraction of the interval (0.1 = ±10%).
     #[arg(long)]
     pub renew_jitter: Option<f64>,
-    /// Lease TTL in ms.
+    /// Lease TTL in ms (cycles: default 30000).
     #[arg(long)]
     pub ttl_ms: Option<u64>,
-    /// Measured run time in seconds (after warm-up).
+    /// Measured run time in seconds (after warm-up; cycles: per line, default 15).
     #[arg(long)]
     pub duration_s: Option<u64>,
-    /// Warm-up seconds at full rate before measuring (active locks build up).
+    /// Warm-up seconds at full rate before measuring (active locks build up; cycles: per
+    /// line, default 2).
     #[arg(long)]
     pub warmup_s: Option<u64>,
     /// Fenced writes through the proxy per hold (0 = none).
@@ -148,7 +150,7 @@ pub struct RunArgs {
     /// Fraction of acquires that go to the hot resources.
     #[arg(long)]
     pub hot_fraction: Option<f64>,
-    /// wait_timeout_ms for acquires on hot resources.
+    /// wait_timeout_ms for acquires on hot resources (cycles: for every acquire, default 1000).
     #[arg(long)]
     pub wait_timeout_ms: Option<u64>,
     /// Poisson arrivals instead of evenly spaced ones.
