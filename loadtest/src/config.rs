@@ -33,6 +33,30 @@ pub enum Scenario {
     Compaction,
     /// Raise the acquisition rate step by step until p99 passes the bound.
     Ramp,
+    /// Closed loop: for each of `--clients`, that many clients each run lock cycles
+    /// (acquire + release) back to back, then renew one lease back to back; throughput and
+    /// latency per line. Ignores the open-loop workload flags and `--profile`.
+    Cycles,
+}
+
+/// What the clients of a closed-loop line do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Loop {
+    /// Acquire a random resource (fresh request id), release it, again.
+    Cycle,
+    /// Hold one lease and renew it, again (etcd: one LeaseKeepAlive round trip on the
+    /// client's stream).
+    Renew,
+}
+
+impl Loop {
+    pub fn name(self) -> &'static str {
+        match self {
+            Loop::Cycle => "cycle",
+            Loop::Renew => "renew",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -61,7 +85,8 @@ pub struct RunArgs {
     pub profile: Profile,
     #[arg(long, value_enum, default_value = "steady")]
     pub scenario: Scenario,
-    /// Write summary.json and SVG plots here.
+    /// Write summary.json and SVG plots here (cycles: summary.json and summary.md; compare
+    /// adds compare.json / compare.md and each system's files in its own folder).
     #[arg(long)]
     pub out: Option<PathBuf>,
 
@@ -88,7 +113,7 @@ pub struct RunArgs {
     pub etcd_script: Option<PathBuf>,
 
     // ---- workload --------------------------------------------------------------------------
-    /// Number of lockable resources.
+    /// Number of lockable resources (cycles: default 100000).
     #[arg(long)]
     pub resources: Option<u32>,
     /// Locks held at steady state (sets the hold time: active / rate, Little's law).
@@ -106,13 +131,14 @@ pub struct RunArgs {
     /// Renew jitter as a fraction of the interval (0.1 = ±10%).
     #[arg(long)]
     pub renew_jitter: Option<f64>,
-    /// Lease TTL in ms.
+    /// Lease TTL in ms (cycles: default 30000).
     #[arg(long)]
     pub ttl_ms: Option<u64>,
-    /// Measured run time in seconds (after warm-up).
+    /// Measured run time in seconds (after warm-up; cycles: per line, default 15).
     #[arg(long)]
     pub duration_s: Option<u64>,
-    /// Warm-up seconds at full rate before measuring (active locks build up).
+    /// Warm-up seconds at full rate before measuring (active locks build up; cycles: per
+    /// line, default 2).
     #[arg(long)]
     pub warmup_s: Option<u64>,
     /// Fenced writes through the proxy per hold (0 = none).
@@ -124,7 +150,7 @@ pub struct RunArgs {
     /// Fraction of acquires that go to the hot resources.
     #[arg(long)]
     pub hot_fraction: Option<f64>,
-    /// wait_timeout_ms for acquires on hot resources.
+    /// wait_timeout_ms for acquires on hot resources (cycles: for every acquire, default 1000).
     #[arg(long)]
     pub wait_timeout_ms: Option<u64>,
     /// Poisson arrivals instead of evenly spaced ones.
@@ -176,6 +202,12 @@ pub struct RunArgs {
     /// ramp: also report the highest rate under this tighter bound (ms).
     #[arg(long, default_value_t = 20.0)]
     pub ramp_tight_bound_ms: f64,
+    /// cycles: client counts, one line per count and loop.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 16, 64])]
+    pub clients: Vec<usize>,
+    /// cycles: which loops to run for each client count.
+    #[arg(long = "loops", value_enum, value_delimiter = ',', default_values_t = [Loop::Cycle, Loop::Renew])]
+    pub loops: Vec<Loop>,
     /// compaction: seconds between cluster polls (snapshot index).
     #[arg(long, default_value_t = 1)]
     pub poll_s: u64,
@@ -281,6 +313,28 @@ impl Workload {
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
     }
+
+    pub fn client_opts(&self) -> ClientOpts {
+        ClientOpts {
+            connections: self.connections,
+            timeout: self.request_timeout(),
+            retries: self.retries,
+            leader_only: self.leader_only,
+        }
+    }
+}
+
+/// How the harness's client talks to the system under test.
+#[derive(Clone, Debug)]
+pub struct ClientOpts {
+    /// Concurrent requests (= connections) per node.
+    pub connections: usize,
+    /// Per attempt.
+    pub timeout: Duration,
+    /// Of an uncertain outcome, with the same ids, on the next node (fencegate).
+    pub retries: u32,
+    /// Everything to the leader instead of round robin over the nodes (fencegate).
+    pub leader_only: bool,
 }
 
 /// Only loopback addresses are ever load targets.

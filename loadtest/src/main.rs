@@ -7,17 +7,21 @@
 //! fencegate-loadtest run --profile seed --scenario leader-kill      # seed workload, kill leader
 //! fencegate-loadtest run --profile seed --system etcd --scenario ramp  # etcd via scripts/etcd.sh
 //! fencegate-loadtest compare --profile seed --out out/compare       # both, one table
+//! fencegate-loadtest compare --scenario cycles --out out/cycles     # closed loop, 1/16/64 clients
 //! fencegate-loadtest chaos --duration-s 60 --out out/chaos           # faults + invariant checker
 //! fencegate-loadtest idempotency --duration-s 10                    # against a running dev
 //! fencegate-loadtest quota --out out/quota                          # rate limit, demand moving
 //! ```
 //!
-//! Open loop: arrivals never wait for responses, and latency is measured from each
+//! Open loop (every scenario but `cycles`): arrivals never wait for responses, and latency is measured from each
 //! operation's scheduled start, so a stalled server shows up as latency, not as a lower
-//! offered rate. Every run is bounded in time (`--max-total-s`) and only targets 127.0.0.1.
+//! offered rate. `cycles` is closed loop: N clients each send the next call when the last one
+//! is answered, to find the highest rate. Every run is bounded in time (`--max-total-s`) and
+//! only targets 127.0.0.1.
 
 mod backend;
 mod chaos;
+mod closed_loop;
 mod cluster;
 mod compare;
 mod config;
@@ -35,7 +39,7 @@ mod workload;
 
 use clap::{Parser, Subcommand};
 
-use config::{RunArgs, System};
+use config::{RunArgs, Scenario, System};
 
 #[derive(Parser)]
 #[command(
@@ -84,6 +88,9 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async {
         match cli.cmd {
+            Cmd::Run { system, args } if args.scenario == Scenario::Cycles => {
+                closed_loop::run(&args, system).await
+            }
             Cmd::Run { system, args } => {
                 let result = scenario::run_and_print(&args, system).await?;
                 if let Some(dir) = &args.out {
@@ -95,6 +102,9 @@ fn main() -> anyhow::Result<()> {
                     anyhow::bail!("safety violations found (see above)");
                 }
                 Ok(())
+            }
+            Cmd::Compare { args } if args.scenario == Scenario::Cycles => {
+                closed_loop::compare(&args).await
             }
             Cmd::Compare { args } => compare::run(&args).await,
             Cmd::Chaos(args) => chaos::run(args).await,

@@ -55,7 +55,7 @@ impl Pids {
         };
     }
 
-    fn snapshot(&self) -> BTreeMap<usize, u32> {
+    pub fn snapshot(&self) -> BTreeMap<usize, u32> {
         self.lock().clone()
     }
 }

@@ -77,26 +77,26 @@ impl EtcdClient {
         Call::single(r, first_send)
     }
 
+    /// One renewal on a stream of its own, opened for it (the open loop's renewals are
+    /// seconds apart, so a client would not keep a stream per lease open between them).
     pub async fn renew(&self, grant: &Grant) -> Call<bool> {
         let (client, permits) = self.member();
         let _p = permits.acquire().await;
         let first_send = Instant::now();
-        let mut c = client.clone();
-        let (id, _) = etcd_lease(grant);
-        let r = async {
-            let (mut keeper, mut stream) =
-                etcd_timeout(self.timeout, c.lease_keep_alive(id)).await?;
-            etcd_timeout(self.timeout, keeper.keep_alive()).await?;
-            match etcd_timeout(self.timeout, stream.message()).await? {
-                Some(resp) => Ok(resp.ttl() > 0),
-                None => Err(Failure {
-                    code: "stream_closed".into(),
-                    definite: false,
-                }),
+        match open_keeper(client, grant, self.timeout).await {
+            Ok(mut k) => {
+                let mut call = k.renew().await;
+                call.first_send = first_send;
+                call
             }
+            Err(f) => Call::single(Err(f), first_send),
         }
-        .await;
-        Call::single(r, first_send)
+    }
+
+    /// A keep-alive stream for the grant's lease, on the next member, kept open by the
+    /// caller for many renewals.
+    pub async fn keeper(&self, grant: &Grant) -> Result<EtcdKeeper, Failure> {
+        open_keeper(&self.member().0, grant, self.timeout).await
     }
 
     pub async fn release(&self, grant: &Grant) -> Call<bool> {
@@ -116,6 +116,48 @@ impl EtcdClient {
         }
         .await;
         Call::single(r, first_send)
+    }
+}
+
+async fn open_keeper(
+    client: &etcd_client::Client,
+    grant: &Grant,
+    timeout: Duration,
+) -> Result<EtcdKeeper, Failure> {
+    let mut c = client.clone();
+    let (id, _) = etcd_lease(grant);
+    let (keeper, stream) = etcd_timeout(timeout, c.lease_keep_alive(id)).await?;
+    Ok(EtcdKeeper {
+        keeper,
+        stream,
+        timeout,
+    })
+}
+
+/// A lease's `LeaseKeepAlive` stream, as etcd's own clients keep one: each renewal is one
+/// request and its response on the stream.
+pub struct EtcdKeeper {
+    keeper: etcd_client::LeaseKeeper,
+    stream: etcd_client::LeaseKeepAliveStream,
+    timeout: Duration,
+}
+
+impl EtcdKeeper {
+    /// Ok(true) renewed, Ok(false) etcd answered TTL 0: the lease is gone.
+    pub async fn renew(&mut self) -> Call<bool> {
+        let sent = Instant::now();
+        let r = async {
+            etcd_timeout(self.timeout, self.keeper.keep_alive()).await?;
+            match etcd_timeout(self.timeout, self.stream.message()).await? {
+                Some(resp) => Ok(resp.ttl() > 0),
+                None => Err(Failure {
+                    code: "stream_closed".into(),
+                    definite: false,
+                }),
+            }
+        }
+        .await;
+        Call::single(r, sent)
     }
 }
 

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use lock_core::wire::LeaseId;
 
-pub use etcd::EtcdClient;
+pub use etcd::{EtcdClient, EtcdKeeper};
 pub use fencegate::FencegateClient;
 
 /// A granted lease, as the client holds it.
@@ -122,6 +122,18 @@ impl Backend {
         }
     }
 
+    /// What renews `grant` again and again (etcd: opens its keep-alive stream).
+    pub async fn renewer(&self, resource: u32, grant: Grant) -> Result<Renewer<'_>, Failure> {
+        Ok(match self {
+            Backend::Fencegate(client) => Renewer::Fencegate {
+                client,
+                resource,
+                grant,
+            },
+            Backend::Etcd(c) => Renewer::Etcd(Box::new(c.keeper(&grant).await?)),
+        })
+    }
+
     /// Ok(true) released, Ok(false) the lease was no longer current.
     pub async fn release(&self, resource: u32, grant: &Grant) -> Call<bool> {
         match self {
@@ -140,6 +152,31 @@ impl Backend {
 
     pub fn supports_writes(&self) -> bool {
         matches!(self, Backend::Fencegate(c) if c.has_proxies())
+    }
+}
+
+/// One held lease renewed in a loop: fencegate a `/renew` call each time, etcd one round
+/// trip on the lease's own keep-alive stream (how etcd's clients keep a lease).
+pub enum Renewer<'a> {
+    Fencegate {
+        client: &'a FencegateClient,
+        resource: u32,
+        grant: Grant,
+    },
+    Etcd(Box<EtcdKeeper>),
+}
+
+impl Renewer<'_> {
+    /// Ok(true) renewed, Ok(false) the server says the lease is gone.
+    pub async fn renew(&mut self) -> Call<bool> {
+        match self {
+            Renewer::Fencegate {
+                client,
+                resource,
+                grant,
+            } => client.renew(*resource, grant).await,
+            Renewer::Etcd(k) => k.renew().await,
+        }
     }
 }
 

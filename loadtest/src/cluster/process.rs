@@ -1,5 +1,5 @@
 //! OS processes: the `fencegate` binary, free ports, a cluster's directory, spawning nodes
-//! and the demo store, signals, and a process's memory.
+//! and the demo store, signals, and a process's memory and CPU time.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -140,4 +140,29 @@ pub fn rss_mib(pid: u32) -> Option<(f64, f64)> {
         Some(kb / 1024.0)
     };
     Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// User + system CPU seconds of this process so far.
+pub fn process_cpu_s() -> f64 {
+    // SAFETY: getrusage only writes into the struct we pass.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
+/// User + system CPU seconds process `pid` has used so far (from /proc/PID/stat).
+pub fn cpu_s(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces: fields count from after it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut f = rest.split_whitespace();
+    // utime and stime are fields 14 and 15 of the line; `rest` starts at field 3.
+    let utime: f64 = f.nth(11)?.parse().ok()?;
+    let stime: f64 = f.next()?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (ticks > 0).then(|| (utime + stime) / ticks as f64)
 }

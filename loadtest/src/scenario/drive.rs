@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 
 use super::system::SystemUnderTest;
 use crate::backend::Backend;
+use crate::cluster::process::process_cpu_s;
 use crate::config::{RunArgs, Workload};
 use crate::ledger::Ledger;
 use crate::poller::{Poller, Sample};
@@ -176,15 +177,4 @@ impl Progress {
         self.task.abort();
         self.bar.finish_and_clear();
     }
-}
-
-/// User + system CPU seconds of this process so far.
-fn process_cpu_s() -> f64 {
-    // SAFETY: getrusage only writes into the struct we pass.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
-        return 0.0;
-    }
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(u.ru_utime) + tv(u.ru_stime)
 }

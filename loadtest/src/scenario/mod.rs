@@ -19,12 +19,14 @@ mod summary;
 mod system;
 
 pub use replica_down::CatchUp;
+pub use system::SystemUnderTest;
 
 use std::path::Path;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::bail;
 use clap::ValueEnum;
 
 use crate::config::{RunArgs, Scenario, System, Workload};
@@ -32,7 +34,8 @@ use crate::poller::Sample;
 use crate::report::{self, Artifacts, Machine, Summary};
 use crate::stats::Second;
 use drive::Drive;
-use system::SystemUnderTest;
+
+const CLOSED_LOOP: &str = "the cycles scenario is closed loop: crate::closed_loop runs it";
 
 /// The outcome of one run, with what is needed to plot it.
 pub struct RunResult {
@@ -75,6 +78,9 @@ pub async fn run_and_print(args: &RunArgs, system: System) -> anyhow::Result<Run
 /// Runs one scenario against one system.
 async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     let scenario = args.scenario;
+    if scenario == Scenario::Cycles {
+        bail!(CLOSED_LOOP);
+    }
     let mut w = Workload::resolve(args)?;
     if scenario == Scenario::Compaction {
         compaction::size_run(&mut w, args);
@@ -84,7 +90,7 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(2))
         .build()?;
-    let sut = SystemUnderTest::start(args, system, &w, &http).await?;
+    let sut = SystemUnderTest::start(args, system, w.writes_per_hold > 0, &http).await?;
 
     let mut client_bases = sut.bases.clone();
     let mut events = Vec::new();
@@ -95,7 +101,9 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         stopped = Some(idx);
     }
     let leader_hint = Arc::new(AtomicUsize::new(0));
-    let backend = sut.client(&w, &http, &client_bases, &leader_hint).await?;
+    let backend = sut
+        .client(&w.client_opts(), &http, &client_bases, &leader_hint)
+        .await?;
     if w.writes_per_hold > 0 && !backend.supports_writes() {
         warnings.push(
             "fenced writes need the fencing proxy (fencegate, local or --proxy-target); skipped"
@@ -121,6 +129,7 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         Scenario::Steady | Scenario::ReplicaDown | Scenario::Compaction => {
             (steady::drive(&d).await, None, None)
         }
+        Scenario::Cycles => bail!(CLOSED_LOOP),
     };
     let (rec, ledger) = (d.rec.clone(), d.ledger.clone());
     let driven = d.finish(main_window).await;

@@ -13,7 +13,7 @@ use crate::backend::{Backend, EtcdClient, FencegateClient};
 use crate::cluster::process::find_fencegate_bin;
 use crate::cluster::status;
 use crate::cluster::{ClusterSpec, LocalCluster, ProxySpec};
-use crate::config::{check_loopback, RunArgs, Scenario, System, Workload};
+use crate::config::{check_loopback, ClientOpts, RunArgs, Scenario, System};
 use crate::poller::Pids;
 
 pub struct SystemUnderTest {
@@ -34,15 +34,16 @@ pub struct SystemUnderTest {
 }
 
 impl SystemUnderTest {
+    /// `with_proxies`: a local fencegate cluster gets its fencing proxies too.
     pub async fn start(
         args: &RunArgs,
         system: System,
-        w: &Workload,
+        with_proxies: bool,
         http: &reqwest::Client,
     ) -> anyhow::Result<Self> {
         match system {
             System::Fencegate if !args.target.is_empty() => Self::target(args, http).await,
-            System::Fencegate => Self::local(args, w).await,
+            System::Fencegate => Self::local(args, with_proxies).await,
             System::Etcd => Self::etcd(args),
         }
     }
@@ -73,12 +74,12 @@ impl SystemUnderTest {
     }
 
     /// Three `fencegate node` processes, with proxies when the workload writes.
-    async fn local(args: &RunArgs, w: &Workload) -> anyhow::Result<Self> {
+    async fn local(args: &RunArgs, with_proxies: bool) -> anyhow::Result<Self> {
         let bin = find_fencegate_bin(args.fencegate_bin.as_deref())?;
         let spec = ClusterSpec {
             tmp_prefix: "fencegate-loadtest-",
             log_env: "FENCEGATE_LOADTEST_NODE_LOG",
-            proxies: (w.writes_per_hold > 0).then_some(ProxySpec::LOAD),
+            proxies: with_proxies.then_some(ProxySpec::LOAD),
             fault_injection: false,
         };
         let c = LocalCluster::start(bin.clone(), args.data_dir.clone(), spec)?;
@@ -93,9 +94,9 @@ impl SystemUnderTest {
     fn etcd(args: &RunArgs) -> anyhow::Result<Self> {
         if !matches!(
             args.scenario,
-            Scenario::Steady | Scenario::Ramp | Scenario::ReplicaDown
+            Scenario::Steady | Scenario::Ramp | Scenario::ReplicaDown | Scenario::Cycles
         ) {
-            bail!("the etcd driver runs the steady, replica-down and ramp scenarios");
+            bail!("the etcd driver runs the steady, replica-down, ramp and cycles scenarios");
         }
         if !args.etcd_endpoints.is_empty() {
             let endpoints = loopback(&args.etcd_endpoints)?;
@@ -122,7 +123,7 @@ impl SystemUnderTest {
     /// fencegate client sends everything to the node `leader_hint` names, found here first.
     pub async fn client(
         &self,
-        w: &Workload,
+        w: &ClientOpts,
         http: &reqwest::Client,
         bases: &[String],
         leader_hint: &Arc<AtomicUsize>,
@@ -138,13 +139,13 @@ impl SystemUnderTest {
                     bases,
                     &self.proxies,
                     w.connections,
-                    w.request_timeout(),
+                    w.timeout,
                     w.retries,
                     w.leader_only.then(|| leader_hint.clone()),
                 )?)
             }
             System::Etcd => {
-                Backend::Etcd(EtcdClient::connect(bases, w.connections, w.request_timeout()).await?)
+                Backend::Etcd(EtcdClient::connect(bases, w.connections, w.timeout).await?)
             }
         })
     }

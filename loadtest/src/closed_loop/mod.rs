@@ -1,0 +1,301 @@
+//! The closed-loop benchmark (`--scenario cycles`): how many lock cycles and renewals a
+//! system completes when N clients each send their next call the moment the previous one is
+//! answered, and at what latency.
+//!
+//! The open-loop scenarios ask "how late is the answer at this offered rate"; this one asks
+//! "how fast can it go": for each client count (`--clients 1,16,64`) and each loop
+//! (`--loops cycle,renew`) a line of `--warmup-s` (default 2) and `--duration-s` (default 15)
+//! seconds, one after another on one fresh cluster. A *cycle* is an acquire of a random
+//! resource out of `--resources` (default 100,000; fresh request id, TTL `--ttl-ms`, default
+//! 30 s) and its release; on etcd a lease grant, a lock with that lease, an unlock and a
+//! lease revoke. A *renewal* renews the client's one held lease: fencegate `/renew`, etcd one
+//! request and response on the lease's `LeaseKeepAlive` stream. `compare --scenario cycles`
+//! runs fencegate's three nodes and then etcd's three members, each started fresh.
+//!
+//! Acquires wait for a busy resource (up to `--wait-timeout-ms`, default 1 s) on both
+//! systems, as etcd's lock always does: two clients drawing the same resource queue rather
+//! than one failing, and the holds of one resource never overlap, which is what the checks
+//! rely on ([`check`]).
+
+mod check;
+mod line;
+mod report;
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use serde::Serialize;
+
+use crate::backend::Backend;
+use crate::cluster::process::{cpu_s, process_cpu_s, rss_mib};
+use crate::config::{ClientOpts, Loop, RunArgs, System};
+use crate::report::Machine;
+use crate::scenario::SystemUnderTest;
+use check::Check;
+use line::{Plan, Tally};
+use report::{ClosedLoopSummary, LineReport, Rss};
+
+/// The closed loop's settings, resolved from the flags.
+#[derive(Clone, Debug, Serialize)]
+pub struct Config {
+    pub clients: Vec<usize>,
+    pub loops: Vec<Loop>,
+    pub resources: u32,
+    pub ttl_ms: u64,
+    pub wait_ms: u64,
+    pub warmup_s: u64,
+    pub duration_s: u64,
+    pub request_timeout_ms: u64,
+    pub retries: u32,
+    pub leader_only: bool,
+    pub seed: u64,
+}
+
+impl Config {
+    fn resolve(a: &RunArgs) -> anyhow::Result<Self> {
+        let c = Config {
+            clients: a.clients.clone(),
+            loops: a.loops.clone(),
+            resources: a.resources.unwrap_or(100_000),
+            ttl_ms: a.ttl_ms.unwrap_or(30_000),
+            wait_ms: a.wait_timeout_ms.unwrap_or(1_000),
+            warmup_s: a.warmup_s.unwrap_or(2),
+            duration_s: a.duration_s.unwrap_or(15),
+            request_timeout_ms: a.request_timeout_ms,
+            retries: a.retries,
+            leader_only: a.leader_only,
+            seed: a.seed,
+        };
+        let max_clients = c.clients.iter().copied().max().unwrap_or(0);
+        if c.clients.is_empty() || c.clients.contains(&0) || max_clients > 10_000 {
+            bail!("--clients must list client counts in 1..=10000");
+        }
+        if c.loops.is_empty() {
+            bail!("--loops must name at least one of cycle, renew");
+        }
+        if c.resources as usize <= max_clients || c.resources > 10_000_000 {
+            bail!("--resources must be above the largest client count and at most 10000000");
+        }
+        if c.ttl_ms < 1_000 || c.duration_s == 0 {
+            bail!("need --ttl-ms >= 1000 and --duration-s >= 1");
+        }
+        if c.wait_ms == 0 || c.wait_ms >= c.ttl_ms {
+            bail!("--wait-timeout-ms must be positive and below --ttl-ms");
+        }
+        let total = c.lines() as u64 * (c.warmup_s + c.duration_s);
+        if total > a.max_total_s {
+            bail!(
+                "{} lines of {} s are {total} s, more than --max-total-s {}",
+                c.lines(),
+                c.warmup_s + c.duration_s,
+                a.max_total_s
+            );
+        }
+        Ok(c)
+    }
+
+    fn lines(&self) -> usize {
+        self.clients.len() * self.loops.len()
+    }
+
+    fn client_opts(&self) -> ClientOpts {
+        ClientOpts {
+            // One connection per client on every node: a client never waits for another.
+            connections: self.clients.iter().copied().max().unwrap_or(1),
+            timeout: Duration::from_millis(self.request_timeout_ms),
+            retries: self.retries,
+            leader_only: self.leader_only,
+        }
+    }
+
+    /// How long the calls of a line may still take after it ends: every retry of the
+    /// slowest call, and a little more.
+    fn settle(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms + self.wait_ms) * (self.retries + 1)
+            + Duration::from_secs(2)
+    }
+}
+
+/// `run --scenario cycles`: one system.
+pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<()> {
+    let cfg = Config::resolve(args)?;
+    let s = run_system(args, &cfg, system).await?;
+    s.print();
+    if let Some(dir) = &args.out {
+        s.write_out(dir)?;
+        println!("wrote {}/summary.json and summary.md", dir.display());
+    }
+    if s.violations() > 0 {
+        bail!("safety violations found (see above)");
+    }
+    Ok(())
+}
+
+/// `compare --scenario cycles`: fencegate, then etcd, each started fresh.
+pub async fn compare(args: &RunArgs) -> anyhow::Result<()> {
+    let cfg = Config::resolve(args)?;
+    let mut fg_args = args.clone();
+    let mut etcd_args = args.clone();
+    if let Some(d) = &args.data_dir {
+        fg_args.data_dir = Some(d.join("fencegate"));
+        etcd_args.data_dir = Some(d.join("etcd"));
+    }
+    let fg = run_system(&fg_args, &cfg, System::Fencegate).await?;
+    fg.print();
+    let et = run_system(&etcd_args, &cfg, System::Etcd).await?;
+    et.print();
+    let rows = report::compare_rows(&fg, &et);
+    report::print_compare(&rows, &fg, &et);
+    if let Some(dir) = &args.out {
+        report::write_compare(dir, &rows, &fg, &et)?;
+        println!("wrote {}/compare.json and compare.md", dir.display());
+    }
+    if fg.violations() + et.violations() > 0 {
+        bail!("safety violations found (see above)");
+    }
+    Ok(())
+}
+
+/// Every line against one freshly started system, then its memory, then stop it.
+async fn run_system(
+    args: &RunArgs,
+    cfg: &Config,
+    system: System,
+) -> anyhow::Result<ClosedLoopSummary> {
+    let machine = Machine::read();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    eprintln!("{system}: closed loop, {} lines", cfg.lines());
+    let sut = SystemUnderTest::start(args, system, false, &http).await?;
+    let leader_hint = Arc::new(AtomicUsize::new(0));
+    let backend = Arc::new(
+        sut.client(&cfg.client_opts(), &http, &sut.bases, &leader_hint)
+            .await?,
+    );
+    let shared = Shared {
+        backend: backend.clone(),
+        check: Arc::new(Check::new(cfg.resources, system == System::Fencegate)),
+        // Request ids must not repeat a previous run's against the same (--target) cluster.
+        run_id: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    };
+    let mut lines = Vec::new();
+    let mut warnings = Vec::new();
+    for &clients in &cfg.clients {
+        for &what in &cfg.loops {
+            let (l, w) = run_line(cfg, &sut, &shared, what, clients, lines.len()).await;
+            eprintln!(
+                "  {system} {} × {clients}: {:.0}/s, p99 {:.2} ms, {} errors",
+                what.name(),
+                l.per_s,
+                l.p99_ms,
+                l.errors
+            );
+            warnings.extend(w);
+            lines.push(l);
+        }
+    }
+    let rss = sut
+        .pids
+        .snapshot()
+        .into_iter()
+        .filter_map(|(i, pid)| {
+            let (rss_mib, peak_mib) = rss_mib(pid)?;
+            Some((format!("node{}", i + 1), Rss { rss_mib, peak_mib }))
+        })
+        .collect();
+    let checks = shared.check.report();
+    let server_token_consistent = sut
+        .last_token(&http)
+        .await
+        .map(|t| t >= checks.invariants.max_token);
+    let summary = ClosedLoopSummary {
+        system: system.to_string(),
+        scenario: "cycles",
+        cluster: sut.desc.clone(),
+        machine,
+        config: cfg.clone(),
+        lines,
+        rss,
+        checks,
+        server_token_consistent,
+        node_failures: sut.crashed(),
+        warnings,
+    };
+    drop((backend, shared));
+    sut.stop();
+    Ok(summary)
+}
+
+/// What every line of one system shares.
+struct Shared {
+    backend: Arc<Backend>,
+    check: Arc<Check>,
+    run_id: u64,
+}
+
+/// One line: `clients` tasks from now through warm-up and the measured span; the harness's
+/// and the servers' CPU over the whole line.
+async fn run_line(
+    cfg: &Config,
+    sut: &SystemUnderTest,
+    shared: &Shared,
+    what: Loop,
+    clients: usize,
+    line: usize,
+) -> (LineReport, Vec<String>) {
+    let pids = sut.pids.snapshot();
+    let server_cpu = || -> Option<f64> { pids.values().map(|p| cpu_s(*p)).sum() };
+    let (self_cpu0, server_cpu0) = (process_cpu_s(), server_cpu());
+    let started = Instant::now();
+    let warm_end = started + Duration::from_secs(cfg.warmup_s);
+    let plan = Plan {
+        what,
+        backend: shared.backend.clone(),
+        check: shared.check.clone(),
+        run_id: shared.run_id,
+        line,
+        resources: cfg.resources,
+        ttl_ms: cfg.ttl_ms,
+        wait_ms: cfg.wait_ms,
+        seed: cfg.seed,
+        warm_end,
+        end: warm_end + Duration::from_secs(cfg.duration_s),
+    };
+    let mut handles: Vec<_> = (0..clients)
+        .map(|id| tokio::spawn(line::client(plan.clone(), id)))
+        .collect();
+    let deadline = tokio::time::Instant::from(plan.end) + cfg.settle();
+    let mut total = Tally::empty();
+    let mut warnings = Vec::new();
+    let mut stuck = 0;
+    for h in &mut handles {
+        match tokio::time::timeout_at(deadline, &mut *h).await {
+            Ok(Ok(t)) => total.merge(t),
+            Ok(Err(e)) => warnings.push(format!("a {} client failed: {e}", what.name())),
+            Err(_) => {
+                h.abort();
+                stuck += 1;
+            }
+        }
+    }
+    if stuck > 0 {
+        warnings.push(format!(
+            "{stuck} {} clients still waiting {:.0} s after the line ended (stopped)",
+            what.name(),
+            cfg.settle().as_secs_f64()
+        ));
+    }
+    let wall = started.elapsed().as_secs_f64().max(1e-3);
+    let mut l = LineReport::new(what, clients, cfg.duration_s as f64, &total);
+    l.harness_cpu_cores = (process_cpu_s() - self_cpu0) / wall;
+    l.server_cpu_cores = match (server_cpu0, server_cpu()) {
+        (Some(a), Some(b)) if !pids.is_empty() => Some((b - a) / wall),
+        _ => None,
+    };
+    (l, warnings)
+}
