@@ -27,7 +27,7 @@ use tokio::net::TcpListener;
 pub use error::ApiError;
 
 use crate::net::PeerSecret;
-use crate::node::Node;
+use crate::node::{Node, PROPOSE_BATCH_PATH};
 use crate::wire::ErrorCode;
 
 /// Serves the public API of `node` on `listener` (over TLS with `tls`, see
@@ -127,6 +127,7 @@ pub fn peer_router(node: Arc<Node>, secret: PeerSecret) -> Router {
         .route("/raft/vote", post(raft_rpc::vote))
         .route("/raft/snapshot", post(raft_rpc::snapshot))
         .route("/internal/propose", post(raft_rpc::propose))
+        .route(PROPOSE_BATCH_PATH, post(raft_rpc::propose_batch))
         .route("/internal/read_index", post(raft_rpc::read_index))
         .fallback(|| async { ApiError::not_found("No such peer endpoint.") })
         // The gate below reads each body under the peer listener's limits first.

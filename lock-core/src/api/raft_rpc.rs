@@ -93,6 +93,23 @@ pub async fn propose(State(node): State<Arc<Node>>, headers: HeaderMap, body: By
     reply(&node.propose_local(cmd, timeout).await)
 }
 
+/// A batch of commands a follower forwards (see `node::forward`): each gets its own answer.
+pub async fn propose_batch(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(e) = admit(&node, &headers) {
+        return e.into_response();
+    }
+    let cmds: Vec<Command> = match codec::decode(&body) {
+        Ok(c) => c,
+        Err(e) => return bad_body(e),
+    };
+    let timeout = Duration::from_millis(node.config.policy.write_timeout_ms);
+    reply(&node.propose_local_all(cmds, timeout).await)
+}
+
 pub async fn read_index(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {
     if let Err(e) = admit(&node, &headers) {
         return e.into_response();

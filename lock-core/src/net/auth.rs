@@ -159,8 +159,15 @@ fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// Lowercase hex, without a `format!` per byte: it runs on every signed peer message.
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
@@ -179,6 +186,14 @@ mod tests {
 
     fn secret() -> PeerSecret {
         PeerSecret::new("0123456789abcdef-test").expect("secret")
+    }
+
+    #[test]
+    fn hex_round_trips_every_byte() {
+        let all: Vec<u8> = (0..=255).collect();
+        let text = hex(&all);
+        assert!(text.starts_with("000102") && text.ends_with("fdfeff"));
+        assert_eq!(unhex(&text), Some(all));
     }
 
     #[test]

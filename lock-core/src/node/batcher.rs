@@ -51,6 +51,29 @@ impl BatchQueue {
     }
 }
 
+impl BatchQueue {
+    /// Queues `cmds` together (so they join the same write where they fit) and waits for
+    /// their responses, in order.
+    pub async fn submit_all(&self, cmds: Vec<Command>) -> Vec<Result<Response, ProposeError>> {
+        let closed = || ProposeError::Stopped("the write queue is closed".to_string());
+        let answers: Vec<_> = cmds
+            .into_iter()
+            .map(|cmd| {
+                let (reply, answer) = oneshot::channel();
+                self.tx.send((cmd, reply)).ok().map(|()| answer)
+            })
+            .collect();
+        let mut out = Vec::with_capacity(answers.len());
+        for answer in answers {
+            out.push(match answer {
+                Some(answer) => answer.await.unwrap_or_else(|_| Err(closed())),
+                None => Err(closed()),
+            });
+        }
+        out
+    }
+}
+
 /// Takes whatever is queued (up to [`MAX_BATCH`]), writes it as one entry, hands each
 /// command its response, and repeats.
 pub async fn run(node: Arc<Node>, mut queue: BatchReceiver) {

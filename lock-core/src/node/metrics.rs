@@ -22,6 +22,8 @@ pub struct Metrics {
     pub commit_seconds: Histogram,
     /// Commands per raft write on the leader (see `node::batcher`).
     pub batch_commands: Histogram,
+    /// Commands per message a follower forwards to the leader (see `node::forward`).
+    pub forward_commands: Histogram,
     pub apply_seconds: Histogram,
     pub expirations: IntCounter,
     pub handoffs: IntCounter,
@@ -87,6 +89,16 @@ impl Metrics {
                     ]),
             )
             .unwrap_or_else(|e| panic!("metric raft_batch_commands: {e}")),
+            forward_commands: Histogram::with_opts(
+                HistogramOpts::new(
+                    "raft_forward_commands",
+                    "Commands carried by one message a follower forwards to the leader",
+                )
+                .buckets(vec![
+                    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0,
+                ]),
+            )
+            .unwrap_or_else(|e| panic!("metric raft_forward_commands: {e}")),
             apply_seconds: hist("raft_apply_seconds", "Time to apply one batch of entries"),
             expirations: counter("lease_expirations_total", "Leases that expired unrenewed"),
             handoffs: counter("lease_handoffs_total", "Locks handed to a queued waiter"),
@@ -143,6 +155,7 @@ impl Metrics {
         register(Box::new(m.op_outcomes.clone()));
         register(Box::new(m.commit_seconds.clone()));
         register(Box::new(m.batch_commands.clone()));
+        register(Box::new(m.forward_commands.clone()));
         register(Box::new(m.apply_seconds.clone()));
         register(Box::new(m.expirations.clone()));
         register(Box::new(m.handoffs.clone()));

@@ -10,6 +10,7 @@ mod clock;
 mod commands;
 mod config;
 mod error;
+mod forward;
 mod limits;
 mod metrics;
 pub mod ops;
@@ -31,6 +32,7 @@ pub use auth::{
 pub use clock::Clock;
 pub use config::{MemberAddrs, NodeConfig, Policy, MAX_FAILOVER_GRACE_MS};
 pub use error::{NodeError, ProposeError};
+pub use forward::PROPOSE_BATCH_PATH;
 pub use limits::{HttpLimits, TlsFiles, MIN_HEADER_BYTES};
 pub use metrics::Metrics;
 pub use revocations::{Revocation, Revocations};
@@ -56,6 +58,8 @@ pub struct Node {
     pub advertise: NodeInfo,
     /// Commands for the leader's next raft write.
     writes: batcher::BatchQueue,
+    /// Commands for the next batch forwarded to the leader.
+    forwards: forward::ForwardQueue,
     /// The operators' view: audit log, activity counters, member health, metrics history.
     pub ops: Arc<ops::OpsState>,
     /// Each tenant's lock-call rate on this node (with authentication on).

@@ -4,7 +4,6 @@ use std::time::{Duration, Instant};
 
 use super::{Node, ProposeError};
 use crate::machine::{Command, Response};
-use crate::net::PeerError;
 
 impl Node {
     /// Commits `cmd` through raft wherever the leader is, and returns the state machine's
@@ -42,15 +41,15 @@ impl Node {
             };
             if let Some(leader) = leader.filter(|l| *l != self.id) {
                 if let Some(addr) = self.member_addr(leader) {
-                    let remaining = deadline.saturating_duration_since(Instant::now());
-                    let reply: Result<Result<Response, ProposeError>, PeerError> = self
-                        .peers
-                        .post(leader, &addr, "/internal/propose", &cmd, remaining)
+                    // With whatever else this node forwards meanwhile (see `forward`).
+                    let answer = self
+                        .forwards
+                        .forward(leader, addr, cmd.clone(), deadline)
                         .await;
-                    match reply {
-                        Ok(Ok(resp)) => return Ok(resp),
-                        Ok(Err(ProposeError::NotLeader(_))) | Err(_) => {}
-                        Ok(Err(e)) => return Err(e),
+                    match answer {
+                        Some(Ok(resp)) => return Ok(resp),
+                        Some(Err(ProposeError::NotLeader(_))) | None => {}
+                        Some(Err(e)) => return Err(e),
                     }
                 }
             }
@@ -66,6 +65,15 @@ impl Node {
         cmd: Command,
         timeout: Duration,
     ) -> Result<Response, ProposeError> {
+        self.ready_to_propose()?;
+        match tokio::time::timeout(timeout, self.writes.submit(cmd)).await {
+            Err(_) => Err(ProposeError::NoQuorum),
+            Ok(answer) => answer,
+        }
+    }
+
+    /// Whether this node takes proposals: it must be the leader, and not draining.
+    pub(super) fn ready_to_propose(&self) -> Result<(), ProposeError> {
         let leader = self.current_leader();
         if leader != Some(self.id) {
             return Err(ProposeError::NotLeader(leader));
@@ -75,9 +83,6 @@ impl Node {
         if self.ops.draining.load(std::sync::atomic::Ordering::Acquire) {
             return Err(ProposeError::NotLeader(None));
         }
-        match tokio::time::timeout(timeout, self.writes.submit(cmd)).await {
-            Err(_) => Err(ProposeError::NoQuorum),
-            Ok(answer) => answer,
-        }
+        Ok(())
     }
 }

@@ -107,6 +107,7 @@ pub async fn start(
     .map_err(|e| NodeError::Raft(e.to_string()))?;
 
     let (writes, write_queue) = super::batcher::queue();
+    let (forwards, forward_queue) = super::forward::queue();
     let node = Arc::new(Node {
         id: config.id,
         config,
@@ -119,6 +120,7 @@ pub async fn start(
         clock,
         advertise,
         writes,
+        forwards,
         ops,
         tenant_rates: Default::default(),
     });
@@ -127,6 +129,7 @@ pub async fn start(
 
     let tasks = vec![
         tokio::spawn(super::batcher::run(node.clone(), write_queue)),
+        tokio::spawn(super::forward::run(node.clone(), forward_queue)),
         tokio::spawn(super::sweeper::run(node.clone())),
         tokio::spawn(watch_leader(node.clone())),
         tokio::spawn(ops::run_health_probes(node.clone())),
