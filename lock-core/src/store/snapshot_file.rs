@@ -718,6 +718,11 @@ mod tests {
         names
     }
 
+    /// The snapshot files of a data directory with a database of their own.
+    fn open_files(dir: &Path) -> SnapshotFiles {
+        SnapshotFiles::open(dir, Arc::new(Db::open(dir).unwrap())).unwrap()
+    }
+
     fn persist(files: &SnapshotFiles, index: u64, value: &str) -> bool {
         files
             .persist_built(&meta(index), files.next_seq(), |out| {
@@ -833,16 +838,8 @@ mod tests {
     fn a_sent_snapshot_carries_its_records_and_is_checked_on_arrival() {
         let leader_dir = tempfile::tempdir().unwrap();
         let follower_dir = tempfile::tempdir().unwrap();
-        let leader = SnapshotFiles::open(
-            leader_dir.path(),
-            Arc::new(Db::open(leader_dir.path()).unwrap()),
-        )
-        .unwrap();
-        let follower = SnapshotFiles::open(
-            follower_dir.path(),
-            Arc::new(Db::open(follower_dir.path()).unwrap()),
-        )
-        .unwrap();
+        let leader = open_files(leader_dir.path());
+        let follower = open_files(follower_dir.path());
         persist(&leader, 40, "the state at 40");
         let records: Vec<IdemEntry> = (0..2_000).map(|n| record(&format!("k{n}"), n)).collect();
 
@@ -872,11 +869,7 @@ mod tests {
 
         // It is the follower's snapshot now, records and all, also after a restart.
         drop(follower);
-        let follower = SnapshotFiles::open(
-            follower_dir.path(),
-            Arc::new(Db::open(follower_dir.path()).unwrap()),
-        )
-        .unwrap();
+        let follower = open_files(follower_dir.path());
         let mut reader = follower.open_current().unwrap().unwrap();
         assert_eq!(reader.payload::<String>().unwrap(), "the state at 40");
         assert_eq!(reader.records().unwrap().1.count(), records.len());
@@ -887,11 +880,7 @@ mod tests {
     #[test]
     fn received_bytes_that_are_no_whole_snapshot_are_refused() {
         let leader_dir = tempfile::tempdir().unwrap();
-        let leader = SnapshotFiles::open(
-            leader_dir.path(),
-            Arc::new(Db::open(leader_dir.path()).unwrap()),
-        )
-        .unwrap();
+        let leader = open_files(leader_dir.path());
         persist(&leader, 40, "state");
         let records: Vec<IdemEntry> = (0..10).map(|n| record(&format!("k{n}"), n)).collect();
         let mut entries = records.into_iter().map(Ok);
@@ -901,8 +890,7 @@ mod tests {
         fs::remove_file(path).unwrap();
 
         let dir = tempfile::tempdir().unwrap();
-        let files =
-            SnapshotFiles::open(dir.path(), Arc::new(Db::open(dir.path()).unwrap())).unwrap();
+        let files = open_files(dir.path());
         let install = |bytes: &[u8]| {
             let mut stream = files.receiving().unwrap();
             let path = stream.keep().unwrap();
