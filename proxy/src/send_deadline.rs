@@ -98,14 +98,16 @@ impl SendWatch {
     }
 
     /// Resets the connection unless the request was answered (or cut) before.
+    ///
+    /// The mark is set before the reset: the request's own task, woken by the reset on another
+    /// thread, may ask `was_cut` before this call returns from the kernel.
     fn cut(&self) {
         let mut fd = self.fd.lock();
         if let Some(owned) = fd.take() {
-            match reset(owned.as_raw_fd()) {
-                Ok(()) => self.cut.store(true, Ordering::Release),
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not reset an upstream connection past its send-by")
-                }
+            self.cut.store(true, Ordering::Release);
+            if let Err(e) = reset(owned.as_raw_fd()) {
+                self.cut.store(false, Ordering::Release);
+                tracing::warn!(error = %e, "could not reset an upstream connection past its send-by");
             }
         }
     }
@@ -288,6 +290,44 @@ mod tests {
             "cut more than a tick early"
         );
         running.abort();
+    }
+
+    /// Whoever sees the reset sees the send marked as cut: a reader blocked on the connection
+    /// on another thread asks at once when its read fails, many times over.
+    #[test]
+    fn a_reader_woken_by_the_reset_sees_the_cut() {
+        use std::io::Read;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let dog = SendWatchdog::default();
+        for round in 0..300 {
+            let (client, _server) = rt.block_on(connected_pair());
+            let mut client = client.into_std().unwrap();
+            client.set_nonblocking(false).unwrap();
+            let guard = Arc::new(
+                dog.watch(client.as_raw_fd(), Instant::now() + Duration::from_secs(60))
+                    .unwrap(),
+            );
+            let reader = std::thread::spawn({
+                let guard = guard.clone();
+                move || {
+                    let mut buf = [0u8; 1];
+                    let got = client.read(&mut buf);
+                    (got.map_err(|e| e.kind()), guard.was_cut())
+                }
+            });
+            // Let the reader block in its read before the reset.
+            std::thread::sleep(Duration::from_micros(200));
+            guard.0.cut();
+            let (got, seen) = reader.join().unwrap();
+            assert!(got.is_err() || got == Ok(0), "round {round}: {got:?}");
+            assert!(
+                seen,
+                "round {round}: the reader saw the reset before the mark"
+            );
+        }
     }
 
     /// An answered send is never cut, however late the sweep.
