@@ -9,7 +9,7 @@ use fjall::PersistMode;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 
-use super::{blocking, decode, encode, Db, StoreError};
+use super::{blocking, decode, encode, encode_compressed, Db, StoreError};
 use crate::raft::TypeConfig;
 
 const VOTE_KEY: &[u8] = b"vote";
@@ -124,7 +124,7 @@ impl LogStore {
     ) -> Result<(), StoreError> {
         let mut batch = self.db.db.batch().durability(None);
         for entry in entries {
-            let value = encode("log entry", &entry)?;
+            let value = encode_compressed("log entry", &entry)?;
             batch.insert(&self.db.log, log_key(entry.log_id.index), value);
         }
         batch.commit()?;
