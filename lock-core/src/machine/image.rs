@@ -3,6 +3,7 @@
 use serde::ser::{SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
 
+use super::dedup::DedupTable;
 use super::lock_machine::{count_up, LockMachine};
 use super::state::{dedup_key, DedupEntry, MachineImage};
 
@@ -26,7 +27,7 @@ impl Serialize for ImageRef<'_> {
         image.serialize_field(
             "dedup_records",
             &Seq(m.dedup.len(), || {
-                m.dedup.iter().map(|(key, rec)| DedupEntry::of(*key, rec))
+                m.dedup.iter().map(|(key, rec)| DedupEntry::of(key, &rec))
             }),
         )?;
         image.skip_field("dedup")?;
@@ -60,7 +61,7 @@ impl LockMachine {
         let dedup_records: Vec<_> = self
             .dedup
             .iter()
-            .map(|(key, rec)| DedupEntry::of(*key, rec))
+            .map(|(key, rec)| DedupEntry::of(key, &rec))
             .collect();
         MachineImage {
             now_ms: self.now_ms,
@@ -113,12 +114,7 @@ impl LockMachine {
             .into_iter()
             .map(|(resource, request_id, rec)| (dedup_key(&resource, &request_id), rec));
         let current = image.dedup_records.into_iter().map(DedupEntry::into_record);
-        for (key, rec) in current.chain(legacy) {
-            if rec.expires_at_ms != u64::MAX {
-                m.dedup_expiry.insert((rec.expires_at_ms, key));
-            }
-            m.dedup.insert(key, rec);
-        }
+        m.dedup = DedupTable::from_records(current.chain(legacy));
         m
     }
 
@@ -131,8 +127,9 @@ impl LockMachine {
         if rebuilt.waiter_deadlines != self.waiter_deadlines {
             return Err("waiter_deadlines index out of step".into());
         }
-        if rebuilt.dedup_expiry != self.dedup_expiry {
-            return Err("dedup_expiry index out of step".into());
+        self.dedup.check()?;
+        if !self.dedup.iter().eq(rebuilt.dedup.iter()) {
+            return Err("dedup records differ from their image".into());
         }
         if rebuilt.idle_expiry != self.idle_expiry {
             return Err("idle_expiry index out of step".into());

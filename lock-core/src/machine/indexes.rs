@@ -66,19 +66,7 @@ impl LockMachine {
         if by == 0 {
             return;
         }
-        let kept: Vec<(u64, DedupKey)> = self
-            .dedup_expiry
-            .range((prev.saturating_add(1), [0, 0])..)
-            .cloned()
-            .collect();
-        for (exp, key) in kept {
-            self.dedup_expiry.remove(&(exp, key));
-            let moved = exp.saturating_add(by);
-            self.dedup_expiry.insert((moved, key));
-            if let Some(rec) = self.dedup.get_mut(&key) {
-                rec.expires_at_ms = moved;
-            }
-        }
+        self.dedup.shift(prev, by);
         for (res, until) in shift_index(&mut self.idle_expiry, prev, by) {
             if let Some(r) = self.resources.get_mut(&res) {
                 r.idle_until_ms = Some(until);
@@ -124,24 +112,17 @@ impl LockMachine {
             DedupState::Waiting => u64::MAX,
             DedupState::Granted(_) => self.now_ms.saturating_add(retain_ms),
         };
-        if let Some(old) = self.dedup.insert(
+        self.dedup.insert(
             key,
             DedupRecord {
                 state,
                 expires_at_ms: expires,
             },
-        ) {
-            self.dedup_expiry.remove(&(old.expires_at_ms, key));
-        }
-        if expires != u64::MAX {
-            self.dedup_expiry.insert((expires, key));
-        }
+        );
     }
 
     pub(super) fn forget(&mut self, key: DedupKey) {
-        if let Some(old) = self.dedup.remove(&key) {
-            self.dedup_expiry.remove(&(old.expires_at_ms, key));
-        }
+        self.dedup.remove(&key);
     }
 }
 

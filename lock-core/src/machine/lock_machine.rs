@@ -22,12 +22,10 @@
 // snapshot copies it under the lock in constant time and serialises outside the lock.
 use imbl::{HashMap, OrdMap, OrdSet};
 
+use super::dedup::DedupTable;
 use super::keys::ApiKeyRecord;
 use super::quota::QuotaLedger;
-use super::state::{
-    dedup_key, DedupGrant, DedupKey, DedupRecord, DedupState, FenceGrant, Lease, ResourceState,
-    Waiter,
-};
+use super::state::{dedup_key, DedupGrant, DedupState, FenceGrant, Lease, ResourceState, Waiter};
 use super::types::{
     Acquire, AdmitOutcome, Batch, Command, Effect, Grant, LeaseId, Proposal, Response,
     TenantLimitHit, WaiterGone,
@@ -43,9 +41,7 @@ pub struct LockMachine {
     /// The global fencing-token counter: tokens are globally monotonic. Only ever incremented.
     pub(super) last_token: u64,
     pub(super) resources: OrdMap<String, ResourceState>,
-    // A B-tree rather than imbl's hash trie: with a million records the trie's mostly empty
-    // fixed-size nodes took three times the memory of the records themselves.
-    pub(super) dedup: OrdMap<DedupKey, DedupRecord>,
+    pub(super) dedup: DedupTable,
     /// Highest token of any resource record dropped as idle: a token at or below it for a
     /// resource without a record is stale, above it was never issued for that resource.
     pub(super) gc_floor: u64,
@@ -58,7 +54,6 @@ pub struct LockMachine {
     // below; `check_indexes` verifies them in tests.
     pub(super) lease_expiry: OrdSet<(u64, String)>,
     pub(super) waiter_deadlines: OrdSet<(u64, String, String)>,
-    pub(super) dedup_expiry: OrdSet<(u64, DedupKey)>,
     pub(super) idle_expiry: OrdSet<(u64, String)>,
     pub(super) reissue_index: OrdSet<(u64, String)>,
     pub(super) total_waiters: u64,
@@ -71,6 +66,16 @@ pub struct LockMachine {
 impl LockMachine {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A machine whose dedup table freezes `chunk_len` records at a time instead of the
+    /// default, so that tests cross its chunk boundaries with a few records.
+    #[doc(hidden)]
+    pub fn with_dedup_chunk_len(chunk_len: usize) -> Self {
+        LockMachine {
+            dedup: DedupTable::with_chunk_len(chunk_len),
+            ..Self::default()
+        }
     }
 
     /// Applies one stamped command committed in `term`. Returns the proposer's response and
@@ -396,16 +401,7 @@ impl LockMachine {
             });
             self.mark_idle_if_unused(&res);
         }
-        while budget > 0 {
-            let Some((exp, key)) = self.dedup_expiry.get_min().cloned() else {
-                break;
-            };
-            if exp > now {
-                break;
-            }
-            budget -= 1;
-            self.forget(key);
-        }
+        budget -= self.dedup.expire(now, budget);
         while budget > 0 {
             let Some((until, res)) = self.idle_expiry.get_min().cloned() else {
                 break;

@@ -1,5 +1,6 @@
 //! The pure lock state machine (no IO, no clock, no randomness). See [`LockMachine`].
 
+mod dedup;
 mod idempotency;
 mod image;
 mod indexes;
@@ -10,6 +11,7 @@ mod reads;
 mod state;
 mod types;
 
+pub use dedup::DedupTable;
 pub use idempotency::{
     Completion, Finding, IdemCommand, IdemOutcome, IdemRecord, IdemScope, IdemState,
     IdempotencyMachine, RecordWrite, StoredAnswer, StoredBody,

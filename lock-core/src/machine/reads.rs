@@ -154,7 +154,7 @@ impl LockMachine {
         [
             self.lease_expiry.get_min().map(|(t, _)| *t),
             self.waiter_deadlines.get_min().map(|(t, _, _)| *t),
-            self.dedup_expiry.get_min().map(|(t, _)| *t),
+            self.dedup.next_expiry(),
             self.idle_expiry.get_min().map(|(t, _)| *t),
             self.reissue_index.get_min().map(|(t, _)| *t),
         ]

@@ -76,7 +76,7 @@ pub enum DedupState {
 /// same reason the lease id is held as two words (a `u128` would align every record, and the
 /// map's nodes, to 16 bytes). Images of earlier versions stored the whole `Grant`; its extra
 /// field is ignored on load.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "GrantFields", into = "GrantFields")]
 pub struct DedupGrant {
     lease_id: [u64; 2],
@@ -127,11 +127,26 @@ impl DedupGrant {
         .into()
     }
 
+    #[cfg(test)]
+    pub(super) fn from_parts(
+        lease_id: [u64; 2],
+        fencing_token: u64,
+        ttl_ms: u64,
+        expires_at_ms: u64,
+    ) -> Self {
+        DedupGrant {
+            lease_id,
+            fencing_token,
+            ttl_ms,
+            expires_at_ms,
+        }
+    }
+
     pub fn lease_id(&self) -> LeaseId {
         LeaseId(u128::from(self.lease_id[0]) << 64 | u128::from(self.lease_id[1]))
     }
 
-    pub(super) fn to_grant(&self, resource: &str) -> Grant {
+    pub(super) fn to_grant(self, resource: &str) -> Grant {
         Grant {
             resource: resource.to_string(),
             lease_id: self.lease_id(),

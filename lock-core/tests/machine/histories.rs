@@ -2,6 +2,7 @@
 //! jumps, leader changes and snapshot restores, each checked against the reference model and
 //! the invariants.
 
+use lock_core::machine::LockMachine;
 use proptest::prelude::*;
 
 use crate::support::RETAIN;
@@ -85,9 +86,15 @@ proptest! {
     /// stale ids, clock jumps, leader changes and snapshot restores.
     #[test]
     fn random_histories_match_the_model_and_keep_the_invariants(
-        ops in prop::collection::vec(op(), 100..400)
+        ops in prop::collection::vec(op(), 100..400),
+        // Dedup records are frozen in chunks (tens of thousands in a node); a few records per
+        // chunk puts the histories' records across chunk boundaries.
+        dedup_chunk_len in prop_oneof![Just(None), (1usize..5).prop_map(Some)],
     ) {
-        let mut w = World::new();
+        let mut w = match dedup_chunk_len {
+            Some(n) => World::with_machine(LockMachine::with_dedup_chunk_len(n)),
+            None => World::new(),
+        };
         for op in &ops {
             w.step(op)?;
         }

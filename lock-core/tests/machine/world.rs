@@ -127,8 +127,13 @@ fn sorted_debug(fx: &[Effect]) -> Vec<String> {
 
 impl World {
     pub fn new() -> Self {
+        World::with_machine(LockMachine::new())
+    }
+
+    /// A world around `m` (e.g. a machine with a small dedup chunk length).
+    pub fn with_machine(m: LockMachine) -> Self {
         World {
-            m: LockMachine::new(),
+            m,
             model: Model::default(),
             real_ms: T0,
             offset_ms: 0,
