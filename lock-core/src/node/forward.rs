@@ -141,6 +141,10 @@ async fn send(node: &Node, leader: u64, addr: &str, batch: Vec<Forward>) {
             }
         }
         Ok(answers) => {
+            node.metrics
+                .forward_failures
+                .with_label_values(&["count"])
+                .inc();
             tracing::warn!(
                 leader,
                 sent = batch.len(),
@@ -158,9 +162,25 @@ async fn send(node: &Node, leader: u64, addr: &str, batch: Vec<Forward>) {
                 let _ = f.reply.send(answer.ok());
             }
         }
-        Err(e) => tracing::debug!(leader, error = %e, "forwarded batch got no answer"),
+        Err(e) => {
+            node.metrics
+                .forward_failures
+                .with_label_values(&[failure_reason(&e)])
+                .inc();
+            tracing::debug!(leader, error = %e, "forwarded batch got no answer");
+        }
     }
     // Callers whose reply was not sent see `None` and retry.
+}
+
+/// The `reason` label of a forwarded message that got no usable answer.
+fn failure_reason(e: &PeerError) -> &'static str {
+    match e {
+        PeerError::Dropped(_) => "dropped",
+        PeerError::Unreachable { .. } => "unreachable",
+        PeerError::Codec { .. } => "codec",
+        PeerError::Status { .. } => "status",
+    }
 }
 
 impl Node {

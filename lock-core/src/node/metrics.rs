@@ -24,6 +24,9 @@ pub struct Metrics {
     pub batch_commands: Histogram,
     /// Commands per message a follower forwards to the leader (see `node::forward`).
     pub forward_commands: Histogram,
+    /// Forwarded messages that got no usable answer, by why (`unreachable`, `status`,
+    /// `codec`, `dropped`, `count`): their commands are retried, and may have been applied.
+    pub forward_failures: IntCounterVec,
     pub apply_seconds: Histogram,
     pub expirations: IntCounter,
     pub handoffs: IntCounter,
@@ -99,6 +102,14 @@ impl Metrics {
                 ]),
             )
             .unwrap_or_else(|e| panic!("metric raft_forward_commands: {e}")),
+            forward_failures: IntCounterVec::new(
+                Opts::new(
+                    "raft_forward_failures_total",
+                    "Messages a follower forwarded to the leader that got no usable answer",
+                ),
+                &["reason"],
+            )
+            .unwrap_or_else(|e| panic!("metric raft_forward_failures_total: {e}")),
             apply_seconds: hist("raft_apply_seconds", "Time to apply one batch of entries"),
             expirations: counter("lease_expirations_total", "Leases that expired unrenewed"),
             handoffs: counter("lease_handoffs_total", "Locks handed to a queued waiter"),
@@ -156,6 +167,7 @@ impl Metrics {
         register(Box::new(m.commit_seconds.clone()));
         register(Box::new(m.batch_commands.clone()));
         register(Box::new(m.forward_commands.clone()));
+        register(Box::new(m.forward_failures.clone()));
         register(Box::new(m.apply_seconds.clone()));
         register(Box::new(m.expirations.clone()));
         register(Box::new(m.handoffs.clone()));

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lock_core::net::FaultRule;
 use lock_core::testkit::{phase, TestCluster};
 use lock_core::wire::AcquireRequest;
 
@@ -97,6 +98,56 @@ async fn a_followers_forwards_travel_together_and_each_gets_its_own_result() {
         messages < commands,
         "{commands} commands took {messages} messages: nothing was batched"
     );
+
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_forward_that_gets_no_answer_is_counted_and_its_command_retried() {
+    let c = TestCluster::start(3).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let follower = c.followers(leader)[0];
+    let failures = c.node(follower).node.metrics.forward_failures.clone();
+
+    phase("the follower's messages to the leader are lost; an acquire through it waits");
+    c.node(follower).node.faults().set_rule(
+        leader,
+        FaultRule {
+            drop_rate: 1.0,
+            ..FaultRule::default()
+        },
+    );
+    let api = Arc::new(c.api_client());
+    let acquire = tokio::spawn({
+        let api = api.clone();
+        async move {
+            let body = AcquireRequest {
+                request_id: "lost-forward".into(),
+                ttl_ms: Some(30_000),
+                ..AcquireRequest::default()
+            };
+            api.post(follower, "/v1/locks/forward:lost/acquire", body)
+                .await
+                .expect("acquire")
+        }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while failures.with_label_values(&["dropped"]).get() == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no lost forward was counted"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    phase("the messages get through again: the retried command is granted, once");
+    c.node(follower).node.faults().heal();
+    let (status, grant) = acquire.await.expect("acquire task");
+    assert_eq!(status, 200, "{grant}");
+    assert!(failures.with_label_values(&["dropped"]).get() >= 1);
+    let (_, view) = c.get(leader, "/v1/locks/forward:lost").await;
+    assert_eq!(view["held"], true, "{view}");
+    assert_eq!(view["fencing_token"], grant["fencing_token"], "{view}");
 
     c.shutdown().await;
 }
