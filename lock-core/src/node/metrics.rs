@@ -69,6 +69,16 @@ impl Metrics {
         let gauge = |name: &str, help: &str| {
             IntGauge::new(name, help).unwrap_or_else(|e| panic!("metric {name}: {e}"))
         };
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels)
+                .unwrap_or_else(|e| panic!("metric {name}: {e}"))
+        };
+        // Commands per message, in powers of two.
+        let commands = |name: &str, help: &str| {
+            let buckets = (0..10).map(|i| f64::from(1u32 << i)).collect();
+            Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
+                .unwrap_or_else(|e| panic!("metric {name}: {e}"))
+        };
         let m = Metrics {
             op_seconds: HistogramVec::new(
                 HistogramOpts::new("op_seconds", "Lock API request latency by operation")
@@ -76,40 +86,25 @@ impl Metrics {
                 &["op"],
             )
             .unwrap_or_else(|e| panic!("metric op_seconds: {e}")),
-            op_outcomes: IntCounterVec::new(
-                Opts::new("op_outcomes_total", "Lock API outcomes by operation"),
+            op_outcomes: counter_vec(
+                "op_outcomes_total",
+                "Lock API outcomes by operation",
                 &["op", "outcome"],
-            )
-            .unwrap_or_else(|e| panic!("metric op_outcomes_total: {e}")),
+            ),
             commit_seconds: hist(
                 "raft_commit_seconds",
                 "Time from proposing a command to its apply",
             ),
-            batch_commands: Histogram::with_opts(
-                HistogramOpts::new("raft_batch_commands", "Commands carried by one raft write")
-                    .buckets(vec![
-                        1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0,
-                    ]),
-            )
-            .unwrap_or_else(|e| panic!("metric raft_batch_commands: {e}")),
-            forward_commands: Histogram::with_opts(
-                HistogramOpts::new(
-                    "raft_forward_commands",
-                    "Commands carried by one message a follower forwards to the leader",
-                )
-                .buckets(vec![
-                    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0,
-                ]),
-            )
-            .unwrap_or_else(|e| panic!("metric raft_forward_commands: {e}")),
-            forward_failures: IntCounterVec::new(
-                Opts::new(
-                    "raft_forward_failures_total",
-                    "Messages a follower forwarded to the leader that got no usable answer",
-                ),
+            batch_commands: commands("raft_batch_commands", "Commands carried by one raft write"),
+            forward_commands: commands(
+                "raft_forward_commands",
+                "Commands carried by one message a follower forwards to the leader",
+            ),
+            forward_failures: counter_vec(
+                "raft_forward_failures_total",
+                "Messages a follower forwarded to the leader that got no usable answer",
                 &["reason"],
-            )
-            .unwrap_or_else(|e| panic!("metric raft_forward_failures_total: {e}")),
+            ),
             apply_seconds: hist("raft_apply_seconds", "Time to apply one batch of entries"),
             expirations: counter("lease_expirations_total", "Leases that expired unrenewed"),
             handoffs: counter("lease_handoffs_total", "Locks handed to a queued waiter"),
@@ -131,30 +126,21 @@ impl Metrics {
                 "idempotency_records_forgotten_total",
                 "Idempotency records forgotten after their tombstone window",
             ),
-            idem_resolutions: IntCounterVec::new(
-                Opts::new(
-                    "idempotency_operator_resolutions_total",
-                    "Idempotency records of unknown outcome resolved by an operator",
-                ),
+            idem_resolutions: counter_vec(
+                "idempotency_operator_resolutions_total",
+                "Idempotency records of unknown outcome resolved by an operator",
                 &["resolution"],
-            )
-            .unwrap_or_else(|e| panic!("metric idempotency_operator_resolutions_total: {e}")),
-            auth_denied: IntCounterVec::new(
-                Opts::new(
-                    "auth_denied_total",
-                    "Calls refused by authentication, by reason",
-                ),
+            ),
+            auth_denied: counter_vec(
+                "auth_denied_total",
+                "Calls refused by authentication, by reason",
                 &["reason"],
-            )
-            .unwrap_or_else(|e| panic!("metric auth_denied_total: {e}")),
-            tenant_limited: IntCounterVec::new(
-                Opts::new(
-                    "tenant_limited_total",
-                    "Lock calls refused by a tenant bound",
-                ),
+            ),
+            tenant_limited: counter_vec(
+                "tenant_limited_total",
+                "Lock calls refused by a tenant bound",
                 &["limit"],
-            )
-            .unwrap_or_else(|e| panic!("metric tenant_limited_total: {e}")),
+            ),
             registry,
         };
         let r = &m.registry;
