@@ -18,6 +18,7 @@ use common::{
     assert_tokens_non_decreasing_per_key, eventually, phase, writes_with, FenceClient,
     FenceHarness, Reply, StoreWrite, Write, EVENT,
 };
+use lock_core::net::FaultRule;
 use reqwest::Method;
 use serde_json::json;
 
@@ -525,6 +526,60 @@ async fn t43_release_after_a_proxied_write_fences_the_token_and_hands_off_at_onc
 
     let values: Vec<String> = c.store_log().await.into_iter().map(|w| w.value).collect();
     assert_eq!(values, ["A-1", "B-1"]);
+    h.shutdown().await;
+}
+
+/// The same promise for a release sent to a follower that lags (SPEC §5, epoch barrier): the
+/// leader's messages to it are delayed, so the follower hears the leader's answer to the
+/// forwarded release before its own state has the release. It must still answer only once
+/// the proxies confirmed: it waits to apply the log index the leader's answer names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t45_release_through_a_lagging_follower_fences_the_token_before_it_answers() {
+    let h = FenceHarness::start().await;
+    let c = h.client.clone();
+    let leader = h.cluster.wait_leader(EVENT).await;
+    let follower = h.cluster.followers(leader)[0];
+
+    phase(&format!(
+        "the leader's messages to node {follower} take 60 ms"
+    ));
+    let slow = FaultRule {
+        delay_ms: 60,
+        ..FaultRule::default()
+    };
+    h.cluster
+        .node(leader)
+        .node
+        .faults()
+        .set_rule(follower, slow);
+
+    let mut released = Vec::new();
+    for round in 0..3 {
+        let key = format!("f{round}");
+        let resource = format!("kv:{key}");
+        phase(&format!(
+            "round {round}: A acquires, writes through node {follower}'s proxy, releases there"
+        ));
+        let a = h.acquire(&resource, &format!("A{round}"), 30_000, 0).await;
+        let r = c.put(follower, &key, a.token, "A").await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        h.release_on(follower, &a).await;
+
+        phase("the lock is free at once: the proxy confirmed before the release answered");
+        let (s, v) = h.try_acquire(&resource, &format!("B{round}")).await;
+        assert_eq!(
+            s, 200,
+            "the release answered before its proxy confirmed: {v}"
+        );
+        released.push((key, a.token));
+    }
+
+    phase("healed: every released token is refused by every proxy");
+    h.cluster.node(leader).node.faults().heal();
+    for (key, token) in &released {
+        h.assert_refused_everywhere(key, *token, "stale_fencing_token")
+            .await;
+    }
     h.shutdown().await;
 }
 

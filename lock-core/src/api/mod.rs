@@ -27,7 +27,7 @@ use tokio::net::TcpListener;
 pub use error::ApiError;
 
 use crate::net::PeerSecret;
-use crate::node::{Node, PROPOSE_BATCH_PATH};
+use crate::node::{Node, FORWARD_PATH, PROPOSE_BATCH_PATH, READ_INDEX_PATH};
 use crate::wire::ErrorCode;
 
 /// Serves the public API of `node` on `listener` (over TLS with `tls`, see
@@ -127,8 +127,9 @@ pub fn peer_router(node: Arc<Node>, secret: PeerSecret) -> Router {
         .route("/raft/vote", post(raft_rpc::vote))
         .route("/raft/snapshot", post(raft_rpc::snapshot))
         .route("/internal/propose", post(raft_rpc::propose))
+        .route(FORWARD_PATH, post(raft_rpc::forward))
         .route(PROPOSE_BATCH_PATH, post(raft_rpc::propose_batch))
-        .route("/internal/read_index", post(raft_rpc::read_index))
+        .route(READ_INDEX_PATH, post(raft_rpc::read_index))
         .fallback(|| async { ApiError::not_found("No such peer endpoint.") })
         // The gate below reads each body under the peer listener's limits first.
         .layer(DefaultBodyLimit::disable())

@@ -15,7 +15,7 @@ use super::ApiError;
 use crate::machine::Command;
 use crate::net::codec::{self, CodecError};
 use crate::net::FROM_HEADER;
-use crate::node::Node;
+use crate::node::{ForwardReply, Node};
 use crate::wire::ErrorCode;
 
 fn admit(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -90,24 +90,39 @@ pub async fn propose(State(node): State<Arc<Node>>, headers: HeaderMap, body: By
         Err(e) => return bad_body(e),
     };
     let timeout = Duration::from_millis(node.config.policy.write_timeout_ms);
-    reply(&node.propose_local(cmd, timeout).await)
+    reply(&node.propose_local(cmd, timeout).await.map(|c| c.response))
 }
 
-/// A batch of commands a follower forwards (see `node::forward`): each gets its own answer.
+/// A batch of commands a follower forwards (see `node::forward`): each gets its own answer,
+/// and the reply names a log index that includes them all.
+pub async fn forward(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes) -> Response {
+    match forwarded_batch(&node, &headers, &body).await {
+        Ok(forwarded) => reply(&forwarded),
+        Err(refused) => refused,
+    }
+}
+
+/// The same for followers of earlier versions: the bare answers.
 pub async fn propose_batch(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(e) = admit(&node, &headers) {
-        return e.into_response();
+    match forwarded_batch(&node, &headers, &body).await {
+        Ok(forwarded) => reply(&forwarded.answers),
+        Err(refused) => refused,
     }
-    let cmds: Vec<Command> = match codec::decode(&body) {
-        Ok(c) => c,
-        Err(e) => return bad_body(e),
-    };
+}
+
+async fn forwarded_batch(
+    node: &Node,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<ForwardReply, Response> {
+    admit(node, headers).map_err(IntoResponse::into_response)?;
+    let cmds: Vec<Command> = codec::decode(body).map_err(bad_body)?;
     let timeout = Duration::from_millis(node.config.policy.write_timeout_ms);
-    reply(&node.propose_local_all(cmds, timeout).await)
+    Ok(node.propose_local_all(cmds, timeout).await)
 }
 
 pub async fn read_index(State(node): State<Arc<Node>>, headers: HeaderMap) -> Response {

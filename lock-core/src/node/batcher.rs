@@ -14,14 +14,14 @@ use std::time::{Duration, Instant};
 use openraft::error::{ClientWriteError, RaftError};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Node, ProposeError};
+use super::{Committed, Node, ProposeError};
 use crate::machine::{Batch, Command, Response};
 
 /// The most commands one log entry carries. It bounds an entry (and so an append message)
 /// while leaving batches large enough that the queue drains in one write at any load seen.
 pub const MAX_BATCH: usize = 512;
 
-type Reply = oneshot::Sender<Result<Response, ProposeError>>;
+type Reply = oneshot::Sender<Result<Committed, ProposeError>>;
 
 /// The sending side, held by the node; the receiving side runs in [`run`].
 #[derive(Clone)]
@@ -40,7 +40,7 @@ pub fn queue() -> (BatchQueue, BatchReceiver) {
 
 impl BatchQueue {
     /// Queues `cmd` for the next write and waits for its own response.
-    pub async fn submit(&self, cmd: Command) -> Result<Response, ProposeError> {
+    pub async fn submit(&self, cmd: Command) -> Result<Committed, ProposeError> {
         let (reply, answer) = oneshot::channel();
         self.tx
             .send((cmd, reply))
@@ -54,7 +54,7 @@ impl BatchQueue {
 impl BatchQueue {
     /// Queues `cmds` together (so they join the same write where they fit) and waits for
     /// their responses, in order.
-    pub async fn submit_all(&self, cmds: Vec<Command>) -> Vec<Result<Response, ProposeError>> {
+    pub async fn submit_all(&self, cmds: Vec<Command>) -> Vec<Result<Committed, ProposeError>> {
         let closed = || ProposeError::Stopped("the write queue is closed".to_string());
         let answers: Vec<_> = cmds
             .into_iter()
@@ -95,12 +95,12 @@ pub async fn run(node: Arc<Node>, mut queue: BatchReceiver) {
         let answers = write(&node, std::mem::take(&mut cmds)).await;
         node.metrics.batch_commands.observe(n as f64);
         match answers {
-            Ok(responses) if responses.len() == n => {
-                for (reply, resp) in replies.drain(..).zip(responses) {
-                    let _ = reply.send(Ok(resp));
+            Ok((responses, index)) if responses.len() == n => {
+                for (reply, response) in replies.drain(..).zip(responses) {
+                    let _ = reply.send(Ok(Committed { response, index }));
                 }
             }
-            Ok(responses) => {
+            Ok((responses, _)) => {
                 let e = ProposeError::Stopped(format!(
                     "{} responses for {n} commands",
                     responses.len()
@@ -118,10 +118,10 @@ pub async fn run(node: Arc<Node>, mut queue: BatchReceiver) {
     }
 }
 
-/// One raft write of `cmds`, stamped now. Bounded by the write timeout: a write that cannot
-/// reach a quorum must not hold up the queue behind it (it may still commit later, which is
-/// why every command is safe to retry).
-async fn write(node: &Node, cmds: Vec<Command>) -> Result<Vec<Response>, ProposeError> {
+/// One raft write of `cmds`, stamped now: their responses and the entry's log index. Bounded
+/// by the write timeout: a write that cannot reach a quorum must not hold up the queue behind
+/// it (it may still commit later, which is why every command is safe to retry).
+async fn write(node: &Node, cmds: Vec<Command>) -> Result<(Vec<Response>, u64), ProposeError> {
     let batch = Batch::new(node.now_ms(), node.config.policy.failover_grace_ms, cmds);
     let started = Instant::now();
     let timeout = Duration::from_millis(node.config.policy.write_timeout_ms);
@@ -131,7 +131,7 @@ async fn write(node: &Node, cmds: Vec<Command>) -> Result<Vec<Response>, Propose
             node.metrics
                 .commit_seconds
                 .observe(started.elapsed().as_secs_f64());
-            Ok(resp.data)
+            Ok((resp.data, resp.log_id.index))
         }
         Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
             Err(ProposeError::NotLeader(f.leader_id))

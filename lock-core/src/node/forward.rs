@@ -15,15 +15,31 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::batcher::MAX_BATCH;
-use super::{Node, ProposeError};
+use super::{Committed, Node, ProposeError};
 use crate::machine::{Command, Response};
 use crate::net::PeerError;
 
-/// Peer path of a batch of forwarded commands.
+/// Peer path of a batch of forwarded commands, answered with a [`ForwardReply`].
+pub const FORWARD_PATH: &str = "/internal/forward";
+
+/// The path earlier versions forward batches to, answered with the bare answers; a leader
+/// still serves it for followers of those versions.
 pub const PROPOSE_BATCH_PATH: &str = "/internal/propose_batch";
+
+/// The leader's answer to a forwarded batch.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ForwardReply {
+    /// One answer per command, in order.
+    pub answers: Vec<Result<Response, ProposeError>>,
+    /// A log index at which the leader's state includes every command of the batch: the
+    /// follower that applied it answers reads that must see the commands (a release's
+    /// revocation wait) without asking the leader again.
+    pub index: u64,
+}
 
 /// Batches on their way to the leader at once. Two rather than one: a batch is answered
 /// only after the leader's write commits, and a second one in flight lets commands proposed
@@ -32,7 +48,7 @@ pub const FORWARDS_IN_FLIGHT: usize = 2;
 
 /// The leader's answer to one forwarded command, or `None` if its message got no answer
 /// (the caller retries, as after any transport failure).
-pub type Forwarded = Option<Result<Response, ProposeError>>;
+pub type Forwarded = Option<Result<Committed, ProposeError>>;
 
 struct Forward {
     leader: u64,
@@ -130,17 +146,26 @@ async fn send(node: &Node, leader: u64, addr: &str, batch: Vec<Forward>) {
     let timeout = latest
         .saturating_duration_since(now)
         .max(Duration::from_millis(1));
-    let reply: Result<Vec<Result<Response, ProposeError>>, PeerError> = node
+    let mut reply: Result<ForwardReply, PeerError> = node
         .peers
-        .post(leader, addr, PROPOSE_BATCH_PATH, &cmds, timeout)
+        .post(leader, addr, FORWARD_PATH, &cmds, timeout)
         .await;
+    if let Err(PeerError::Status { status: 404, .. }) = reply {
+        // A leader of an earlier version answers without an index.
+        reply = node
+            .peers
+            .post(leader, addr, PROPOSE_BATCH_PATH, &cmds, timeout)
+            .await
+            .map(|answers| ForwardReply { answers, index: 0 });
+    }
     match reply {
-        Ok(answers) if answers.len() == batch.len() => {
+        Ok(ForwardReply { answers, index }) if answers.len() == batch.len() => {
             for (f, answer) in batch.into_iter().zip(answers) {
+                let answer = answer.map(|response| Committed { response, index });
                 let _ = f.reply.send(Some(answer));
             }
         }
-        Ok(answers) => {
+        Ok(ForwardReply { answers, .. }) => {
             node.metrics
                 .forward_failures
                 .with_label_values(&["count"])
@@ -151,16 +176,6 @@ async fn send(node: &Node, leader: u64, addr: &str, batch: Vec<Forward>) {
                 answered = answers.len(),
                 "the leader answered a forwarded batch with the wrong number of results"
             );
-        }
-        Err(PeerError::Status { status: 404, .. }) => {
-            // A leader of an earlier version takes forwarded commands one at a time.
-            for f in batch {
-                let answer = node
-                    .peers
-                    .post(leader, addr, "/internal/propose", &f.cmd, timeout)
-                    .await;
-                let _ = f.reply.send(answer.ok());
-            }
         }
         Err(e) => {
             node.metrics
@@ -185,19 +200,26 @@ fn failure_reason(e: &PeerError) -> &'static str {
 
 impl Node {
     /// Proposes `cmds` (forwarded by a follower) on this node if it is the leader, all in its
-    /// next raft write where they fit, and answers each in order. Never forwards.
-    pub async fn propose_local_all(
-        &self,
-        cmds: Vec<Command>,
-        timeout: Duration,
-    ) -> Vec<Result<Response, ProposeError>> {
+    /// next raft write where they fit, and answers each in order, with the highest log index
+    /// among them. Never forwards.
+    pub async fn propose_local_all(&self, cmds: Vec<Command>, timeout: Duration) -> ForwardReply {
         let n = cmds.len();
-        if let Err(e) = self.ready_to_propose() {
-            return vec![Err(e); n];
-        }
-        match tokio::time::timeout(timeout, self.writes.submit_all(cmds)).await {
-            Ok(answers) => answers,
-            Err(_) => vec![Err(ProposeError::NoQuorum); n],
-        }
+        let committed = match self.ready_to_propose() {
+            Err(e) => vec![Err(e); n],
+            Ok(()) => match tokio::time::timeout(timeout, self.writes.submit_all(cmds)).await {
+                Ok(answers) => answers,
+                Err(_) => vec![Err(ProposeError::NoQuorum); n],
+            },
+        };
+        let index = committed
+            .iter()
+            .filter_map(|c| c.as_ref().ok().map(|c| c.index))
+            .max()
+            .unwrap_or(0);
+        let answers = committed
+            .into_iter()
+            .map(|c| c.map(|c| c.response))
+            .collect();
+        ForwardReply { answers, index }
     }
 }

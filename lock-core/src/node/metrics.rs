@@ -24,6 +24,8 @@ pub struct Metrics {
     pub batch_commands: Histogram,
     /// Commands per message a follower forwards to the leader (see `node::forward`).
     pub forward_commands: Histogram,
+    /// Reads served by one read index (see `node::read_rounds`).
+    pub read_index_reads: Histogram,
     /// Forwarded messages that got no usable answer, by why (`unreachable`, `status`,
     /// `codec`, `dropped`, `count`): their commands are retried, and may have been applied.
     pub forward_failures: IntCounterVec,
@@ -100,6 +102,10 @@ impl Metrics {
                 "raft_forward_commands",
                 "Commands carried by one message a follower forwards to the leader",
             ),
+            read_index_reads: commands(
+                "raft_read_index_reads",
+                "Linearizable reads served by one read index (one leadership confirmation)",
+            ),
             forward_failures: counter_vec(
                 "raft_forward_failures_total",
                 "Messages a follower forwarded to the leader that got no usable answer",
@@ -153,6 +159,7 @@ impl Metrics {
         register(Box::new(m.commit_seconds.clone()));
         register(Box::new(m.batch_commands.clone()));
         register(Box::new(m.forward_commands.clone()));
+        register(Box::new(m.read_index_reads.clone()));
         register(Box::new(m.forward_failures.clone()));
         register(Box::new(m.apply_seconds.clone()));
         register(Box::new(m.expirations.clone()));

@@ -16,6 +16,7 @@ mod metrics;
 pub mod ops;
 mod propose;
 mod read;
+mod read_rounds;
 mod revocations;
 mod start;
 mod sweeper;
@@ -32,9 +33,11 @@ pub use auth::{
 pub use clock::Clock;
 pub use config::{MemberAddrs, NodeConfig, Policy, MAX_FAILOVER_GRACE_MS};
 pub use error::{NodeError, ProposeError};
-pub use forward::PROPOSE_BATCH_PATH;
+pub use forward::{ForwardReply, FORWARD_PATH, PROPOSE_BATCH_PATH};
 pub use limits::{HttpLimits, TlsFiles, MIN_HEADER_BYTES};
 pub use metrics::Metrics;
+pub use propose::Committed;
+pub use read_rounds::READ_INDEX_PATH;
 pub use revocations::{Revocation, Revocations};
 pub use start::{start, RunningNode};
 pub use waits::{WaitOutcome, WaitRegistry, WaitTicket};
@@ -60,6 +63,8 @@ pub struct Node {
     writes: batcher::BatchQueue,
     /// Commands for the next batch forwarded to the leader.
     forwards: forward::ForwardQueue,
+    /// Reads waiting for the next read index (see `read_rounds`).
+    reads: read_rounds::ReadIndexQueue,
     /// The operators' view: audit log, activity counters, member health, metrics history.
     pub ops: Arc<ops::OpsState>,
     /// Each tenant's lock-call rate on this node (with authentication on).

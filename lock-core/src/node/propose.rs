@@ -5,6 +5,16 @@ use std::time::{Duration, Instant};
 use super::{Node, ProposeError};
 use crate::machine::{Command, Response};
 
+/// A committed command's response, and the log index its state is reached at: once a node
+/// has applied `index`, its state includes the command.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Committed {
+    pub response: Response,
+    /// The entry that carried the command, or a later one; 0 when the leader did not say
+    /// (an earlier version).
+    pub index: u64,
+}
+
 impl Node {
     /// Commits `cmd` through raft wherever the leader is, and returns the state machine's
     /// response. Answers `NoQuorum` within the write timeout rather than hanging.
@@ -12,6 +22,12 @@ impl Node {
     /// Retrying a command is safe: acquires are deduplicated by request id, renew, release
     /// and cancel are idempotent in effect, and ticks only act on what is due.
     pub async fn propose(&self, cmd: Command) -> Result<Response, ProposeError> {
+        self.propose_committed(cmd).await.map(|c| c.response)
+    }
+
+    /// [`propose`](Self::propose), with the log index to wait for before this node's own
+    /// state shows the command.
+    pub async fn propose_committed(&self, cmd: Command) -> Result<Committed, ProposeError> {
         let admit = match &cmd {
             Command::Admit {
                 resource,
@@ -22,13 +38,20 @@ impl Node {
         };
         let result = self.propose_anywhere(cmd).await;
         // Fencing decisions are counted where the proxy asked, for the hot-resources view.
-        if let (Some((resource, token)), Ok(Response::Admit(outcome))) = (admit, &result) {
+        if let (
+            Some((resource, token)),
+            Ok(Committed {
+                response: Response::Admit(outcome),
+                ..
+            }),
+        ) = (admit, &result)
+        {
             self.record_fence_decision(&resource, token, outcome);
         }
         result
     }
 
-    async fn propose_anywhere(&self, cmd: Command) -> Result<Response, ProposeError> {
+    async fn propose_anywhere(&self, cmd: Command) -> Result<Committed, ProposeError> {
         let deadline = Instant::now() + self.write_timeout();
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
@@ -47,7 +70,7 @@ impl Node {
                         .forward(leader, addr, cmd.clone(), deadline)
                         .await;
                     match answer {
-                        Some(Ok(resp)) => return Ok(resp),
+                        Some(Ok(committed)) => return Ok(committed),
                         Some(Err(ProposeError::NotLeader(_))) | None => {}
                         Some(Err(e)) => return Err(e),
                     }
@@ -64,7 +87,7 @@ impl Node {
         &self,
         cmd: Command,
         timeout: Duration,
-    ) -> Result<Response, ProposeError> {
+    ) -> Result<Committed, ProposeError> {
         self.ready_to_propose()?;
         match tokio::time::timeout(timeout, self.writes.submit(cmd)).await {
             Err(_) => Err(ProposeError::NoQuorum),

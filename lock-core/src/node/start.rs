@@ -108,6 +108,7 @@ pub async fn start(
 
     let (writes, write_queue) = super::batcher::queue();
     let (forwards, forward_queue) = super::forward::queue();
+    let (reads, read_queue) = super::read_rounds::queue();
     let node = Arc::new(Node {
         id: config.id,
         config,
@@ -121,6 +122,7 @@ pub async fn start(
         advertise,
         writes,
         forwards,
+        reads,
         ops,
         tenant_rates: Default::default(),
     });
@@ -130,6 +132,7 @@ pub async fn start(
     let tasks = vec![
         tokio::spawn(super::batcher::run(node.clone(), write_queue)),
         tokio::spawn(super::forward::run(node.clone(), forward_queue)),
+        tokio::spawn(super::read_rounds::run(node.clone(), read_queue)),
         tokio::spawn(super::sweeper::run(node.clone())),
         tokio::spawn(watch_leader(node.clone())),
         tokio::spawn(ops::run_health_probes(node.clone())),

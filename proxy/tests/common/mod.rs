@@ -372,10 +372,15 @@ impl FenceHarness {
     }
 
     pub async fn release(&self, lease: &Lease) {
+        self.release_on(self.api_node(), lease).await;
+    }
+
+    /// Releases `lease` through node `id`, asserting success.
+    pub async fn release_on(&self, id: u64, lease: &Lease) {
         let (s, v) = self
             .cluster
             .post(
-                self.api_node(),
+                id,
                 &format!("/v1/locks/{}/release", lease.resource),
                 json!({ "lease_id": lease.lease_id }),
             )

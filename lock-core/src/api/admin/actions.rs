@@ -16,7 +16,7 @@ use axum::Json;
 use super::auth::require_admin;
 use crate::api::{cluster, parse_json, ApiError};
 use crate::machine::{Command, Response};
-use crate::node::Node;
+use crate::node::{Committed, Node};
 use crate::wire::{
     validate_id, validate_stored_name, AddMemberRequest, AdminAddMember, AdminRemoveMember,
     DrainResponse, ErrorBody, ErrorCode, ForceReleaseResponse, OperatorRequest,
@@ -69,9 +69,14 @@ pub async fn force_release(
         resource: resource.clone(),
         operator: req.operator.clone(),
     };
-    let token = match node.propose(cmd).await {
-        Ok(Response::ForceReleased { fencing_token }) => fencing_token,
-        Ok(other) => {
+    let (token, index) = match node.propose_committed(cmd).await {
+        Ok(Committed {
+            response: Response::ForceReleased { fencing_token },
+            index,
+        }) => (fencing_token, index),
+        Ok(Committed {
+            response: other, ..
+        }) => {
             return Err(ApiError::new(
                 ErrorCode::Internal,
                 format!("Unexpected state machine response {other:?}; this is a bug."),
@@ -93,7 +98,7 @@ pub async fn force_release(
     let released = token.is_some();
     if released {
         // As after a holder's release: answer once no proxy forwards the token any more.
-        crate::api::locks::wait_revoked(&node, &resource).await;
+        crate::api::locks::wait_revoked(&node, &resource, index).await;
     }
     node.record_operator_action(
         "force_release",

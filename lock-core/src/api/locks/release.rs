@@ -17,14 +17,24 @@ const MAX_REVOKE_WAIT: Duration = Duration::from_secs(5);
 /// Waits until no fencing proxy forwards the released token any more: every proxy that held a
 /// grant confirmed, or the grants ran out. So once the caller hears `released: true`, a write
 /// with the released token is refused by every proxy, and the next holder can be granted.
-pub(crate) async fn wait_revoked(node: &Node, resource: &str) {
+///
+/// `index` is where the release committed ([`Committed`](crate::node::Committed)).
+pub(crate) async fn wait_revoked(node: &Node, resource: &str, index: u64) {
     let mut completions = node.revocations.completions();
     let started = Instant::now();
-    // A follower may not have applied the release yet; its state must include it. If it
-    // cannot catch up (no quorum), waiting out the longest grant keeps the promise.
-    if node.current_leader() != Some(node.id) && node.read_barrier().await.is_err() {
-        tokio::time::sleep(MAX_REVOKE_WAIT.saturating_sub(started.elapsed())).await;
-        return;
+    // A follower may not have applied the release yet; its state must include it. The
+    // leader said at which index it does (an earlier version did not: then ask it). If this
+    // node cannot catch up (no quorum), waiting out the longest grant keeps the promise.
+    if node.current_leader() != Some(node.id) {
+        let caught_up = if index > 0 {
+            node.wait_applied(index, MAX_REVOKE_WAIT).await
+        } else {
+            node.read_barrier().await
+        };
+        if caught_up.is_err() {
+            tokio::time::sleep(MAX_REVOKE_WAIT.saturating_sub(started.elapsed())).await;
+            return;
+        }
     }
     loop {
         let left = node.machine.read(|m| {
@@ -61,7 +71,8 @@ pub(super) async fn release(
     };
     // Read before the release: afterwards the lease (and its holder's name) is gone.
     let (caller, token) = lease_facts(node, resource, &lease_id).await;
-    match node.propose(scope.wrap(cmd)).await? {
+    let committed = node.propose_committed(scope.wrap(cmd)).await?;
+    match committed.response {
         Response::Released(released) => {
             Audit {
                 op: "release",
@@ -72,7 +83,7 @@ pub(super) async fn release(
             }
             .record(node, if released { "released" } else { "not_held" }, None);
             if released {
-                wait_revoked(node, resource).await;
+                wait_revoked(node, resource, committed.index).await;
             }
             Ok(ReleaseResponse { released })
         }

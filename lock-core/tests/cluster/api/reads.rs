@@ -117,3 +117,64 @@ async fn get_and_list_show_state_but_never_lease_ids() {
     }
     c.shutdown().await;
 }
+
+/// Linearizable reads that arrive together share one read index (one leadership
+/// confirmation, one message from a follower to the leader), and each still sees every write
+/// that was acknowledged before it was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_reads_share_read_indexes_and_see_every_earlier_write() {
+    const CLIENTS: usize = 48;
+    let c = TestCluster::start(3).await;
+    let leader = c.wait_leader(Duration::from_secs(5)).await;
+    let follower = c.followers(leader)[0];
+    let http = reqwest::Client::new();
+
+    phase("each client acquires its own resource on the leader, then reads it on a follower");
+    let mut clients = Vec::new();
+    for i in 0..CLIENTS {
+        let http = http.clone();
+        let resource = format!("rr:{i}");
+        let acquire = c.url(leader, &lock_path(&resource, "acquire"));
+        let read = c.url(follower, &format!("/v1/locks/{resource}"));
+        clients.push(tokio::spawn(async move {
+            let granted: serde_json::Value = http
+                .post(&acquire)
+                .json(&json!({ "request_id": format!("rr-{i}"), "ttl_ms": 30_000 }))
+                .send()
+                .await
+                .expect("acquire sent")
+                .json()
+                .await
+                .expect("acquire answer");
+            let view: serde_json::Value = http
+                .get(&read)
+                .send()
+                .await
+                .expect("read sent")
+                .json()
+                .await
+                .expect("read answer");
+            (granted["fencing_token"].as_u64(), view)
+        }));
+    }
+    for client in clients {
+        let (token, view) = client.await.expect("client task");
+        assert!(token.is_some(), "acquire failed: {view}");
+        assert_eq!(
+            view["held"], true,
+            "a read missed an acknowledged write: {view}"
+        );
+        assert_eq!(view["fencing_token"].as_u64(), token, "{view}");
+    }
+
+    phase("the follower asked the leader fewer times than it served reads");
+    let per_round = &c.node(follower).node.metrics.read_index_reads;
+    let (rounds, reads) = (per_round.get_sample_count(), per_round.get_sample_sum());
+    eprintln!("  {reads} reads in {rounds} rounds");
+    assert!(reads >= CLIENTS as f64, "{reads} reads counted");
+    assert!(
+        (rounds as f64) < reads,
+        "every read took a round of its own ({rounds} rounds)"
+    );
+    c.shutdown().await;
+}

@@ -11,11 +11,12 @@ use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
 use serde_json::Value;
 
-const PEER_PATHS: [&str; 6] = [
+const PEER_PATHS: [&str; 7] = [
     "/raft/append",
     "/raft/vote",
     "/raft/snapshot",
     "/internal/propose",
+    "/internal/forward",
     "/internal/propose_batch",
     "/internal/read_index",
 ];
