@@ -127,7 +127,9 @@ impl Db {
         // memory, replication reads recent entries from the memtable, and what a purge scans
         // or a lagging follower reads once gains nothing from staying cached (the OS page
         // cache has it too). A heap profile found fjall's default 32 MiB full of such blocks.
-        let db = Database::builder(dir).cache_size(BLOCK_CACHE_BYTES).open()?;
+        let db = Database::builder(dir)
+            .cache_size(BLOCK_CACHE_BYTES)
+            .open()?;
         // The log's memtable size trades memory for commit stalls. Each flush writes a
         // segment beside the journal, and the log's fsyncs (which every commit waits for) queue
         // behind it: 8 MiB memtables of uncompressed entries flushed every ~10 s at the seed
