@@ -122,10 +122,7 @@ async fn confirm_leadership(node: &Node) -> Result<u64, ProposeError> {
 /// On a follower: the leader's read index. An unknown or unreachable leader answers
 /// `NotLeader`, which the reader retries after a beat.
 async fn ask_leader(node: &Node, leader: Option<u64>) -> Result<u64, ProposeError> {
-    let Some((leader, addr)) = leader
-        .filter(|l| *l != node.id)
-        .and_then(|l| Some((l, node.member_addr(l)?)))
-    else {
+    let Some((leader, addr)) = leader.and_then(|l| Some((l, node.member_addr(l)?))) else {
         return Err(ProposeError::NotLeader(None));
     };
     let reply: Result<Result<u64, ProposeError>, PeerError> = node
