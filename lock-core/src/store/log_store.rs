@@ -3,7 +3,7 @@
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use fjall::PersistMode;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
@@ -26,6 +26,8 @@ pub struct LogStore {
     db: Arc<Db>,
     /// Hands appended entries' callbacks to the flusher thread (group commit).
     flusher: std::sync::mpsc::Sender<LogFlushed<TypeConfig>>,
+    /// Hands purge points to the thread that deletes purged entries.
+    purger: std::sync::mpsc::Sender<u64>,
 }
 
 /// Group commit: `append` writes entries into fjall's journal without syncing and queues its
@@ -57,6 +59,64 @@ fn spawn_flusher(db: Arc<Db>) -> std::sync::mpsc::Sender<LogFlushed<TypeConfig>>
     tx
 }
 
+/// Deletes purged entries off raft's path. openraft awaits `purge` inside its core loop, so
+/// whatever `purge` does holds back every append, vote and commit meanwhile; deleting the
+/// ~20,000 entries a snapshot frees took long enough to show as slow commits at every
+/// snapshot. Once the purge marker is durable the entries at or below it are invisible (the log
+/// state starts after the marker, and `open` finishes an interrupted deletion), so their
+/// deletion can trail behind. Purge points that queue up while a deletion runs are merged.
+///
+/// `next` is the lowest index that may still be stored. The keys are the indexes themselves,
+/// so a deletion removes `next..=upto` without reading the log first. The thread holds the
+/// database only while it deletes one batch: once the node has dropped its stores, the
+/// database closes (and can be opened again) without waiting for the deletion to end.
+fn spawn_purger(db: Weak<Db>, mut next: u64) -> std::sync::mpsc::Sender<u64> {
+    let (tx, rx) = std::sync::mpsc::channel::<u64>();
+    let spawned = std::thread::Builder::new()
+        .name("fjall-log-purger".into())
+        .spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let upto = rx.try_iter().fold(first, u64::max);
+                if upto < next {
+                    continue;
+                }
+                if let Err(e) = remove_indexes(&db, next, upto) {
+                    // The entries stay invisible behind the durable marker; `open` deletes them
+                    // after the next restart.
+                    tracing::error!(error = %e, upto, "could not delete purged log entries");
+                }
+                next = upto + 1;
+            }
+        });
+    if let Err(e) = spawned {
+        // Purged entries then stay on disk until `open` deletes them at the next restart.
+        tracing::error!(error = %e, "could not start the log purger thread");
+    }
+    tx
+}
+
+/// Deletes the entries `from..=upto` (present or not), in unsynced batches of [`REMOVE_BATCH`],
+/// and stops early if the database was closed.
+fn remove_indexes(db: &Weak<Db>, from: u64, upto: u64) -> Result<(), StoreError> {
+    let mut start = from;
+    while start <= upto {
+        let Some(db) = db.upgrade() else {
+            return Ok(());
+        };
+        let end = upto.min(start.saturating_add(REMOVE_BATCH as u64 - 1));
+        let mut batch = db.db.batch().durability(None);
+        for index in start..=end {
+            batch.remove(&db.log, log_key(index));
+        }
+        batch.commit()?;
+        start = match end.checked_add(1) {
+            Some(s) => s,
+            None => break,
+        };
+    }
+    Ok(())
+}
+
 fn log_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
@@ -80,13 +140,28 @@ fn map_bound(b: Bound<&u64>) -> Bound<[u8; 8]> {
 impl LogStore {
     pub(crate) fn open(db: Arc<Db>) -> Result<Self, StoreError> {
         let flusher = spawn_flusher(db.clone());
-        let store = LogStore { db, flusher };
         // A crash between recording the purge marker and deleting the entries leaves entries at
         // or below it behind; finish that purge now so the log starts right after the marker.
-        if let Some(purged) = store.read_meta::<LogId<u64>>(PURGED_KEY, "purged log id")? {
-            store.remove_range(..=purged.index, false)?;
-        }
-        Ok(store)
+        let purged = match db.meta.get(PURGED_KEY)? {
+            Some(v) => Some(decode::<LogId<u64>>("purged log id", &v)?),
+            None => None,
+        };
+        let first = match &purged {
+            Some(purged) => {
+                remove_range(&db, ..=purged.index, false)?;
+                purged.index + 1
+            }
+            None => match db.log.first_key_value() {
+                Some(guard) => key_index(&guard.key()?)?,
+                None => 0,
+            },
+        };
+        let purger = spawn_purger(Arc::downgrade(&db), first);
+        Ok(LogStore {
+            db,
+            flusher,
+            purger,
+        })
     }
 
     fn read_meta<T: serde::de::DeserializeOwned>(
@@ -162,39 +237,30 @@ impl LogStore {
             None => Ok(None),
         }
     }
+}
 
-    /// Deletes the entries whose index lies in `range`, in batches of [`REMOVE_BATCH`].
-    ///
-    /// With `from_top` the highest entries go first, so an interrupted truncation leaves a
-    /// shorter but still gap-free log. Every batch is synced: a truncated entry must not come
-    /// back after a restart, and a purge is rare enough that the fsyncs do not matter.
-    /// Deletes the entries in `range`. A truncation (`from_top`) is synced: new entries will be
-    /// appended at those indexes. A purge is not: its marker is already durable, so the entries
-    /// are invisible whether or not their deletion reached the disk (`open` finishes it after a
-    /// crash), and syncing a batch per 1,024 entries held every append behind the purge.
-    fn remove_range<R: RangeBounds<u64>>(
-        &self,
-        range: R,
-        from_top: bool,
-    ) -> Result<(), StoreError> {
-        let durability = from_top.then_some(PersistMode::SyncAll);
-        let bounds = (map_bound(range.start_bound()), map_bound(range.end_bound()));
-        let mut keys = Vec::new();
-        for guard in self.db.log.range::<[u8; 8], _>(bounds) {
-            keys.push(guard.key()?);
-        }
-        if from_top {
-            keys.reverse();
-        }
-        for chunk in keys.chunks(REMOVE_BATCH) {
-            let mut batch = self.db.db.batch().durability(durability);
-            for key in chunk {
-                batch.remove(&self.db.log, key.clone());
-            }
-            batch.commit()?;
-        }
-        Ok(())
+/// Deletes the entries whose index lies in `range`, in batches of [`REMOVE_BATCH`]. A
+/// truncation (`from_top`) goes from the highest entry down, so an interrupted one leaves a
+/// shorter but still gap-free log, and is synced: new entries will be appended at those
+/// indexes. Finishing a purge at startup is not synced: the marker is already durable.
+fn remove_range<R: RangeBounds<u64>>(db: &Db, range: R, from_top: bool) -> Result<(), StoreError> {
+    let durability = from_top.then_some(PersistMode::SyncAll);
+    let bounds = (map_bound(range.start_bound()), map_bound(range.end_bound()));
+    let mut keys = Vec::new();
+    for guard in db.log.range::<[u8; 8], _>(bounds) {
+        keys.push(guard.key()?);
     }
+    if from_top {
+        keys.reverse();
+    }
+    for chunk in keys.chunks(REMOVE_BATCH) {
+        let mut batch = db.db.batch().durability(durability);
+        for key in chunk {
+            batch.remove(&db.log, key.clone());
+        }
+        batch.commit()?;
+    }
+    Ok(())
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -298,7 +364,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
         let this = self.clone();
-        blocking(move || this.remove_range(log_id.index.., true))
+        blocking(move || remove_range(&this.db, log_id.index.., true))
             .await
             .map_err(|e| e.into_raft(StorageIOError::write_logs))
     }
@@ -311,7 +377,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // entries, and open() finishes deleting them if we crash halfway.
             this.write_meta(PURGED_KEY, value, Some(PersistMode::SyncAll))
                 .await?;
-            blocking(move || this.remove_range(..=log_id.index, false)).await
+            // The deletion itself trails behind (see `spawn_purger`). Without the thread the
+            // entries stay, invisible, until `open` deletes them after a restart.
+            let _ = this.purger.send(log_id.index);
+            Ok::<(), StoreError>(())
         };
         purge
             .await
