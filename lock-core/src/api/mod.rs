@@ -18,7 +18,8 @@ mod raft_rpc;
 use std::future::Future;
 use std::sync::Arc;
 
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::HeaderValue;
 use axum::middleware;
 use axum::routing::{get, post, put};
 use axum::Router;
@@ -28,7 +29,7 @@ pub use error::ApiError;
 
 use crate::net::PeerSecret;
 use crate::node::{Node, FORWARD_PATH, PROPOSE_BATCH_PATH, READ_INDEX_PATH};
-use crate::wire::ErrorCode;
+use crate::wire::{ErrorCode, LEADER_ID_HEADER, NODE_ID_HEADER};
 
 /// Serves the public API of `node` on `listener` (over TLS with `tls`, see
 /// [`listen::tls_acceptor`]) under the node's listener limits until `shutdown` completes; then
@@ -110,12 +111,30 @@ pub fn router(node: Arc<Node>) -> Router {
             )
         })
         .fallback(|| async { ApiError::not_found("No such endpoint; see docs/api.md.") })
+        .layer(middleware::map_response_with_state(
+            node.clone(),
+            name_node_and_leader,
+        ))
         // API keys, when the node requires them; outermost, so no handler runs unchecked.
         .layer(middleware::from_fn_with_state(
             node.clone(),
             auth::authenticate,
         ))
         .with_state(node)
+}
+
+/// Names this node and the leader it knows on every answer, so a client can send its next calls
+/// to the leader itself (see [`LEADER_ID_HEADER`]).
+async fn name_node_and_leader(
+    State(node): State<Arc<Node>>,
+    mut response: axum::response::Response,
+) -> axum::response::Response {
+    let headers = response.headers_mut();
+    headers.insert(NODE_ID_HEADER, HeaderValue::from(node.id));
+    if let Some(leader) = node.current_leader() {
+        headers.insert(LEADER_ID_HEADER, HeaderValue::from(leader));
+    }
+    response
 }
 
 /// The node-to-node calls: raft RPCs, forwarded commands and read-index calls. Every request

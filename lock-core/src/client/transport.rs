@@ -1,7 +1,7 @@
 //! HTTP to the nodes: one attempt at a time, sorted into definite answers and uncertain
 //! outcomes, and a retry loop for calls that are safe to repeat.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::schedule::backoff_delay;
 use super::{error_chain, ClientOptions, Error};
-use crate::wire::{classify, ErrorBody, ErrorCode, Failure};
+use crate::wire::{classify, ErrorBody, ErrorCode, Failure, LEADER_ID_HEADER, NODE_ID_HEADER};
 
 /// A definite error answer from a node (anything but 5xx).
 #[derive(Debug, Clone)]
@@ -80,7 +80,11 @@ impl CallFailure {
 pub(crate) struct Transport {
     /// Base URLs without a trailing slash.
     nodes: Vec<String>,
-    /// Index of the node we currently talk to; moves on after an uncertain outcome.
+    /// The node ids answers have named, by position in `nodes` (0: none seen yet).
+    ids: Vec<AtomicU64>,
+    /// Index of the node we currently talk to: moves to the leader once an answer names it
+    /// and we know which of our nodes that is, and on to the next node after an uncertain
+    /// outcome.
     current: AtomicUsize,
     http: reqwest::Client,
     pub opts: ClientOptions,
@@ -113,6 +117,7 @@ impl Transport {
             .pool_idle_timeout(Duration::from_secs(5))
             .build()?;
         Ok(Transport {
+            ids: clean.iter().map(|_| AtomicU64::new(0)).collect(),
             nodes: clean,
             current: AtomicUsize::new(0),
             http,
@@ -140,7 +145,7 @@ impl Transport {
             Err(AttemptError::Uncertain("no time left".into()))
         } else {
             // The outer timeout also bounds reading the body, whatever reqwest's own covers.
-            match tokio::time::timeout(timeout, self.attempt(&url, body, timeout)).await {
+            match tokio::time::timeout(timeout, self.attempt(idx, &url, body, timeout)).await {
                 Ok(r) => r,
                 Err(_) => Err(AttemptError::Uncertain(format!(
                     "{base}: no answer within {timeout:?}"
@@ -159,6 +164,7 @@ impl Transport {
 
     async fn attempt<B: Serialize, T: DeserializeOwned>(
         &self,
+        idx: usize,
         url: &str,
         body: &B,
         timeout: Duration,
@@ -171,6 +177,7 @@ impl Transport {
             .send()
             .await
             .map_err(|e| AttemptError::Uncertain(format!("{url}: {}", error_chain(&e))))?;
+        self.follow_leader(idx, resp.headers());
         let status = resp.status().as_u16();
         let bytes = resp.bytes().await.map_err(|e| {
             AttemptError::Uncertain(format!("{url}: reading the answer: {}", error_chain(&e)))
@@ -179,6 +186,38 @@ impl Transport {
             Failure::Definite { status, body } => AttemptError::Api(ApiReply { status, body }),
             Failure::Uncertain(why) => AttemptError::Uncertain(format!("{url}: {why}")),
         })
+    }
+
+    /// Learns from an answer of node `idx` which node id it has and which node leads, and sends
+    /// the next calls to the leader when it is one of our nodes. A follower forwards every
+    /// call to the leader, so this only saves that hop: a wrong or stale hint costs a little
+    /// latency, never correctness. While the leader's position is unknown, the calls go on to
+    /// a node whose id has not been seen yet, so the leader is found within one call per node.
+    fn follow_leader(&self, idx: usize, headers: &reqwest::header::HeaderMap) {
+        let id_in = |name: &str| -> Option<u64> { headers.get(name)?.to_str().ok()?.parse().ok() };
+        let Some(id) = id_in(NODE_ID_HEADER) else {
+            return;
+        };
+        self.ids[idx].store(id, Ordering::Relaxed);
+        let Some(leader) = id_in(LEADER_ID_HEADER).filter(|&l| l != id) else {
+            return;
+        };
+        let n = self.nodes.len();
+        let known = self
+            .ids
+            .iter()
+            .position(|x| x.load(Ordering::Relaxed) == leader);
+        let unseen = || {
+            (1..n)
+                .map(|k| (idx + k) % n)
+                .find(|&j| self.ids[j].load(Ordering::Relaxed) == 0)
+        };
+        if let Some(next) = known.or_else(unseen) {
+            // As after a failure: only the first caller that learned this moves the others.
+            let _ = self
+                .current
+                .compare_exchange(idx, next, Ordering::Relaxed, Ordering::Relaxed);
+        }
     }
 
     /// Repeats a call that is safe to repeat (renew, release, cancel) on uncertain outcomes,

@@ -10,7 +10,7 @@
 //!   series, audit tail) and the operator actions.
 //! - [`error`]: the error body, its stable codes with their HTTP statuses, and [`classify`],
 //!   which sorts any answer into success, a definite refusal or an uncertain outcome.
-//! - [`headers`]: the header names the fencing proxy reads.
+//! - [`headers`]: the header names the fencing proxy reads and the leader hint on answers.
 //! - [`demo_store`]: the demo store's log of accepted writes, its orders and its record of
 //!   rate-limited requests.
 //! - [`idempotency`]: the operator endpoints for the proxy's records of unknown outcome.
@@ -40,7 +40,7 @@ pub use cluster::{
 };
 pub use demo_store::{LimitedLogEntry, Order, StoreLogEntry};
 pub use error::{classify, ErrorBody, ErrorCode, Failure};
-pub use headers::{FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
+pub use headers::{FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER, LEADER_ID_HEADER, NODE_ID_HEADER};
 pub use idempotency::{
     IdemResolution, IdemResolveRequest, IdemResolveResponse, IdemResolvedAnswer, IdemUnknownPage,
     IdemUnknownRecord,

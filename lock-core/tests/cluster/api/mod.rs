@@ -3,7 +3,7 @@
 //! Where a test has to wait for something (an expiry, a waiter joining a queue) it polls the
 //! linearizable `GET /v1/locks/{resource}` for the event instead of sleeping a fixed time.
 
-mod support;
+pub(crate) mod support;
 
 mod acquire;
 mod bad_input;

@@ -2,6 +2,7 @@
 //! invalid before anyone else could be granted the lock, retries with one request id, and
 //! cancel on drop. Faults between client and cluster come from `lock_core::testkit::TcpRelay`.
 
+mod leader;
 mod lease;
 mod retry;
 mod store;
