@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::cluster::process::rss_mib;
+use crate::cluster::process::{disk_counters, rss_mib, write_bytes, DiskCounters};
 use crate::cluster::status::{self, READ_TIMEOUT};
 use crate::config::System;
 use crate::stats::Recorder;
@@ -27,6 +27,10 @@ pub struct Sample {
     pub leader: Option<u64>,
     /// (VmRSS, VmHWM) in MiB per node.
     pub rss_mib: BTreeMap<usize, (f64, f64)>,
+    /// Bytes written to storage so far, per local node process.
+    pub write_bytes: BTreeMap<usize, u64>,
+    /// The machine's disk counters, to tell a slow second's disk from its CPU.
+    pub disk: Option<DiskCounters>,
     pub active_locks: Option<u64>,
     pub resources: Option<u64>,
     pub dedup_records: Option<u64>,
@@ -165,7 +169,11 @@ async fn sample(
         if let Some(r) = rss_mib(pid) {
             s.rss_mib.insert(i, r);
         }
+        if let Some(w) = write_bytes(pid) {
+            s.write_bytes.insert(i, w);
+        }
     }
+    s.disk = disk_counters();
     s
 }
 

@@ -142,6 +142,62 @@ pub fn rss_mib(pid: u32) -> Option<(f64, f64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
+/// Bytes process `pid` has caused to be written to storage so far (`write_bytes` in
+/// /proc/PID/io: counted when pages are dirtied, so it includes what writeback sends later).
+pub fn write_bytes(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("write_bytes:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The machine's block-device counters summed over its disks (/proc/diskstats, without loop,
+/// ram and zram devices), cumulative since boot.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct DiskCounters {
+    pub writes: u64,
+    pub sectors_written: u64,
+    /// Milliseconds write requests spent queued and in service, summed over requests.
+    pub write_ms: u64,
+    /// Discards (freed blocks handed back, on a filesystem mounted with `discard`) and their
+    /// summed time.
+    pub discards: u64,
+    pub discard_ms: u64,
+    /// Cache flushes (what an fsync turns into) and their summed time.
+    pub flushes: u64,
+    pub flush_ms: u64,
+}
+
+pub fn disk_counters() -> Option<DiskCounters> {
+    let s = std::fs::read_to_string("/proc/diskstats").ok()?;
+    let mut total = DiskCounters::default();
+    for line in s.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let virtual_dev = ["loop", "ram", "zram", "dm-"]
+            .iter()
+            .any(|p| f.get(2).is_some_and(|n| n.starts_with(p)));
+        // Partitions repeat their disk's counts: only whole disks (no trailing digit after a
+        // letter, e.g. `vda` but not `vda1`; `nvme0n1` but not `nvme0n1p1`).
+        let name = f.get(2).copied().unwrap_or("");
+        let partition = name
+            .strip_prefix("nvme")
+            .map_or(name.ends_with(|c: char| c.is_ascii_digit()), |n| {
+                n.contains('p')
+            });
+        if virtual_dev || partition || f.len() < 11 {
+            continue;
+        }
+        let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        total.writes += n(7);
+        total.sectors_written += n(9);
+        total.write_ms += n(10);
+        total.discards += n(14);
+        total.discard_ms += n(17);
+        total.flushes += n(18);
+        total.flush_ms += n(19);
+    }
+    Some(total)
+}
+
 /// User + system CPU seconds of this process so far.
 pub fn process_cpu_s() -> f64 {
     // SAFETY: getrusage only writes into the struct we pass.
