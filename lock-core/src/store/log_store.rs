@@ -95,9 +95,19 @@ fn spawn_purger(db: Weak<Db>, mut next: u64) -> std::sync::mpsc::Sender<u64> {
     tx
 }
 
-/// Deletes the entries `from..=upto` (present or not), in unsynced batches of [`REMOVE_BATCH`],
-/// and stops early if the database was closed.
+/// Deletes the entries `from..=upto`, in unsynced batches of [`REMOVE_BATCH`], and stops early
+/// if the database was closed. Nothing above the log's last entry is deleted: a follower that
+/// installs a snapshot far ahead of its own log purges up to the snapshot's index, and
+/// tombstones for the hundreds of thousands of indexes it never stored would only cost writes.
 fn remove_indexes(db: &Weak<Db>, from: u64, upto: u64) -> Result<(), StoreError> {
+    let last = match db.upgrade() {
+        Some(db) => match db.log.last_key_value() {
+            Some(guard) => key_index(&guard.key()?)?,
+            None => return Ok(()),
+        },
+        None => return Ok(()),
+    };
+    let upto = upto.min(last);
     let mut start = from;
     while start <= upto {
         let Some(db) = db.upgrade() else {

@@ -266,6 +266,32 @@ async fn purge_survives_reopen() -> Result<()> {
     Ok(())
 }
 
+/// A follower that installs a snapshot far ahead of its own log purges up to the snapshot's
+/// index and appends after it; the entries it appends are never deleted with the purged ones.
+#[tokio::test]
+async fn purge_past_the_end_of_the_log_keeps_what_is_appended_after() -> Result<()> {
+    let dir = TempDir::new()?;
+    phase("append 1..=10, purge up to 1,000 (a snapshot ahead of the log), append 1001..=1005");
+    {
+        let (mut log, _sm, _) = open(dir.path())?;
+        log.blocking_append(blanks(1, 1..=10)).await?;
+        log.purge(log_id(1, 1_000)).await?;
+        log.blocking_append(blanks(1, 1_001..=1_005)).await?;
+        ensure!(log.try_get_log_entries(1_001..).await? == blanks(1, 1_001..=1_005));
+    }
+
+    phase("reopen: the log is 1001..=1005 behind the marker at 1,000");
+    let (mut log, _sm, _) = open(dir.path())?;
+    let state = log.get_log_state().await?;
+    ensure!(
+        state.last_purged_log_id == Some(log_id(1, 1_000)),
+        "{state:?}"
+    );
+    ensure!(state.last_log_id == Some(log_id(1, 1_005)), "{state:?}");
+    ensure!(log.try_get_log_entries(..).await? == blanks(1, 1_001..=1_005));
+    Ok(())
+}
+
 #[tokio::test]
 async fn truncate_survives_reopen() -> Result<()> {
     let dir = TempDir::new()?;
