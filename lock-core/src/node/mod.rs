@@ -18,6 +18,7 @@ mod propose;
 mod read;
 mod read_rounds;
 mod revocations;
+mod snapshots;
 mod start;
 mod sweeper;
 mod waits;

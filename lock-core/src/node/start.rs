@@ -135,6 +135,7 @@ pub async fn start(
         tokio::spawn(super::read_rounds::run(node.clone(), read_queue)),
         tokio::spawn(super::sweeper::run(node.clone())),
         tokio::spawn(watch_leader(node.clone())),
+        tokio::spawn(super::snapshots::run(node.clone())),
         tokio::spawn(ops::run_health_probes(node.clone())),
         tokio::spawn(ops::run_sampler(node.clone())),
     ];

@@ -62,9 +62,9 @@ impl RaftConfigExt for openraft::Config {
             heartbeat_interval: timing::HEARTBEAT_MS,
             election_timeout_min: timing::ELECTION_TIMEOUT_MIN_MS,
             election_timeout_max: timing::ELECTION_TIMEOUT_MAX_MS,
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(
-                timing::SNAPSHOT_EVERY_ENTRIES,
-            ),
+            // The node asks for its snapshots itself, each member at its own offset into the
+            // interval (`node::snapshots`).
+            snapshot_policy: openraft::SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: timing::LOG_KEPT_BEHIND_SNAPSHOT,
             // Entries are batches of up to `MAX_BATCH` commands; this bounds an append's body
             // (a few MB at most) well under the peer body limit.
