@@ -40,8 +40,8 @@ pub(super) async fn run(node: Arc<Node>) {
     }
 }
 
-/// Node `id`'s offset into the interval: ids 1, 2, 3 build at a third, two thirds and the full
-/// interval past each multiple of `every`.
+/// Node `id`'s offset into the interval: node 3 builds at each multiple of `every`, node 2 a
+/// third of the interval past it and node 1 two thirds past it (ids modulo 3 beyond that).
 fn offset_of(id: u64, every: u64) -> u64 {
     (id % 3) * (every / 3)
 }
