@@ -168,22 +168,22 @@ pub struct DiskCounters {
 }
 
 pub fn disk_counters() -> Option<DiskCounters> {
+    // /sys/block lists whole disks only; /proc/diskstats also has their partitions, which
+    // repeat the disk's counts.
+    let disks: Vec<String> = std::fs::read_dir("/sys/block")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| {
+            !["loop", "ram", "zram", "dm-"]
+                .iter()
+                .any(|p| n.starts_with(p))
+        })
+        .collect();
     let s = std::fs::read_to_string("/proc/diskstats").ok()?;
     let mut total = DiskCounters::default();
     for line in s.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
-        let virtual_dev = ["loop", "ram", "zram", "dm-"]
-            .iter()
-            .any(|p| f.get(2).is_some_and(|n| n.starts_with(p)));
-        // Partitions repeat their disk's counts: only whole disks (no trailing digit after a
-        // letter, e.g. `vda` but not `vda1`; `nvme0n1` but not `nvme0n1p1`).
-        let name = f.get(2).copied().unwrap_or("");
-        let partition = name
-            .strip_prefix("nvme")
-            .map_or(name.ends_with(|c: char| c.is_ascii_digit()), |n| {
-                n.contains('p')
-            });
-        if virtual_dev || partition || f.len() < 11 {
+        if !f.get(2).is_some_and(|name| disks.iter().any(|d| d == name)) {
             continue;
         }
         let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);

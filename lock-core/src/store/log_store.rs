@@ -127,6 +127,17 @@ fn remove_indexes(db: &Weak<Db>, from: u64, upto: u64) -> Result<(), StoreError>
     Ok(())
 }
 
+fn read_meta<T: serde::de::DeserializeOwned>(
+    db: &Db,
+    key: &[u8],
+    what: &'static str,
+) -> Result<Option<T>, StoreError> {
+    match db.meta.get(key)? {
+        Some(v) => Ok(Some(decode(what, &v)?)),
+        None => Ok(None),
+    }
+}
+
 fn log_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
@@ -152,10 +163,7 @@ impl LogStore {
         let flusher = spawn_flusher(db.clone());
         // A crash between recording the purge marker and deleting the entries leaves entries at
         // or below it behind; finish that purge now so the log starts right after the marker.
-        let purged = match db.meta.get(PURGED_KEY)? {
-            Some(v) => Some(decode::<LogId<u64>>("purged log id", &v)?),
-            None => None,
-        };
+        let purged = read_meta::<LogId<u64>>(&db, PURGED_KEY, "purged log id")?;
         let first = match &purged {
             Some(purged) => {
                 remove_range(&db, ..=purged.index, false)?;
@@ -179,10 +187,7 @@ impl LogStore {
         key: &[u8],
         what: &'static str,
     ) -> Result<Option<T>, StoreError> {
-        match self.db.meta.get(key)? {
-            Some(v) => Ok(Some(decode(what, &v)?)),
-            None => Ok(None),
-        }
+        read_meta(&self.db, key, what)
     }
 
     /// Writes one meta value and syncs it to disk.
