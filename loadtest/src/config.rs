@@ -176,7 +176,8 @@ pub struct RunArgs {
     /// moving to the next node.
     #[arg(long, default_value_t = 3)]
     pub retries: u32,
-    /// Send every request to the leader instead of spreading them over the nodes.
+    /// Send every request to the leader instead of spreading them over the nodes, following
+    /// the leader each answer names, as the Rust client does.
     #[arg(long)]
     pub leader_only: bool,
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use lock_core::client::NodeRoute;
 use lock_core::wire::{
     self, classify, AcquireRequest, AcquireResponse, ErrorBody, ErrorCode, LeaseRequest,
     ReleaseResponse, RenewResponse, FENCE_TOKEN_HEADER,
@@ -77,8 +78,9 @@ pub struct FencegateClient {
     nodes: Vec<Endpoint>,
     proxies: Vec<Endpoint>,
     next: AtomicUsize,
-    /// Index of the node believed to be the leader (with `leader_only`).
-    leader: Option<Arc<AtomicUsize>>,
+    /// With `leader_only`: the node believed to lead, followed through the leader named in
+    /// every answer, as the Rust client does.
+    leader: Option<Arc<NodeRoute>>,
     retries: u32,
     epoch: Instant,
 }
@@ -90,7 +92,7 @@ impl FencegateClient {
         connections: usize,
         timeout: Duration,
         retries: u32,
-        leader: Option<Arc<AtomicUsize>>,
+        leader: Option<Arc<NodeRoute>>,
     ) -> anyhow::Result<Self> {
         let endpoints = |bases: &[String]| {
             bases
@@ -118,29 +120,29 @@ impl FencegateClient {
 
     /// The node for attempt `n` of a call: round robin (or the leader), skipping nodes that
     /// refused a connection recently; a retry moves to the next node.
-    fn pick<'a>(&self, eps: &'a [Endpoint], start: usize, n: u32) -> &'a Endpoint {
+    fn pick(&self, eps: &[Endpoint], start: usize, n: u32) -> usize {
         let now = self.now_ms();
-        for k in 0..eps.len() {
-            let e = &eps[(start + n as usize + k) % eps.len()];
-            if e.down_until_ms.load(Ordering::Relaxed) <= now {
-                return e;
-            }
-        }
-        &eps[(start + n as usize) % eps.len()]
+        let first = start + n as usize;
+        (first..first + eps.len())
+            .map(|i| i % eps.len())
+            .find(|&i| eps[i].down_until_ms.load(Ordering::Relaxed) <= now)
+            .unwrap_or(first % eps.len())
     }
 
     fn start_index(&self, eps: &[Endpoint]) -> usize {
         match &self.leader {
-            Some(l) if eps.len() == self.nodes.len() => l.load(Ordering::Relaxed),
+            Some(route) if eps.len() == self.nodes.len() => route.current(),
             _ => self.next.fetch_add(1, Ordering::Relaxed) % eps.len(),
         }
     }
 
     /// One request: the answer's status and body (or the code of a transport failure), and
-    /// when it went out (after the permit).
+    /// when it went out (after the permit). `node` is the position of a lock API node, whose
+    /// answers move the leader route.
     async fn attempt(
         &self,
         ep: &Endpoint,
+        node: Option<usize>,
         req: reqwest::RequestBuilder,
     ) -> (Result<(u16, Bytes), String>, Instant) {
         // Waiting for a permit is part of the client-visible latency, like waiting for a
@@ -149,6 +151,9 @@ impl FencegateClient {
         let sent = Instant::now();
         let answer = match req.send().await {
             Ok(resp) => {
+                if let (Some(route), Some(i)) = (&self.leader, node) {
+                    route.learn(i, resp.headers());
+                }
                 let status = resp.status().as_u16();
                 Ok((status, resp.bytes().await.unwrap_or_default()))
             }
@@ -170,9 +175,13 @@ impl FencegateClient {
         let start = self.start_index(&self.nodes);
         let mut n = 0;
         loop {
-            let ep = self.pick(&self.nodes, start, n);
+            let i = self.pick(&self.nodes, start, n);
+            let ep = &self.nodes[i];
             let req = ep.http.post(format!("{}{}", ep.base, path)).json(body);
-            let (answer, last_send) = self.attempt(ep, req).await;
+            let (answer, last_send) = self.attempt(ep, Some(i), req).await;
+            if let (Some(route), Err(_)) = (&self.leader, &answer) {
+                route.failed(i);
+            }
             let first_send = *first_send.get_or_insert(last_send);
             let answered = Instant::now();
             let attempt = match answer {
@@ -268,13 +277,13 @@ impl FencegateClient {
     /// answers other than 2xx is final.
     pub async fn write(&self, resource: u32, grant: &Grant) -> Call<()> {
         let start = self.start_index(&self.proxies);
-        let ep = self.pick(&self.proxies, start, 0);
+        let ep = &self.proxies[self.pick(&self.proxies, start, 0)];
         let req = ep
             .http
             .put(format!("{}/kv/lt{resource}", ep.base))
             .header(FENCE_TOKEN_HEADER, grant.token.to_string())
             .body(format!("written with token {}", grant.token));
-        let (answer, sent) = self.attempt(ep, req).await;
+        let (answer, sent) = self.attempt(ep, None, req).await;
         let result = match answer {
             // The upstream's success body is the upstream's business.
             Ok((status, _)) if (200..300).contains(&status) => Ok(()),

@@ -21,7 +21,6 @@ mod check;
 mod line;
 mod report;
 
-use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -170,11 +169,7 @@ async fn run_system(
         .build()?;
     eprintln!("{system}: closed loop, {} lines", cfg.lines());
     let sut = SystemUnderTest::start(args, system, false, &http).await?;
-    let leader_hint = Arc::new(AtomicUsize::new(0));
-    let backend = Arc::new(
-        sut.client(&cfg.client_opts(), &http, &sut.bases, &leader_hint)
-            .await?,
-    );
+    let backend = Arc::new(sut.client(&cfg.client_opts(), &http, &sut.bases).await?);
     let shared = Shared {
         backend: backend.clone(),
         check: Arc::new(Check::new(cfg.resources, system == System::Fencegate)),

@@ -2,7 +2,6 @@
 //! `--fault-at-s`) and restarted `--restart-after-s` later. The report says how long the
 //! election took, when operations succeeded again, and when the restarted node caught up.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,7 +23,6 @@ pub async fn drive(
     http: &reqwest::Client,
     args: &RunArgs,
     w: &Workload,
-    leader_hint: &Arc<AtomicUsize>,
 ) -> anyhow::Result<(usize, Option<LeaderKillReport>)> {
     let cluster = sut
         .local
@@ -37,7 +35,6 @@ pub async fn drive(
         bases: sut.bases.clone(),
         pids: sut.pids.clone(),
         rec: d.rec.clone(),
-        leader_hint: leader_hint.clone(),
         restart_after: Duration::from_secs(args.restart_after_s),
     };
     let at = d.t0 + d.warmup + Duration::from_secs(args.fault_at_s.unwrap_or(w.duration_s / 3));
@@ -55,8 +52,6 @@ struct Fault {
     bases: Vec<String>,
     pids: Pids,
     rec: Arc<Recorder>,
-    /// Moved to the new leader for `--leader-only` clients.
-    leader_hint: Arc<AtomicUsize>,
     restart_after: Duration,
 }
 
@@ -115,14 +110,11 @@ impl Fault {
         let deadline = killed + self.restart_after.max(Duration::from_secs(30));
         while Instant::now() < deadline {
             let st = status::fetch_all(&self.http, survivors).await;
-            if let Some((j, s)) = st.iter().find(|(_, s)| s.is_leader() && s.node_id != old) {
+            if let Some((_, s)) = st.iter().find(|(_, s)| s.is_leader() && s.node_id != old) {
                 let new = s.node_id;
                 report.new_leader_after_ms = Some(killed.elapsed().as_millis() as u64);
                 report.new_leader = Some(new);
                 self.rec.event(format!("node {new} leads"));
-                if let Some(i) = self.bases.iter().position(|b| *b == survivors[*j]) {
-                    self.leader_hint.store(i, Ordering::Relaxed);
-                }
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

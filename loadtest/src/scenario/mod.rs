@@ -22,8 +22,6 @@ pub use replica_down::CatchUp;
 pub use system::SystemUnderTest;
 
 use std::path::Path;
-use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::bail;
@@ -100,10 +98,7 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         events.push(event);
         stopped = Some(idx);
     }
-    let leader_hint = Arc::new(AtomicUsize::new(0));
-    let backend = sut
-        .client(&w.client_opts(), &http, &client_bases, &leader_hint)
-        .await?;
+    let backend = sut.client(&w.client_opts(), &http, &client_bases).await?;
     if w.writes_per_hold > 0 && !backend.supports_writes() {
         warnings.push(
             "fenced writes need the fencing proxy (fencegate, local or --proxy-target); skipped"
@@ -122,8 +117,7 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
             (window, None, Some(report))
         }
         Scenario::LeaderKill => {
-            let (window, report) =
-                leader_kill::drive(&d, &sut, &http, args, &w, &leader_hint).await?;
+            let (window, report) = leader_kill::drive(&d, &sut, &http, args, &w).await?;
             (window, report, None)
         }
         Scenario::Steady | Scenario::ReplicaDown | Scenario::Compaction => {

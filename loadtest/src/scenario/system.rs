@@ -2,7 +2,7 @@
 //! already running (`--target`), or etcd (started with scripts/etcd.sh, or
 //! `--etcd-endpoints`); and the client the workload drives it with.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use lock_core::client::NodeRoute;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -120,28 +120,33 @@ impl SystemUnderTest {
     }
 
     /// The client the workload runs through, talking to `bases`. With `leader_only` a
-    /// fencegate client sends everything to the node `leader_hint` names, found here first.
+    /// fencegate client sends everything to the leader, found here first and then followed
+    /// through the leader every answer names.
     pub async fn client(
         &self,
         w: &ClientOpts,
         http: &reqwest::Client,
         bases: &[String],
-        leader_hint: &Arc<AtomicUsize>,
     ) -> anyhow::Result<Backend> {
         Ok(match self.system {
             System::Fencegate => {
-                if w.leader_only {
-                    if let Some((_, idx)) = status::find_leader(http, bases).await {
-                        leader_hint.store(idx, Ordering::Relaxed);
+                let route = match w.leader_only {
+                    true => {
+                        let route = NodeRoute::new(bases.len());
+                        if let Some((_, idx)) = status::find_leader(http, bases).await {
+                            route.point_at(idx);
+                        }
+                        Some(Arc::new(route))
                     }
-                }
+                    false => None,
+                };
                 Backend::Fencegate(FencegateClient::new(
                     bases,
                     &self.proxies,
                     w.connections,
                     w.timeout,
                     w.retries,
-                    w.leader_only.then(|| leader_hint.clone()),
+                    route,
                 )?)
             }
             System::Etcd => {

@@ -1,15 +1,15 @@
 //! HTTP to the nodes: one attempt at a time, sorted into definite answers and uncertain
 //! outcomes, and a retry loop for calls that are safe to repeat.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::route::NodeRoute;
 use super::schedule::backoff_delay;
 use super::{error_chain, ClientOptions, Error};
-use crate::wire::{classify, ErrorBody, ErrorCode, Failure, LEADER_ID_HEADER, NODE_ID_HEADER};
+use crate::wire::{classify, ErrorBody, ErrorCode, Failure};
 
 /// A definite error answer from a node (anything but 5xx).
 #[derive(Debug, Clone)]
@@ -80,12 +80,9 @@ impl CallFailure {
 pub(crate) struct Transport {
     /// Base URLs without a trailing slash.
     nodes: Vec<String>,
-    /// The node ids answers have named, by position in `nodes` (0: none seen yet).
-    ids: Vec<AtomicU64>,
-    /// Index of the node we currently talk to: moves to the leader once an answer names it
-    /// and we know which of our nodes that is, and on to the next node after an uncertain
-    /// outcome.
-    current: AtomicUsize,
+    /// The node we currently talk to: the leader once an answer names it and we know which
+    /// of our nodes that is, and the next node after an uncertain outcome.
+    route: NodeRoute,
     http: reqwest::Client,
     pub opts: ClientOptions,
 }
@@ -117,9 +114,8 @@ impl Transport {
             .pool_idle_timeout(Duration::from_secs(5))
             .build()?;
         Ok(Transport {
-            ids: clean.iter().map(|_| AtomicU64::new(0)).collect(),
+            route: NodeRoute::new(clean.len()),
             nodes: clean,
-            current: AtomicUsize::new(0),
             http,
             opts,
         })
@@ -138,7 +134,7 @@ impl Transport {
         body: &B,
         timeout: Duration,
     ) -> Result<T, AttemptError> {
-        let idx = self.current.load(Ordering::Relaxed) % self.nodes.len();
+        let idx = self.route.current();
         let base = &self.nodes[idx];
         let url = format!("{base}/v1/locks/{resource}/{action}");
         let outcome = if timeout.is_zero() {
@@ -153,11 +149,7 @@ impl Transport {
             }
         };
         if matches!(outcome, Err(AttemptError::Uncertain(_))) {
-            // Only the first of several concurrent callers that saw this node fail moves on.
-            let next = (idx + 1) % self.nodes.len();
-            let _ = self
-                .current
-                .compare_exchange(idx, next, Ordering::Relaxed, Ordering::Relaxed);
+            self.route.failed(idx);
         }
         outcome
     }
@@ -177,7 +169,7 @@ impl Transport {
             .send()
             .await
             .map_err(|e| AttemptError::Uncertain(format!("{url}: {}", error_chain(&e))))?;
-        self.follow_leader(idx, resp.headers());
+        self.route.learn(idx, resp.headers());
         let status = resp.status().as_u16();
         let bytes = resp.bytes().await.map_err(|e| {
             AttemptError::Uncertain(format!("{url}: reading the answer: {}", error_chain(&e)))
@@ -186,38 +178,6 @@ impl Transport {
             Failure::Definite { status, body } => AttemptError::Api(ApiReply { status, body }),
             Failure::Uncertain(why) => AttemptError::Uncertain(format!("{url}: {why}")),
         })
-    }
-
-    /// Learns from an answer of node `idx` which node id it has and which node leads, and sends
-    /// the next calls to the leader when it is one of our nodes. A follower forwards every
-    /// call to the leader, so this only saves that hop: a wrong or stale hint costs a little
-    /// latency, never correctness. While the leader's position is unknown, the calls go on to
-    /// a node whose id has not been seen yet, so the leader is found within one call per node.
-    fn follow_leader(&self, idx: usize, headers: &reqwest::header::HeaderMap) {
-        let id_in = |name: &str| -> Option<u64> { headers.get(name)?.to_str().ok()?.parse().ok() };
-        let Some(id) = id_in(NODE_ID_HEADER) else {
-            return;
-        };
-        self.ids[idx].store(id, Ordering::Relaxed);
-        let Some(leader) = id_in(LEADER_ID_HEADER).filter(|&l| l != id) else {
-            return;
-        };
-        let n = self.nodes.len();
-        let known = self
-            .ids
-            .iter()
-            .position(|x| x.load(Ordering::Relaxed) == leader);
-        let unseen = || {
-            (1..n)
-                .map(|k| (idx + k) % n)
-                .find(|&j| self.ids[j].load(Ordering::Relaxed) == 0)
-        };
-        if let Some(next) = known.or_else(unseen) {
-            // As after a failure: only the first caller that learned this moves the others.
-            let _ = self
-                .current
-                .compare_exchange(idx, next, Ordering::Relaxed, Ordering::Relaxed);
-        }
     }
 
     /// Repeats a call that is safe to repeat (renew, release, cancel) on uncertain outcomes,
