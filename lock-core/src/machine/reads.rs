@@ -7,6 +7,10 @@ use crate::wire::{
     scoped_name, split_scoped, LockStats, LockView, DEFAULT_TENANT, TENANT_SEPARATOR,
 };
 
+/// Resource records a page of the lock list walks in name order before it finds the live ones
+/// through the indexes instead (see `page`).
+const SCAN_BUDGET: usize = 2_048;
+
 impl LockMachine {
     /// When the resource's ended lease's proxy grants run out at the latest, while the next
     /// lease waits for the proxies to confirm they stopped (see `Command::RevokeAck`).
@@ -90,6 +94,16 @@ impl LockMachine {
         (page, next.map(|n| split_scoped(&n).1.to_string()))
     }
 
+    /// The live resources (a lease not yet run out, or waiters) in `prefix` after `after`, in
+    /// name order, `limit` of them and the cursor of the next page.
+    ///
+    /// Readers hold the machine's lock, and apply waits for it, so a page must cost little
+    /// whatever the state. Walking the names in order is cheap while live resources are
+    /// dense; among many idle records (every resource used in the retry window keeps one) a
+    /// page could walk all 100,000 of them. So the walk stops after a budget of records, and a
+    /// page it did not fill is then taken from the expiry indexes, which name exactly the
+    /// resources with a lease or a waiter: the cost is bounded by the live resources, not by
+    /// the records.
     fn page(
         &self,
         prefix: &str,
@@ -99,25 +113,42 @@ impl LockMachine {
         keep: impl Fn(&str) -> bool,
     ) -> (Vec<LockView>, Option<String>) {
         use std::ops::Bound;
+        let after = after.filter(|a| *a >= prefix);
         let start = match after {
-            Some(a) if a >= prefix => Bound::Excluded(a.to_string()),
-            _ => Bound::Included(prefix.to_string()),
+            Some(a) => Bound::Excluded(a.to_string()),
+            None => Bound::Included(prefix.to_string()),
         };
         let now = now_ms.max(self.now_ms);
+        let live = |r: &ResourceState| {
+            r.lease.as_ref().is_some_and(|l| l.expires_at_ms > now) || !r.waiters.is_empty()
+        };
         // One more than asked tells whether a next page exists, so the last page never
         // points at an empty one.
-        let mut page: Vec<LockView> = self
+        let want = limit.saturating_add(1);
+        let budget = want.saturating_mul(8).max(SCAN_BUDGET);
+        let mut names: Vec<&str> = Vec::with_capacity(want.min(1_024));
+        let mut complete = true;
+        for (walked, (name, r)) in self
             .resources
             .range((start, Bound::Unbounded))
             .take_while(|(name, _)| name.starts_with(prefix))
-            .filter(|(name, _)| keep(name))
-            .filter(|(_, r)| {
-                let live = r.lease.as_ref().is_some_and(|l| l.expires_at_ms > now);
-                live || !r.waiters.is_empty()
-            })
-            .take(limit.saturating_add(1))
-            .map(|(name, _)| self.view(name, now_ms))
-            .collect();
+            .enumerate()
+        {
+            if names.len() == want {
+                break;
+            }
+            if walked == budget {
+                complete = false;
+                break;
+            }
+            if keep(name) && live(r) {
+                names.push(name);
+            }
+        }
+        if !complete {
+            names = self.live_names_from_indexes(prefix, after, want, &keep, live);
+        }
+        let mut page: Vec<LockView> = names.iter().map(|name| self.view(name, now_ms)).collect();
         let next = if page.len() > limit {
             page.truncate(limit);
             page.last().map(|v| v.resource.clone())
@@ -127,13 +158,50 @@ impl LockMachine {
         (page, next)
     }
 
-    /// Resources with the longest queues, longest first.
-    pub fn deepest_queues(&self, limit: usize) -> Vec<(String, u32)> {
-        let mut deep: Vec<(String, u32)> = self
-            .resources
+    /// The first `want` names, in order, of resources in `prefix` after `after` that `keep`
+    /// and `live` accept, found through the lease and waiter indexes.
+    fn live_names_from_indexes<'a>(
+        &'a self,
+        prefix: &str,
+        after: Option<&str>,
+        want: usize,
+        keep: &impl Fn(&str) -> bool,
+        live: impl Fn(&ResourceState) -> bool,
+    ) -> Vec<&'a str> {
+        let held = self.lease_expiry.iter().map(|(_, name)| name.as_str());
+        let waited = self
+            .waiter_deadlines
             .iter()
-            .filter(|(_, r)| !r.waiters.is_empty())
-            .map(|(name, r)| (name.clone(), r.waiters.len() as u32))
+            .map(|(_, name, _)| name.as_str());
+        let mut names: Vec<&str> = held
+            .chain(waited)
+            .filter(|name| name.starts_with(prefix) && after.is_none_or(|a| *name > a))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+            .into_iter()
+            .filter(|name| keep(name) && self.resources.get(*name).is_some_and(&live))
+            .take(want)
+            .collect()
+    }
+
+    /// Resources with the longest queues, longest first. Found through the waiter index, so
+    /// the cost follows the waiters, not the resource records.
+    pub fn deepest_queues(&self, limit: usize) -> Vec<(String, u32)> {
+        let mut waited: Vec<&String> = self
+            .waiter_deadlines
+            .iter()
+            .map(|(_, name, _)| name)
+            .collect();
+        waited.sort_unstable();
+        waited.dedup();
+        let mut deep: Vec<(String, u32)> = waited
+            .into_iter()
+            .filter_map(|name| {
+                let depth = self.resources.get(name)?.waiters.len() as u32;
+                (depth > 0).then(|| (name.clone(), depth))
+            })
             .collect();
         deep.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         deep.truncate(limit);
