@@ -1,12 +1,16 @@
-//! fencegate's lock API over plain HTTP, speaking `lock_core::wire`: raw reqwest rather than
-//! `lock_core::client`, because the harness spreads calls over the nodes itself and counts
-//! every failed attempt by its code.
+//! fencegate's lock API over plain HTTP, speaking `lock_core::wire`: the harness's own lean
+//! HTTP/1.1 connections ([`super::http1`]) rather than `lock_core::client`, because the harness
+//! spreads calls over the nodes itself, counts every failed attempt by its code, and must take
+//! as little CPU as it can from the cluster it measures.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{HeaderName, HeaderValue};
+use hyper::{Method, Request};
 use lock_core::client::NodeRoute;
 use lock_core::wire::{
     self, classify, AcquireRequest, AcquireResponse, ErrorBody, ErrorCode, LeaseRequest,
@@ -16,6 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
+use super::http1::{ConnPool, SendError};
 use super::{resource_name, Call, Failure, Grant, Lease};
 
 /// The code of a success whose body does not parse.
@@ -23,25 +28,16 @@ const BAD_RESPONSE: &str = "bad_response";
 
 /// One node's HTTP endpoint: its own connection pool and concurrency limit.
 struct Endpoint {
-    base: String,
-    http: reqwest::Client,
+    pool: ConnPool,
     permits: Semaphore,
     /// Skip until this many ms after the client's epoch (after a connection error).
     down_until_ms: AtomicU64,
 }
 
 impl Endpoint {
-    fn new(base: String, connections: usize, timeout: Duration) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(connections)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .connect_timeout(Duration::from_millis(500))
-            .timeout(timeout)
-            .tcp_nodelay(true)
-            .build()?;
+    fn new(base: &str, connections: usize, timeout: Duration) -> anyhow::Result<Self> {
         Ok(Endpoint {
-            base,
-            http,
+            pool: ConnPool::new(base, Duration::from_millis(500), timeout)?,
             permits: Semaphore::new(connections),
             down_until_ms: AtomicU64::new(0),
         })
@@ -97,7 +93,7 @@ impl FencegateClient {
         let endpoints = |bases: &[String]| {
             bases
                 .iter()
-                .map(|b| Endpoint::new(b.clone(), connections, timeout))
+                .map(|b| Endpoint::new(b, connections, timeout))
                 .collect::<anyhow::Result<Vec<_>>>()
         };
         Ok(FencegateClient {
@@ -143,33 +139,37 @@ impl FencegateClient {
         &self,
         ep: &Endpoint,
         node: Option<usize>,
-        req: reqwest::RequestBuilder,
+        req: Option<Request<Full<Bytes>>>,
     ) -> (Result<(u16, Bytes), String>, Instant) {
         // Waiting for a permit is part of the client-visible latency, like waiting for a
         // free connection in any pooled client.
         let _permit = ep.permits.acquire().await;
         let sent = Instant::now();
-        let answer = match req.send().await {
-            Ok(resp) => {
+        let Some(req) = req else {
+            return (Err("bad_request_target".to_string()), sent);
+        };
+        let answer = match ep.pool.send(req).await {
+            Ok(answer) => {
                 if let (Some(route), Some(i)) = (&self.leader, node) {
-                    route.learn(i, resp.headers());
+                    route.learn(i, &answer.headers);
                 }
-                let status = resp.status().as_u16();
-                Ok((status, resp.bytes().await.unwrap_or_default()))
+                Ok((answer.status, answer.body))
             }
-            Err(e) if e.is_connect() => {
+            Err(SendError::Connect) => {
                 ep.down_until_ms
                     .store(self.now_ms() + 500, Ordering::Relaxed);
                 Err("connect_error".to_string())
             }
-            Err(e) if e.is_timeout() => Err("client_timeout".to_string()),
-            Err(_) => Err("transport_error".to_string()),
+            Err(SendError::Timeout) => Err("client_timeout".to_string()),
+            Err(SendError::Transport) => Err("transport_error".to_string()),
         };
         (answer, sent)
     }
 
     /// A lock call, retried on uncertain outcomes on the next node.
     async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Call<T> {
+        // Serialising the wire types cannot fail; an empty body would be answered 400.
+        let body = Bytes::from(serde_json::to_vec(body).unwrap_or_default());
         let mut first_send = None;
         let mut errors = Vec::new();
         let start = self.start_index(&self.nodes);
@@ -177,7 +177,7 @@ impl FencegateClient {
         loop {
             let i = self.pick(&self.nodes, start, n);
             let ep = &self.nodes[i];
-            let req = ep.http.post(format!("{}{}", ep.base, path)).json(body);
+            let req = ep.pool.post_json(path, body.clone());
             let (answer, last_send) = self.attempt(ep, Some(i), req).await;
             if let (Some(route), Err(_)) = (&self.leader, &answer) {
                 route.failed(i);
@@ -278,11 +278,16 @@ impl FencegateClient {
     pub async fn write(&self, resource: u32, grant: &Grant) -> Call<()> {
         let start = self.start_index(&self.proxies);
         let ep = &self.proxies[self.pick(&self.proxies, start, 0)];
-        let req = ep
-            .http
-            .put(format!("{}/kv/lt{resource}", ep.base))
-            .header(FENCE_TOKEN_HEADER, grant.token.to_string())
-            .body(format!("written with token {}", grant.token));
+        let req = HeaderName::from_bytes(FENCE_TOKEN_HEADER.as_bytes())
+            .ok()
+            .and_then(|name| {
+                ep.pool.request(
+                    Method::PUT,
+                    &format!("/kv/lt{resource}"),
+                    [(name, HeaderValue::from(grant.token))],
+                    Bytes::from(format!("written with token {}", grant.token)),
+                )
+            });
         let (answer, sent) = self.attempt(ep, None, req).await;
         let result = match answer {
             // The upstream's success body is the upstream's business.

@@ -1,6 +1,6 @@
 //! The systems under test behind one interface: fencegate's HTTP lock API ([`fencegate`]:
-//! plain reqwest speaking `lock_core::wire`, one connection pool and one concurrency limit per
-//! node) and etcd's lease + lock API ([`etcd`], etcd-client).
+//! lean HTTP/1.1 connections ([`http1`]) speaking `lock_core::wire`, one connection pool and
+//! one concurrency limit per node) and etcd's lease + lock API ([`etcd`], etcd-client).
 //!
 //! Each call returns the final outcome after retries plus the code of every failed attempt.
 //! Retries reuse the same `request_id` / `lease_id`, which the API makes safe: a retried
@@ -8,6 +8,7 @@
 
 mod etcd;
 mod fencegate;
+mod http1;
 
 use std::time::Instant;
 
