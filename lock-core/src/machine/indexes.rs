@@ -108,17 +108,26 @@ impl LockMachine {
     /// Records the outcome of an acquire for retries. A waiting acquire's record has no expiry
     /// (it lives exactly as long as the waiter); a granted one lives for `retain_ms`.
     pub(super) fn remember(&mut self, key: DedupKey, state: DedupState, retain_ms: u64) {
-        let expires = match state {
+        let record = self.dedup_record(state, retain_ms);
+        self.dedup.insert(key, record);
+    }
+
+    /// [`remember`](Self::remember) for a key that has no record: a new acquire, which has
+    /// just looked its key up.
+    pub(super) fn remember_new(&mut self, key: DedupKey, state: DedupState, retain_ms: u64) {
+        let record = self.dedup_record(state, retain_ms);
+        self.dedup.insert_new(key, record);
+    }
+
+    fn dedup_record(&self, state: DedupState, retain_ms: u64) -> DedupRecord {
+        let expires_at_ms = match state {
             DedupState::Waiting => u64::MAX,
             DedupState::Granted(_) => self.now_ms.saturating_add(retain_ms),
         };
-        self.dedup.insert(
-            key,
-            DedupRecord {
-                state,
-                expires_at_ms: expires,
-            },
-        );
+        DedupRecord {
+            state,
+            expires_at_ms,
+        }
     }
 
     pub(super) fn forget(&mut self, key: DedupKey) {

@@ -216,7 +216,7 @@ impl LockMachine {
         if res.lease.is_none() && res.reissue_at_ms.is_none() {
             debug_assert!(res.waiters.is_empty(), "settled free resource has waiters");
             let grant = self.grant(&a.resource, a.lease_id, a.holder.clone(), a.ttl_ms);
-            self.remember(
+            self.remember_new(
                 key,
                 DedupState::Granted(DedupGrant::of(&grant)),
                 a.retain_ms,
@@ -256,7 +256,7 @@ impl LockMachine {
         count_up(&mut self.tenant_waiters, &a.resource);
         self.waiter_deadlines
             .insert((deadline, a.resource.clone(), a.request_id.clone()));
-        self.remember(key, DedupState::Waiting, a.retain_ms);
+        self.remember_new(key, DedupState::Waiting, a.retain_ms);
         Response::Queued { position }
     }
 
