@@ -172,13 +172,12 @@ impl ConnPool {
         let open = async {
             let stream = TcpStream::connect(&self.authority).await.ok()?;
             stream.set_nodelay(true).ok()?;
-            let (send, conn) = http1::handshake(TokioIo::new(stream)).await.ok()?;
+            let (mut send, conn) = http1::handshake(TokioIo::new(stream)).await.ok()?;
             // The connection's own task: it reads and writes the socket for `send`, and ends
             // when `send` is dropped or the peer closes.
             tokio::spawn(async move {
                 let _ = conn.await;
             });
-            let mut send = send;
             send.ready().await.ok()?;
             Some(send)
         };
