@@ -10,6 +10,8 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
+use crate::cluster::LOCAL_NODES;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Profile {
@@ -166,7 +168,9 @@ pub struct RunArgs {
 
     // ---- client ----------------------------------------------------------------------------
     /// Concurrent requests (= HTTP connections) per node. Time spent waiting for a free
-    /// connection counts in the latency (measured from the intended start).
+    /// connection counts in the latency (measured from the intended start). Default: 64 per
+    /// node for the seed profile, 16 for the smoke one; with --leader-only the leader gets
+    /// three nodes' worth (192 or 48), so both ways offer the cluster the same concurrency.
     #[arg(long)]
     pub connections: Option<usize>,
     /// Per-attempt request timeout in ms.
@@ -266,7 +270,18 @@ impl Workload {
             poisson: a.poisson,
             sweep: a.sweep,
             seed: a.seed,
-            connections: a.connections.unwrap_or(if seed { 64 } else { 16 }),
+            connections: a.connections.unwrap_or_else(|| {
+                let per_node = if seed { 64 } else { 16 };
+                // Spread over the nodes, calls have one pool per node; to the leader, one pool
+                // carries them all. A pool of one node's size capped the offered rate at
+                // connections / latency once the latency grew, and the queue in front of it
+                // looked like the servers' latency.
+                if a.leader_only {
+                    LOCAL_NODES * per_node
+                } else {
+                    per_node
+                }
+            }),
             request_timeout_ms: a.request_timeout_ms,
             retries: a.retries,
             leader_only: a.leader_only,
@@ -365,5 +380,30 @@ mod tests {
         assert!(check_loopback("http://localhost:7001/").is_ok());
         assert!(check_loopback("http://10.0.0.1:7001").is_err());
         assert!(check_loopback("example.com:80").is_err());
+    }
+
+    fn workload(args: &[&str]) -> Workload {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from(
+            std::iter::once("run").chain(args.iter().copied()),
+        )
+        .expect("valid flags");
+        Workload::resolve(&cli.run).expect("valid workload")
+    }
+
+    #[test]
+    fn calls_to_the_leader_get_every_nodes_connections_unless_told() {
+        assert_eq!(workload(&["--profile", "seed"]).connections, 64);
+        assert_eq!(
+            workload(&["--profile", "seed", "--leader-only"]).connections,
+            192
+        );
+        assert_eq!(workload(&["--leader-only"]).connections, 48);
+        let told = workload(&["--profile", "seed", "--leader-only", "--connections", "64"]);
+        assert_eq!(told.connections, 64);
     }
 }

@@ -51,6 +51,53 @@ pub fn op_summary(w: &Window, op: Op) -> OpSummary {
     }
 }
 
+/// How long lock calls waited inside the harness before their first request went out: for a
+/// free connection (`--connections` per node) or for the harness's own threads. It is part of
+/// every latency above, since latency counts from the intended start.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct HarnessWait {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    /// p99 of acquire, renew and release together, for comparison.
+    pub lock_ops_p99_ms: f64,
+}
+
+impl HarnessWait {
+    pub fn of(w: &Window) -> Self {
+        let [p50, _, p99, max] = quantiles_ms(&w.harness_wait);
+        HarnessWait {
+            p50_ms: p50,
+            p99_ms: p99,
+            max_ms: max,
+            lock_ops_p99_ms: quantiles_ms(&w.all)[2],
+        }
+    }
+
+    /// A warning when a good part of the tail latency was spent in the harness, so the run
+    /// measured the client more than the servers. `connections` is the per-node bound.
+    pub fn warning(&self, connections: usize, leader_only: bool) -> Option<String> {
+        // Under a millisecond is the harness's normal scheduling; a fifth of the p99 is where
+        // it starts to change the numbers a reader takes away.
+        if self.p99_ms < 1.0 || self.p99_ms < 0.2 * self.lock_ops_p99_ms {
+            return None;
+        }
+        let cause = if leader_only {
+            format!(
+                "with --leader-only every call shares the leader's {connections} connections, \
+                 so the offered rate is capped at {connections} / latency"
+            )
+        } else {
+            format!("{connections} connections per node were too few, or the harness lacked CPU")
+        };
+        Some(format!(
+            "lock calls waited in the harness before they were sent: p99 {:.1} ms of a lock-call \
+             p99 of {:.1} ms ({cause}); raise --connections to measure the servers",
+            self.p99_ms, self.lock_ops_p99_ms
+        ))
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Machine {
     pub cpu: String,
@@ -182,6 +229,7 @@ pub struct Summary {
     /// CPU the harness itself used during the run, in cores (it shares the machine with the
     /// servers).
     pub client_cpu_cores: f64,
+    pub harness_wait: HarnessWait,
     /// Completed lock cycles (successful releases) per second.
     pub lock_cycles_per_s: f64,
     pub server: ServerSummary,
@@ -260,12 +308,14 @@ pub fn print_table(s: &Summary) {
         println!("failed attempts: {}", errs.join(", "));
     }
     println!(
-        "lock cycles/s {:.0} · server commits/s {:.0} · log entries/s {:.0} · snapshots {} · harness CPU {:.2} cores{}",
+        "lock cycles/s {:.0} · server commits/s {:.0} · log entries/s {:.0} · snapshots {} · harness CPU {:.2} cores · waited in the harness p50 {:.2} / p99 {:.2} ms{}",
         s.lock_cycles_per_s,
         s.server.commits_per_s,
         s.server.log_entries_per_s,
         s.server.snapshots,
         s.client_cpu_cores,
+        s.harness_wait.p50_ms,
+        s.harness_wait.p99_ms,
         if s.unfinished_ops > 0 {
             format!(" · {} ops still unanswered at report time", s.unfinished_ops)
         } else {
@@ -484,4 +534,30 @@ pub fn write_out(dir: &Path, a: &Artifacts<'_>) -> anyhow::Result<()> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wait(p99_ms: f64, lock_ops_p99_ms: f64) -> HarnessWait {
+        HarnessWait {
+            p50_ms: p99_ms / 4.0,
+            p99_ms,
+            max_ms: p99_ms * 2.0,
+            lock_ops_p99_ms,
+        }
+    }
+
+    #[test]
+    fn a_tail_spent_in_the_harness_is_called_out() {
+        // Scheduling noise, and a small share of a large tail, say nothing.
+        assert!(wait(0.4, 1.0).warning(64, true).is_none());
+        assert!(wait(5.0, 100.0).warning(64, true).is_none());
+        // Most of the tail in the harness: the run measured the client's pool.
+        let to_leader = wait(90.0, 140.0).warning(64, true).expect("a warning");
+        assert!(to_leader.contains("--leader-only") && to_leader.contains("64 connections"));
+        let spread = wait(30.0, 60.0).warning(16, false).expect("a warning");
+        assert!(spread.contains("16 connections per node"), "{spread}");
+    }
 }

@@ -91,6 +91,10 @@ pub struct Window {
     pub ops: [OpStats; 4],
     /// All lock operations together (for the ramp's bound).
     pub all: Histogram<u64>,
+    /// How long lock operations waited in the harness before their first request went out
+    /// (for a free connection, or for the harness's own threads): the part of the latency
+    /// that is the client's, not the server's.
+    pub harness_wait: Histogram<u64>,
     /// Operations started in the window and not finished yet.
     pub in_flight: u64,
 }
@@ -107,6 +111,7 @@ impl Window {
                 OpStats::new(),
             ],
             all: new_hist(),
+            harness_wait: new_hist(),
             in_flight: 0,
         }
     }
@@ -222,17 +227,31 @@ impl Recorder {
         }
     }
 
-    /// Records a finished operation. `intended` is its slot in the schedule; `errors` are the
-    /// codes of every failed attempt.
-    pub fn finish(&self, op: Op, intended: Instant, outcome: &Outcome, errors: &[String]) {
+    /// Records a finished operation. `intended` is its slot in the schedule, `first_send` when
+    /// its first request went out; `errors` are the codes of every failed attempt.
+    pub fn finish(
+        &self,
+        op: Op,
+        intended: Instant,
+        first_send: Instant,
+        outcome: &Outcome,
+        errors: &[String],
+    ) {
         let now = Instant::now();
         let latency_us = now.saturating_duration_since(intended).as_micros().max(1) as u64;
+        let wait_us = first_send
+            .saturating_duration_since(intended)
+            .as_micros()
+            .max(1) as u64;
         let t_int = intended.saturating_duration_since(self.t0);
         let t_done = now.saturating_duration_since(self.t0);
         let mut g = self.lock();
         let g = &mut *g;
         for w in g.windows.iter_mut().filter(|w| w.contains(t_int)) {
             w.in_flight = w.in_flight.saturating_sub(1);
+            if op != Op::Write {
+                let _ = w.harness_wait.record(wait_us);
+            }
             let s = &mut w.ops[op.idx()];
             for e in errors {
                 *s.errors_by_code.entry(e.clone()).or_default() += 1;
@@ -370,13 +389,24 @@ mod tests {
         // An op that was due 50 ms ago and finishes now took >= 50 ms, however fast the
         // request itself was.
         let intended = Instant::now();
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(30));
+        let sent = Instant::now();
+        std::thread::sleep(Duration::from_millis(20));
         r.begin(intended);
-        r.finish(Op::Acquire, intended, &Outcome::Ok, &["no_quorum".into()]);
+        r.finish(
+            Op::Acquire,
+            intended,
+            sent,
+            &Outcome::Ok,
+            &["no_quorum".into()],
+        );
         r.with_window(w, |w| {
             let s = w.op(Op::Acquire);
             assert_eq!(s.ok, 1);
             assert!(s.hist.min() >= 50_000);
+            // Of those, the 30 ms before the request went out were spent in the harness.
+            let waited = w.harness_wait.max();
+            assert!(waited >= 30_000 && waited < s.hist.min(), "{waited}");
             assert_eq!(s.errors_by_code.get("no_quorum"), Some(&1));
             assert_eq!(w.in_flight, 0);
         });

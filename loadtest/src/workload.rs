@@ -229,7 +229,8 @@ impl Ctx {
             _ => self.counters.ops_failed.fetch_add(1, Ordering::Relaxed),
         };
         if record {
-            self.rec.finish(op, intended, &outcome, &call.errors);
+            self.rec
+                .finish(op, intended, call.first_send, &outcome, &call.errors);
         }
     }
 }

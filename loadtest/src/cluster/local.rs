@@ -111,6 +111,9 @@ pub struct LocalCluster {
     http: reqwest::Client,
 }
 
+/// Nodes in a cluster the harness starts.
+pub const LOCAL_NODES: usize = 3;
+
 impl LocalCluster {
     /// Writes the three node configs and starts the demo store (with proxies) and the nodes.
     pub fn start(bin: PathBuf, dir: Option<PathBuf>, spec: ClusterSpec) -> anyhow::Result<Self> {
@@ -124,9 +127,10 @@ impl LocalCluster {
             }
         }
         let (dir, tmp) = cluster_dir(dir, spec.tmp_prefix)?;
-        let ports = free_ports(10)?;
-        let (api_ports, proxy_ports, store_port) = (&ports[0..3], &ports[3..6], ports[6]);
-        let peer_ports = &ports[7..10];
+        const N: usize = LOCAL_NODES;
+        let ports = free_ports(3 * N + 1)?;
+        let (api_ports, proxy_ports, store_port) = (&ports[0..N], &ports[N..2 * N], ports[2 * N]);
+        let peer_ports = &ports[2 * N + 1..3 * N + 1];
         let store = format!("127.0.0.1:{store_port}");
         let members: Vec<String> = api_ports
             .iter()

@@ -12,4 +12,4 @@ mod local;
 pub mod process;
 pub mod status;
 
-pub use local::{ClusterSpec, LocalCluster, ProxySpec, QuotaSetup};
+pub use local::{ClusterSpec, LocalCluster, ProxySpec, QuotaSetup, LOCAL_NODES};

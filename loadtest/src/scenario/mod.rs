@@ -177,6 +177,7 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         warnings.extend(compaction::too_few_snapshots(&server));
     }
     let client = rec.with_window(main_window, summary::client);
+    warnings.extend(client.harness_wait.warning(w.connections, w.leader_only));
     let mut summary = Summary {
         system: system.to_string(),
         scenario: value_name(scenario),
@@ -188,6 +189,7 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         ops: client.ops,
         unfinished_ops: driven.unfinished_ops,
         client_cpu_cores: driven.client_cpu_cores,
+        harness_wait: client.harness_wait,
         lock_cycles_per_s: client.lock_cycles_per_s,
         server,
         invariants,

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::config::System;
 use crate::plot::Series;
 use crate::poller::{self, Sample};
-use crate::report::{self, OpSummary, RssSummary, ServerSummary};
+use crate::report::{self, HarnessWait, OpSummary, RssSummary, ServerSummary};
 use crate::stats::{Op, Window};
 
 /// The client's view of one window.
@@ -16,6 +16,7 @@ pub struct ClientSide {
     pub lock_cycles_per_s: f64,
     pub measured_s: f64,
     pub cdf: Vec<Series>,
+    pub harness_wait: HarnessWait,
 }
 
 pub fn client(win: &Window) -> ClientSide {
@@ -27,6 +28,7 @@ pub fn client(win: &Window) -> ClientSide {
         lock_cycles_per_s: win.op(Op::Release).ok as f64 / win.secs(),
         measured_s: win.secs(),
         cdf: report::cdf_series(win, ""),
+        harness_wait: HarnessWait::of(win),
     }
 }
 

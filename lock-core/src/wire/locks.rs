@@ -42,7 +42,10 @@ pub fn validate_resource(resource: &str) -> Result<(), String> {
 /// Checks a caller-chosen id field (`request_id`, `holder`): 1–128 characters.
 pub fn validate_id(value: &str, field: &str) -> Result<(), String> {
     if value.is_empty() {
-        return Err(format!("Field '{field}' is required."));
+        // Absent and empty are the same to the API (the field defaults to empty).
+        return Err(format!(
+            "Field '{field}' is required and must be 1–{MAX_ID_LEN} characters."
+        ));
     }
     if value.chars().count() > MAX_ID_LEN {
         return Err(format!(
