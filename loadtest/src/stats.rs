@@ -95,6 +95,8 @@ pub struct Window {
     /// (for a free connection, or for the harness's own threads): the part of the latency
     /// that is the client's, not the server's.
     pub harness_wait: Histogram<u64>,
+    /// The part of `harness_wait` spent waiting for a free connection.
+    pub connection_wait: Histogram<u64>,
     /// Operations started in the window and not finished yet.
     pub in_flight: u64,
 }
@@ -112,6 +114,7 @@ impl Window {
             ],
             all: new_hist(),
             harness_wait: new_hist(),
+            connection_wait: new_hist(),
             in_flight: 0,
         }
     }
@@ -227,22 +230,22 @@ impl Recorder {
         }
     }
 
-    /// Records a finished operation. `intended` is its slot in the schedule, `first_send` when
-    /// its first request went out; `errors` are the codes of every failed attempt.
+    /// Records a finished operation. `intended` is its slot in the schedule, `sent` when its
+    /// first request went out and how long that waited for a connection; `errors` are the
+    /// codes of every failed attempt.
     pub fn finish(
         &self,
         op: Op,
         intended: Instant,
-        first_send: Instant,
+        sent: (Instant, Duration),
         outcome: &Outcome,
         errors: &[String],
     ) {
         let now = Instant::now();
-        let latency_us = now.saturating_duration_since(intended).as_micros().max(1) as u64;
-        let wait_us = first_send
-            .saturating_duration_since(intended)
-            .as_micros()
-            .max(1) as u64;
+        let us = |d: Duration| d.as_micros().max(1) as u64;
+        let latency_us = us(now.saturating_duration_since(intended));
+        let wait_us = us(sent.0.saturating_duration_since(intended));
+        let connection_us = us(sent.1);
         let t_int = intended.saturating_duration_since(self.t0);
         let t_done = now.saturating_duration_since(self.t0);
         let mut g = self.lock();
@@ -251,6 +254,7 @@ impl Recorder {
             w.in_flight = w.in_flight.saturating_sub(1);
             if op != Op::Write {
                 let _ = w.harness_wait.record(wait_us);
+                let _ = w.connection_wait.record(connection_us);
             }
             let s = &mut w.ops[op.idx()];
             for e in errors {
@@ -396,7 +400,7 @@ mod tests {
         r.finish(
             Op::Acquire,
             intended,
-            sent,
+            (sent, Duration::from_millis(10)),
             &Outcome::Ok,
             &["no_quorum".into()],
         );
@@ -407,6 +411,7 @@ mod tests {
             // Of those, the 30 ms before the request went out were spent in the harness.
             let waited = w.harness_wait.max();
             assert!(waited >= 30_000 && waited < s.hist.min(), "{waited}");
+            assert_eq!(w.connection_wait.max() / 1_000, 10);
             assert_eq!(s.errors_by_code.get("no_quorum"), Some(&1));
             assert_eq!(w.in_flight, 0);
         });

@@ -229,8 +229,13 @@ impl Ctx {
             _ => self.counters.ops_failed.fetch_add(1, Ordering::Relaxed),
         };
         if record {
-            self.rec
-                .finish(op, intended, call.first_send, &outcome, &call.errors);
+            self.rec.finish(
+                op,
+                intended,
+                (call.first_send, call.connection_wait),
+                &outcome,
+                &call.errors,
+            );
         }
     }
 }

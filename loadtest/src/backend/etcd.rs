@@ -1,11 +1,11 @@
 //! The etcd driver, for comparison: etcd's own lease and lock API through etcd-client.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
-use super::{Call, Failure, Grant, Lease};
+use super::{connection, Call, Failure, Grant, Lease, Sent};
 
 /// etcd: lease grant + lock (with the lease) to acquire, one keep-alive round trip to renew,
 /// unlock + lease revoke to release. One gRPC connection per member.
@@ -42,8 +42,7 @@ impl EtcdClient {
 
     pub async fn acquire(&self, resource: u32, ttl_ms: u64, wait_ms: u64) -> Call<Grant> {
         let (client, permits) = self.member();
-        let _p = permits.acquire().await;
-        let first_send = Instant::now();
+        let (_p, sent) = connection(permits).await;
         let mut c = client.clone();
         let ttl_s = ttl_ms.div_ceil(1000) as i64;
         let r: Result<Grant, Failure> = async {
@@ -74,22 +73,22 @@ impl EtcdClient {
             })
         }
         .await;
-        Call::single(r, first_send)
+        Call::single(r, sent)
     }
 
     /// One renewal on a stream of its own, opened for it (the open loop's renewals are
     /// seconds apart, so a client would not keep a stream per lease open between them).
     pub async fn renew(&self, grant: &Grant) -> Call<bool> {
         let (client, permits) = self.member();
-        let _p = permits.acquire().await;
-        let first_send = Instant::now();
+        let (_p, sent) = connection(permits).await;
         match open_keeper(client, grant, self.timeout).await {
             Ok(mut k) => {
                 let mut call = k.renew().await;
-                call.first_send = first_send;
+                call.first_send = sent.at;
+                call.connection_wait = sent.connection_wait;
                 call
             }
-            Err(f) => Call::single(Err(f), first_send),
+            Err(f) => Call::single(Err(f), sent),
         }
     }
 
@@ -101,8 +100,7 @@ impl EtcdClient {
 
     pub async fn release(&self, grant: &Grant) -> Call<bool> {
         let (client, permits) = self.member();
-        let _p = permits.acquire().await;
-        let first_send = Instant::now();
+        let (_p, sent) = connection(permits).await;
         let mut c = client.clone();
         let (id, key) = etcd_lease(grant);
         let r = async {
@@ -115,7 +113,7 @@ impl EtcdClient {
             }
         }
         .await;
-        Call::single(r, first_send)
+        Call::single(r, sent)
     }
 }
 
@@ -145,7 +143,7 @@ pub struct EtcdKeeper {
 impl EtcdKeeper {
     /// Ok(true) renewed, Ok(false) etcd answered TTL 0: the lease is gone.
     pub async fn renew(&mut self) -> Call<bool> {
-        let sent = Instant::now();
+        let sent = Sent::now();
         let r = async {
             etcd_timeout(self.timeout, self.keeper.keep_alive()).await?;
             match etcd_timeout(self.timeout, self.stream.message()).await? {

@@ -21,7 +21,7 @@ use serde::Serialize;
 use tokio::sync::Semaphore;
 
 use super::http1::{ConnPool, SendError};
-use super::{resource_name, Call, Failure, Grant, Lease};
+use super::{connection, resource_name, Call, Failure, Grant, Lease, Sent};
 
 /// The code of a success whose body does not parse.
 const BAD_RESPONSE: &str = "bad_response";
@@ -140,11 +140,10 @@ impl FencegateClient {
         ep: &Endpoint,
         node: Option<usize>,
         req: Option<Request<Full<Bytes>>>,
-    ) -> (Result<(u16, Bytes), String>, Instant) {
+    ) -> (Result<(u16, Bytes), String>, Sent) {
         // Waiting for a permit is part of the client-visible latency, like waiting for a
         // free connection in any pooled client.
-        let _permit = ep.permits.acquire().await;
-        let sent = Instant::now();
+        let (_permit, sent) = connection(&ep.permits).await;
         let Some(req) = req else {
             return (Err("bad_request_target".to_string()), sent);
         };
@@ -170,7 +169,7 @@ impl FencegateClient {
     async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Call<T> {
         // Serialising the wire types cannot fail; an empty body would be answered 400.
         let body = Bytes::from(serde_json::to_vec(body).unwrap_or_default());
-        let mut first_send = None;
+        let mut first: Option<Sent> = None;
         let mut errors = Vec::new();
         let start = self.start_index(&self.nodes);
         let mut n = 0;
@@ -178,11 +177,12 @@ impl FencegateClient {
             let i = self.pick(&self.nodes, start, n);
             let ep = &self.nodes[i];
             let req = ep.pool.post_json(path, body.clone());
-            let (answer, last_send) = self.attempt(ep, Some(i), req).await;
+            let (answer, sent) = self.attempt(ep, Some(i), req).await;
             if let (Some(route), Err(_)) = (&self.leader, &answer) {
                 route.failed(i);
             }
-            let first_send = *first_send.get_or_insert(last_send);
+            let first = *first.get_or_insert(sent);
+            let last_send = sent.at;
             let answered = Instant::now();
             let attempt = match answer {
                 Ok((status, body)) => Attempt::of_answer(status, &body),
@@ -193,7 +193,8 @@ impl FencegateClient {
                     return Call {
                         result: Ok(v),
                         errors,
-                        first_send,
+                        first_send: first.at,
+                        connection_wait: first.connection_wait,
                         last_send,
                         answered,
                     };
@@ -225,7 +226,8 @@ impl FencegateClient {
                 return Call {
                     result: Err(failure),
                     errors,
-                    first_send,
+                    first_send: first.at,
+                    connection_wait: first.connection_wait,
                     last_send,
                     answered,
                 };

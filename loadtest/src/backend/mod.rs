@@ -10,9 +10,10 @@ mod etcd;
 mod fencegate;
 mod http1;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use lock_core::wire::LeaseId;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 pub use etcd::{EtcdClient, EtcdKeeper};
 pub use fencegate::FencegateClient;
@@ -63,6 +64,8 @@ pub struct Call<T> {
     /// When the first attempt went out (after waiting for a connection): a lease granted by
     /// this call cannot have been stamped earlier, so its validity is counted from here.
     pub first_send: Instant,
+    /// How long the first attempt waited for a free connection before it went out.
+    pub connection_wait: Duration,
     /// When the successful (or last) attempt went out.
     pub last_send: Instant,
     /// When the final answer arrived: a server answer "lease gone" was decided before this.
@@ -75,13 +78,14 @@ impl<T> Call<T> {
             result: self.result.map(f),
             errors: self.errors,
             first_send: self.first_send,
+            connection_wait: self.connection_wait,
             last_send: self.last_send,
             answered: self.answered,
         }
     }
 
-    /// A call of one attempt, answered now.
-    fn single(result: Result<T, Failure>, sent: Instant) -> Self {
+    /// A call of one attempt that went out at `sent`, answered now.
+    fn single(result: Result<T, Failure>, sent: Sent) -> Self {
         let errors = match &result {
             Err(f) => vec![f.code.clone()],
             Ok(_) => Vec::new(),
@@ -89,11 +93,45 @@ impl<T> Call<T> {
         Call {
             result,
             errors,
-            first_send: sent,
-            last_send: sent,
+            first_send: sent.at,
+            connection_wait: sent.connection_wait,
+            last_send: sent.at,
             answered: Instant::now(),
         }
     }
+}
+
+/// When a request went out, and how long it waited for a free connection first.
+#[derive(Clone, Copy, Debug)]
+pub struct Sent {
+    pub at: Instant,
+    pub connection_wait: Duration,
+}
+
+impl Sent {
+    /// A request that goes out now, on a stream that was already open.
+    fn now() -> Self {
+        Sent {
+            at: Instant::now(),
+            connection_wait: Duration::ZERO,
+        }
+    }
+}
+
+/// Waits for one of `permits` (a free connection): the permit, and when the request that
+/// holds it goes out.
+async fn connection(permits: &Semaphore) -> (Option<SemaphorePermit<'_>>, Sent) {
+    let asked = Instant::now();
+    // The semaphores are never closed; without a permit the call simply goes unbounded.
+    let permit = permits.acquire().await.ok();
+    let at = Instant::now();
+    (
+        permit,
+        Sent {
+            at,
+            connection_wait: at - asked,
+        },
+    )
 }
 
 pub enum Backend {
