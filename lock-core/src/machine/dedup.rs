@@ -9,9 +9,9 @@
 //! - **Granted** records are written into an *open* chunk (two small persistent maps) and,
 //!   once it holds `chunk_len` records, frozen into a flat, immutable, shared array sorted by
 //!   (expiry, key), with a key-ordered index and a one-word filter. A frozen record costs
-//!   70 bytes instead of ~135 in a pair of B-trees, and a snapshot's clone of the machine
-//!   shares frozen chunks whole: applying commands while a snapshot is written copies nothing
-//!   of them.
+//!   54 bytes instead of ~135 in a pair of B-trees (its numbers are 32-bit offsets from the
+//!   chunk's smallest), and a snapshot's clone of the machine shares frozen chunks whole:
+//!   applying commands while a snapshot is written copies nothing of them.
 //! - The tick removes expired records in (expiry, key) order, as it always did: the removed
 //!   records of a frozen chunk are always a prefix of it, so a chunk only keeps a count of
 //!   them and is dropped once it is used up.
@@ -50,12 +50,39 @@ impl Kept {
     fn order(&self) -> (u64, DedupKey) {
         (self.expires_at_ms, self.key)
     }
+
+    /// The numbers a frozen chunk stores as offsets: the record's expiry, and the grant's
+    /// token, TTL and expiry.
+    fn numbers(&self) -> [u64; 4] {
+        [
+            self.expires_at_ms,
+            self.grant.fencing_token,
+            self.grant.ttl_ms,
+            self.grant.expires_at_ms,
+        ]
+    }
 }
+
+/// A granted record as a frozen chunk stores it: 48 bytes where a [`Kept`] takes 64. The
+/// records of one chunk were granted within seconds of each other, so each of its numbers is
+/// stored as a 32-bit offset from the chunk's smallest (`Frozen::base`); a run of records
+/// whose numbers span more than that is cut into several chunks (see [`Frozen::build`]).
+#[derive(Clone, Copy)]
+struct Packed {
+    key: DedupKey,
+    lease_id: [u64; 2],
+    /// [`Kept::numbers`] minus the chunk's base.
+    offsets: [u32; 4],
+}
+
+const _: () = assert!(std::mem::size_of::<Packed>() == 48);
 
 /// An immutable run of granted records.
 struct Frozen {
     /// Sorted by (expiry, key): the order the tick removes them in.
-    records: Box<[Kept]>,
+    records: Box<[Packed]>,
+    /// The smallest of each of [`Kept::numbers`] in the chunk.
+    base: [u64; 4],
     /// Positions in `records`, sorted by key.
     by_key: Box<[u32]>,
     /// Three bits per key in one 64-bit word, about sixteen bits per record: a lookup of a key
@@ -66,8 +93,35 @@ struct Frozen {
 }
 
 impl Frozen {
-    /// `records` must be sorted by (expiry, key) and hold distinct keys.
-    fn new(records: Vec<Kept>) -> Self {
+    /// Frozen chunks holding `records` (sorted by (expiry, key), with distinct keys), in
+    /// order: one, unless some number of theirs spans more than 32 bits, where the run is cut.
+    /// That never happens at the retry window's scale; a chunk's numbers span seconds.
+    fn build(records: Vec<Kept>) -> Vec<Frozen> {
+        let mut chunks = Vec::new();
+        let mut start = 0;
+        let (mut lo, mut hi) = ([u64::MAX; 4], [0u64; 4]);
+        for (i, r) in records.iter().enumerate() {
+            let n = r.numbers();
+            let fits = (0..4).all(|f| n[f].max(hi[f]) - n[f].min(lo[f]) <= u64::from(u32::MAX));
+            if !fits {
+                chunks.push(Frozen::new(&records[start..i], lo));
+                start = i;
+                (lo, hi) = (n, n);
+            } else {
+                for f in 0..4 {
+                    lo[f] = lo[f].min(n[f]);
+                    hi[f] = hi[f].max(n[f]);
+                }
+            }
+        }
+        if start < records.len() {
+            chunks.push(Frozen::new(&records[start..], lo));
+        }
+        chunks
+    }
+
+    /// `records`' numbers minus `base` must fit 32 bits.
+    fn new(records: &[Kept], base: [u64; 4]) -> Self {
         // Sorting the keys inline (not positions that point at them) keeps the sort in cache.
         let mut keyed: Vec<(DedupKey, u32)> = records
             .iter()
@@ -78,14 +132,49 @@ impl Frozen {
         let by_key: Box<[u32]> = keyed.into_iter().map(|(_, i)| i).collect();
         let words = (records.len() / 4).next_power_of_two().max(1);
         let mut filter = vec![0u64; words].into_boxed_slice();
-        for r in &records {
+        for r in records {
             let (word, bits) = filter_slot(&r.key, words);
             filter[word] |= bits;
         }
+        let pack = |r: &Kept| {
+            let n = r.numbers();
+            Packed {
+                key: r.key,
+                lease_id: r.grant.lease_words(),
+                offsets: std::array::from_fn(|f| (n[f] - base[f]) as u32),
+            }
+        };
         Frozen {
-            records: records.into_boxed_slice(),
+            records: records.iter().map(pack).collect(),
+            base,
             by_key,
             filter,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    fn key(&self, i: usize) -> DedupKey {
+        self.records[i].key
+    }
+
+    /// The (expiry, key) of the record at `i`, without unpacking the rest of it.
+    fn order(&self, i: usize) -> (u64, DedupKey) {
+        let r = &self.records[i];
+        (self.base[0] + u64::from(r.offsets[0]), r.key)
+    }
+
+    /// The record at `i`, unpacked.
+    fn kept(&self, i: usize) -> Kept {
+        let r = &self.records[i];
+        let [expires_at_ms, token, ttl_ms, granted_until] =
+            std::array::from_fn(|f| self.base[f] + u64::from(r.offsets[f]));
+        Kept {
+            expires_at_ms,
+            key: r.key,
+            grant: DedupGrant::from_parts(r.lease_id, token, ttl_ms, granted_until),
         }
     }
 
@@ -101,7 +190,7 @@ impl Frozen {
             return None;
         }
         self.by_key
-            .binary_search_by_key(key, |&i| self.records[i as usize].key)
+            .binary_search_by_key(key, |&i| self.key(i as usize))
             .ok()
             .map(|i| self.by_key[i] as usize)
     }
@@ -124,15 +213,31 @@ struct Chunk {
 }
 
 impl Chunk {
-    fn live(&self) -> &[Kept] {
-        &self.frozen.records[self.removed..]
+    fn new(frozen: Frozen) -> Self {
+        Chunk {
+            frozen: Arc::new(frozen),
+            removed: 0,
+        }
     }
 
-    fn get(&self, key: &DedupKey) -> Option<&Kept> {
+    fn live(&self) -> impl Iterator<Item = Kept> + '_ {
+        (self.removed..self.frozen.len()).map(|i| self.frozen.kept(i))
+    }
+
+    fn used_up(&self) -> bool {
+        self.removed == self.frozen.len()
+    }
+
+    /// The (expiry, key) of the earliest live record.
+    fn head(&self) -> Option<(u64, DedupKey)> {
+        (!self.used_up()).then(|| self.frozen.order(self.removed))
+    }
+
+    fn get(&self, key: &DedupKey) -> Option<Kept> {
         self.frozen
             .position(key)
             .filter(|&p| p >= self.removed)
-            .map(|p| &self.frozen.records[p])
+            .map(|p| self.frozen.kept(p))
     }
 }
 
@@ -211,10 +316,8 @@ impl DedupTable {
         while !kept.is_empty() {
             let rest = kept.split_off(self.chunk_len);
             self.frozen_len += kept.len();
-            self.chunks.push_back(Chunk {
-                frozen: Arc::new(Frozen::new(kept)),
-                removed: 0,
-            });
+            self.chunks
+                .extend(Frozen::build(kept).into_iter().map(Chunk::new));
             kept = rest;
         }
         self
@@ -291,21 +394,11 @@ impl DedupTable {
             return false;
         };
         // Not on any path of normal operation (granted records end by expiry): rebuild.
-        let chunk = &self.chunks[at];
-        let rest: Vec<Kept> = chunk
-            .live()
-            .iter()
-            .filter(|k| k.key != *key)
-            .copied()
-            .collect();
+        let rest: Vec<Kept> = self.chunks[at].live().filter(|k| k.key != *key).collect();
         self.frozen_len -= 1;
-        if rest.is_empty() {
-            self.chunks.remove(at);
-        } else {
-            self.chunks[at] = Chunk {
-                frozen: Arc::new(Frozen::new(rest)),
-                removed: 0,
-            };
+        self.chunks.remove(at);
+        for (i, frozen) in Frozen::build(rest).into_iter().enumerate() {
+            self.chunks.insert(at + i, Chunk::new(frozen));
         }
         true
     }
@@ -335,7 +428,7 @@ impl DedupTable {
                     let chunk = &mut self.chunks[i];
                     chunk.removed += 1;
                     self.frozen_len -= 1;
-                    if chunk.live().is_empty() {
+                    if chunk.used_up() {
                         self.chunks.remove(i);
                     }
                 }
@@ -387,7 +480,7 @@ impl DedupTable {
                     .iter()
                     .filter(move |&&p| p as usize >= c.removed)
                     .map(move |&p| {
-                        let k = &f.records[p as usize];
+                        let k = f.kept(p as usize);
                         (k.key, granted(k.expires_at_ms, &k.grant))
                     }),
             ));
@@ -407,18 +500,15 @@ impl DedupTable {
         }
         let mut frozen = 0;
         for c in &self.chunks {
-            let live = c.live();
+            let live: Vec<Kept> = c.live().collect();
             if live.is_empty() {
                 return Err("a used-up chunk was kept".into());
             }
             if live.windows(2).any(|w| w[0].order() >= w[1].order()) {
                 return Err("a chunk is not in (expiry, key) order".into());
             }
-            if c.frozen
-                .records
-                .iter()
-                .any(|k| c.frozen.position(&k.key).is_none())
-            {
+            let f = &c.frozen;
+            if (0..f.len()).any(|i| f.position(&f.key(i)) != Some(i)) {
                 return Err("a chunk's index or filter misses a key".into());
             }
             frozen += live.len();
@@ -443,7 +533,7 @@ impl DedupTable {
             .chunks
             .iter()
             .enumerate()
-            .filter_map(|(i, c)| c.live().first().map(|k| (k.expires_at_ms, k.key, Some(i))));
+            .filter_map(|(i, c)| c.head().map(|(e, k)| (e, k, Some(i))));
         open.into_iter().chain(frozen)
     }
 
@@ -459,10 +549,8 @@ impl DedupTable {
             })
             .collect();
         self.frozen_len += records.len();
-        self.chunks.push_back(Chunk {
-            frozen: Arc::new(Frozen::new(records)),
-            removed: 0,
-        });
+        self.chunks
+            .extend(Frozen::build(records).into_iter().map(Chunk::new));
         self.open = OrdMap::new();
         self.open_keys = OrdMap::new();
     }
@@ -518,9 +606,17 @@ mod tests {
         DedupGrant::from_parts([n, !n], n, 30_000, n + 30_000)
     }
 
+    /// A grant whose token, TTL and expiry lie more than 32 bits apart from other grants',
+    /// so chunks holding it and others are cut.
+    fn wide_grant(n: u64) -> DedupGrant {
+        DedupGrant::from_parts([n, n], n << 34, n << 33, u64::MAX - (n << 35))
+    }
+
     #[derive(Clone, Debug)]
     enum Op {
         Grant(u8, u64),
+        /// A grant whose numbers do not fit one chunk's 32-bit offsets beside others'.
+        GrantWide(u8, u64),
         /// A grant through `insert_new` when the key has no record (as a new acquire's).
         GrantNew(u8, u64),
         Wait(u8),
@@ -539,6 +635,7 @@ mod tests {
         prop_oneof![
             2 => (any::<u8>(), 0u64..200).prop_map(|(k, e)| Op::Grant(k, e)),
             2 => (any::<u8>(), 0u64..200).prop_map(|(k, e)| Op::GrantNew(k, e)),
+            1 => (any::<u8>(), 0u64..200).prop_map(|(k, e)| Op::GrantWide(k, e)),
             1 => any::<u8>().prop_map(Op::Wait),
             1 => any::<u8>().prop_map(Op::Remove),
             2 => (0u64..220, 0usize..20).prop_map(|(n, b)| Op::Expire(n, b)),
@@ -560,6 +657,11 @@ mod tests {
                 match op {
                     Op::Grant(k, exp) => {
                         let rec = granted(exp, &grant(exp));
+                        table.insert(key(k), rec.clone());
+                        model.insert(key(k), rec);
+                    }
+                    Op::GrantWide(k, exp) => {
+                        let rec = granted(exp, &wide_grant(exp));
                         table.insert(key(k), rec.clone());
                         model.insert(key(k), rec);
                     }
@@ -631,7 +733,9 @@ mod tests {
             })
             .collect();
         records.sort_unstable_by_key(Kept::order);
-        let frozen = Frozen::new(records);
+        let mut built = Frozen::build(records);
+        assert_eq!(built.len(), 1, "a chunk of close numbers stays whole");
+        let frozen = built.remove(0);
         let probes = 100_000u64;
         let passed = (0..probes)
             .map(|n| digest(1_000_000 + n))
@@ -642,6 +746,29 @@ mod tests {
             "{passed} of {probes} absent keys passed the filter"
         );
         assert!((0..DEFAULT_CHUNK_LEN as u64).all(|n| frozen.position(&digest(n)).is_some()));
+    }
+
+    /// Records whose expiries lie more than 32 bits apart land in separate chunks and are
+    /// found, listed and swept as if they shared one.
+    #[test]
+    fn numbers_too_far_apart_for_one_chunk_are_cut_into_several() {
+        let far = [0u64, 1, 1 << 33, (1 << 33) + 5, 1 << 40, u64::MAX - 1];
+        let mut table = DedupTable::with_chunk_len(far.len());
+        for (n, &exp) in far.iter().enumerate() {
+            table.insert_new(key(n as u8), granted(exp, &grant(n as u64)));
+        }
+        assert_eq!(table.chunks.len(), 4, "{table:?}");
+        table.check().expect("consistent");
+        for (n, &exp) in far.iter().enumerate() {
+            assert_eq!(
+                table.get(&key(n as u8)),
+                Some(granted(exp, &grant(n as u64)))
+            );
+        }
+        assert_eq!(table.expire(1 << 34, 100), 4);
+        assert_eq!(table.next_expiry(), Some(1 << 40));
+        assert_eq!(table.len(), 2);
+        table.check().expect("consistent");
     }
 
     /// A clone (a snapshot's) shares the frozen chunks and is unaffected by what the table

@@ -127,7 +127,6 @@ impl DedupGrant {
         .into()
     }
 
-    #[cfg(test)]
     pub(super) fn from_parts(
         lease_id: [u64; 2],
         fencing_token: u64,
@@ -140,6 +139,11 @@ impl DedupGrant {
             ttl_ms,
             expires_at_ms,
         }
+    }
+
+    /// The lease id's two words, as stored.
+    pub(super) fn lease_words(&self) -> [u64; 2] {
+        self.lease_id
     }
 
     pub fn lease_id(&self) -> LeaseId {

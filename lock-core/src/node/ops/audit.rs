@@ -281,11 +281,16 @@ mod tests {
             most = most.max(pending());
         }
         assert!(most < WRITEBACK_STEP, "{most} bytes waited for write-back");
-        assert!(pending() > 0, "1,000,000 bytes are not a whole number of steps");
+        assert!(
+            pending() > 0,
+            "1,000,000 bytes are not a whole number of steps"
+        );
         log.record(entry(1, "kv:a", "granted"), true);
         assert_eq!(pending(), 0, "an fsynced line leaves nothing pending");
         assert_eq!(
-            fs::metadata(dir.path().join("audit.log")).expect("file").len(),
+            fs::metadata(dir.path().join("audit.log"))
+                .expect("file")
+                .len(),
             1_000_000 + one_line_len(1)
         );
     }
