@@ -37,7 +37,8 @@ use super::state::{DedupGrant, DedupKey, DedupRecord, DedupState};
 /// showed in the latency of every such second.
 pub const DEFAULT_CHUNK_LEN: usize = 16_384;
 
-/// A granted record as a frozen chunk stores it.
+/// A granted record whole: what a frozen chunk is built from, and what its [`Packed`] records
+/// are read back as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Kept {
     /// When the record leaves the retry window.
