@@ -258,7 +258,7 @@ mod tests {
     }
 
     /// Write-back is started every step of unsynced bytes, never later, and an fsynced line
-    /// or a rotation starts the count again.
+    /// starts the count again.
     #[test]
     fn write_back_is_started_every_step() {
         let dir = tempfile::tempdir().expect("tempdir");
