@@ -5,6 +5,7 @@ use serde::{Serialize, Serializer};
 
 use super::dedup::DedupTable;
 use super::lock_machine::{count_up, LockMachine};
+use super::name::ResName;
 use super::state::{dedup_key, DedupEntry, MachineImage};
 
 /// The machine serialised exactly as its [`MachineImage`] would be, but straight from its
@@ -18,7 +19,7 @@ impl Serialize for ImageRef<'_> {
         let m = self.0;
         // Field names, order and count as `MachineImage` derives them; `dedup` (read from
         // images of earlier versions only) is skipped there too when empty, as it always is.
-        let mut image = serializer.serialize_struct("MachineImage", 8)?;
+        let mut image = serializer.serialize_struct("MachineImage", 9)?;
         image.serialize_field("now_ms", &m.now_ms)?;
         image.serialize_field("term", &m.term)?;
         image.serialize_field("last_token", &m.last_token)?;
@@ -33,6 +34,7 @@ impl Serialize for ImageRef<'_> {
         image.skip_field("dedup")?;
         image.serialize_field("quotas", &m.quotas)?;
         image.serialize_field("keys", &Seq(m.keys.len(), || m.keys.values()))?;
+        image.serialize_field("commands", &m.commands)?;
         image.end()
     }
 }
@@ -71,12 +73,13 @@ impl LockMachine {
             resources: self
                 .resources
                 .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
+                .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect(),
             dedup_records,
             dedup: Vec::new(),
             quotas: self.quotas.clone(),
             keys: self.keys.values().cloned().collect(),
+            commands: self.commands,
         }
     }
 
@@ -85,12 +88,14 @@ impl LockMachine {
             now_ms: image.now_ms,
             term: image.term,
             last_token: image.last_token,
+            commands: image.commands,
             gc_floor: image.gc_floor,
             quotas: image.quotas,
             keys: image.keys.into_iter().map(|k| (k.id.clone(), k)).collect(),
             ..Default::default()
         };
         for (name, res) in image.resources {
+            let name = ResName::from(name);
             if let Some(l) = &res.lease {
                 m.lease_expiry.insert((l.expires_at_ms, name.clone()));
                 count_up(&mut m.tenant_leases, &name);

@@ -5,6 +5,7 @@
 use imbl::OrdSet;
 
 use super::lock_machine::LockMachine;
+use super::name::ResName;
 use super::state::{DedupKey, DedupRecord, DedupState, DEFAULT_IDLE_RETAIN_MS};
 
 impl LockMachine {
@@ -20,7 +21,7 @@ impl LockMachine {
             }
         }
         // Touch only records with live grants: a write to a persistent map copies its path.
-        let granted: Vec<String> = self
+        let granted: Vec<ResName> = self
             .resources
             .iter()
             .filter(|(_, r)| r.grants.iter().any(|g| g.until_ms > prev))
@@ -38,9 +39,9 @@ impl LockMachine {
                 r.reissue_at_ms = Some(at);
             }
         }
-        let waiting: Vec<(u64, String, String)> = self
+        let waiting: Vec<(u64, ResName, String)> = self
             .waiter_deadlines
-            .range((prev.saturating_add(1), String::new(), String::new())..)
+            .range((prev.saturating_add(1), ResName::new(""), String::new())..)
             .cloned()
             .collect();
         for (deadline, res, rid) in waiting {
@@ -74,7 +75,7 @@ impl LockMachine {
         }
     }
 
-    pub(super) fn remove_waiter(&mut self, resource: &str, request_id: &str) {
+    pub(super) fn remove_waiter(&mut self, resource: &ResName, request_id: &str) {
         let Some(res) = self.resources.get_mut(resource) else {
             return;
         };
@@ -83,12 +84,12 @@ impl LockMachine {
                 self.total_waiters -= 1;
                 super::lock_machine::count_down(&mut self.tenant_waiters, resource);
                 self.waiter_deadlines
-                    .remove(&(w.deadline_ms, resource.to_string(), w.request_id));
+                    .remove(&(w.deadline_ms, resource.clone(), w.request_id));
             }
         }
     }
 
-    pub(super) fn mark_idle_if_unused(&mut self, resource: &str) {
+    pub(super) fn mark_idle_if_unused(&mut self, resource: &ResName) {
         let Some(res) = self.resources.get_mut(resource) else {
             return;
         };
@@ -102,7 +103,7 @@ impl LockMachine {
         // Idle records are kept as long as retries may still refer to them.
         let until = self.now_ms.saturating_add(DEFAULT_IDLE_RETAIN_MS);
         res.idle_until_ms = Some(until);
-        self.idle_expiry.insert((until, resource.to_string()));
+        self.idle_expiry.insert((until, resource.clone()));
     }
 
     /// Records the outcome of an acquire for retries. A waiting acquire's record has no expiry
@@ -137,9 +138,9 @@ impl LockMachine {
 
 /// Moves the deadlines in `index` still in the future at `prev` later by `by`, and returns each
 /// moved resource with its new deadline (for updating the record the index points at).
-fn shift_index(index: &mut OrdSet<(u64, String)>, prev: u64, by: u64) -> Vec<(String, u64)> {
-    let live: Vec<(u64, String)> = index
-        .range((prev.saturating_add(1), String::new())..)
+fn shift_index(index: &mut OrdSet<(u64, ResName)>, prev: u64, by: u64) -> Vec<(ResName, u64)> {
+    let live: Vec<(u64, ResName)> = index
+        .range((prev.saturating_add(1), ResName::new(""))..)
         .cloned()
         .collect();
     live.into_iter()

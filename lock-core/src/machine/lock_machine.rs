@@ -24,6 +24,7 @@ use imbl::{HashMap, OrdMap, OrdSet};
 
 use super::dedup::DedupTable;
 use super::keys::ApiKeyRecord;
+use super::name::ResName;
 use super::quota::QuotaLedger;
 use super::state::{dedup_key, DedupGrant, DedupState, FenceGrant, Lease, ResourceState, Waiter};
 use super::types::{
@@ -40,7 +41,10 @@ pub struct LockMachine {
     pub(super) term: u64,
     /// The global fencing-token counter: tokens are globally monotonic. Only ever incremented.
     pub(super) last_token: u64,
-    pub(super) resources: OrdMap<String, ResourceState>,
+    /// Commands applied since the log began (a batch counts each of its commands): the same on
+    /// every replica at the same index, so nodes can space their snapshots by it.
+    pub(super) commands: u64,
+    pub(super) resources: OrdMap<ResName, ResourceState>,
     pub(super) dedup: DedupTable,
     /// Highest token of any resource record dropped as idle: a token at or below it for a
     /// resource without a record is stale, above it was never issued for that resource.
@@ -52,10 +56,10 @@ pub struct LockMachine {
 
     // Indexes, derived from the above and rebuilt on restore. Kept in step by the helpers
     // below; `check_indexes` verifies them in tests.
-    pub(super) lease_expiry: OrdSet<(u64, String)>,
-    pub(super) waiter_deadlines: OrdSet<(u64, String, String)>,
-    pub(super) idle_expiry: OrdSet<(u64, String)>,
-    pub(super) reissue_index: OrdSet<(u64, String)>,
+    pub(super) lease_expiry: OrdSet<(u64, ResName)>,
+    pub(super) waiter_deadlines: OrdSet<(u64, ResName, String)>,
+    pub(super) idle_expiry: OrdSet<(u64, ResName)>,
+    pub(super) reissue_index: OrdSet<(u64, ResName)>,
     pub(super) total_waiters: u64,
     /// Leases and waiters per tenant (the namespace of the resource name), for the tenants'
     /// bounds. Tenants without any are absent.
@@ -81,28 +85,72 @@ impl LockMachine {
     /// Applies one stamped command committed in `term`. Returns the proposer's response and
     /// the effects every replica should act on.
     pub fn apply(&mut self, proposal: &Proposal, term: u64) -> (Response, Vec<Effect>) {
-        self.observe(proposal.now_ms, proposal.failover_grace_ms, term);
+        self.commands += 1;
+        self.apply_command(
+            proposal.now_ms,
+            proposal.failover_grace_ms,
+            &proposal.cmd,
+            term,
+        )
+    }
+
+    /// Applies a batch committed in `term`: its commands in order, each under the batch's
+    /// stamp. Returns one response per command, in order, and all their effects.
+    pub fn apply_batch(&mut self, batch: &Batch, term: u64) -> (Vec<Response>, Vec<Effect>) {
+        let mut responses = Vec::with_capacity(batch.cmds.len() + 1);
+        let mut effects = Vec::new();
+        for cmd in batch.commands() {
+            self.commands += 1;
+            let (resp, fx) = self.apply_command(batch.now_ms, batch.failover_grace_ms, cmd, term);
+            responses.push(resp);
+            effects.extend(fx);
+        }
+        (responses, effects)
+    }
+
+    /// [`apply`](Self::apply), with the stamp and the command apart (a batch's commands share
+    /// one stamp and are applied where they lie in the entry).
+    fn apply_command(
+        &mut self,
+        now_ms: u64,
+        grace_ms: u64,
+        cmd: &Command,
+        term: u64,
+    ) -> (Response, Vec<Effect>) {
+        self.observe(now_ms, grace_ms, term);
         let mut fx = Vec::new();
-        let resp = match &proposal.cmd {
+        let resp = match cmd {
             Command::Acquire(a) => self.acquire(a, &mut fx),
-            Command::Renew { resource, lease_id } => self.renew(resource, *lease_id, &mut fx),
-            Command::Release { resource, lease_id } => self.release(resource, *lease_id, &mut fx),
+            Command::Renew { resource, lease_id } => {
+                self.renew(&ResName::new(resource), *lease_id, &mut fx)
+            }
+            Command::Release { resource, lease_id } => {
+                self.release(&ResName::new(resource), *lease_id, &mut fx)
+            }
             Command::Cancel {
                 resource,
                 request_id,
-            } => self.cancel(resource, request_id, &mut fx),
+            } => self.cancel(&ResName::new(resource), request_id, &mut fx),
             Command::Admit {
                 resource,
                 fencing_token,
                 proxy,
                 grant_ms,
-            } => self.admit(resource, *fencing_token, *proxy, *grant_ms, &mut fx),
-            Command::ForceRelease { resource, .. } => self.force_release(resource, &mut fx),
+            } => self.admit(
+                &ResName::new(resource),
+                *fencing_token,
+                *proxy,
+                *grant_ms,
+                &mut fx,
+            ),
+            Command::ForceRelease { resource, .. } => {
+                self.force_release(&ResName::new(resource), &mut fx)
+            }
             Command::RevokeAck {
                 resource,
                 fencing_token,
                 proxy,
-            } => self.revoke_ack(resource, *fencing_token, *proxy, &mut fx),
+            } => self.revoke_ack(&ResName::new(resource), *fencing_token, *proxy, &mut fx),
             Command::Tick { max_items } => self.tick(*max_items, &mut fx),
             // Idempotency records live on disk, not in this machine: the storage layer applies
             // the command; the stamp above still advances log time.
@@ -126,31 +174,13 @@ impl LockMachine {
                     Response::KeyRefused
                 } else {
                     // The stamp was observed above; the inner call applies under it.
-                    let inner = Proposal {
-                        now_ms: proposal.now_ms,
-                        failover_grace_ms: proposal.failover_grace_ms,
-                        cmd: (**cmd).clone(),
-                    };
-                    let (resp, inner_fx) = self.apply(&inner, term);
+                    let (resp, inner_fx) = self.apply_command(now_ms, grace_ms, cmd, term);
                     fx.extend(inner_fx);
                     resp
                 }
             }
         };
         (resp, fx)
-    }
-
-    /// Applies a batch committed in `term`: its commands in order, each under the batch's
-    /// stamp. Returns one response per command, in order, and all their effects.
-    pub fn apply_batch(&mut self, batch: &Batch, term: u64) -> (Vec<Response>, Vec<Effect>) {
-        let mut responses = Vec::new();
-        let mut effects = Vec::new();
-        for proposal in batch.proposals() {
-            let (resp, fx) = self.apply(&proposal, term);
-            responses.push(resp);
-            effects.extend(fx);
-        }
-        (responses, effects)
     }
 
     /// Advances log time and applies the failover shift on a term change.
@@ -173,7 +203,8 @@ impl LockMachine {
     }
 
     fn acquire(&mut self, a: &Acquire, fx: &mut Vec<Effect>) -> Response {
-        self.settle(&a.resource, fx);
+        let name = ResName::new(&a.resource);
+        self.settle(&name, fx);
         let key = dedup_key(&a.resource, &a.request_id);
         // A retry of an acquire we already answered returns the original result.
         if let Some(rec) = self.dedup.get(&key) {
@@ -182,7 +213,7 @@ impl LockMachine {
                     Response::Granted(self.current_view_of(g.to_grant(&a.resource)))
                 }
                 DedupState::Waiting => Response::Queued {
-                    position: self.queue_position(&a.resource, &a.request_id),
+                    position: self.queue_position(&name, &a.request_id),
                 },
             };
         }
@@ -190,7 +221,7 @@ impl LockMachine {
         let tenant = split_scoped(&a.resource).0;
         let free = self
             .resources
-            .get(&a.resource)
+            .get(&name)
             .is_none_or(|r| r.lease.is_none() && r.reissue_at_ms.is_none());
         if let Some(limits) = a.tenant_limits {
             let (count, bound, hit) = if free {
@@ -212,10 +243,10 @@ impl LockMachine {
                 return Response::TenantLimit(hit);
             }
         }
-        let res = self.resources.entry(a.resource.clone()).or_default();
+        let res = self.resources.entry(name.clone()).or_default();
         if res.lease.is_none() && res.reissue_at_ms.is_none() {
             debug_assert!(res.waiters.is_empty(), "settled free resource has waiters");
-            let grant = self.grant(&a.resource, a.lease_id, a.holder.clone(), a.ttl_ms);
+            let grant = self.grant(&name, a.lease_id, a.holder.clone(), a.ttl_ms);
             self.remember_new(
                 key,
                 DedupState::Granted(DedupGrant::of(&grant)),
@@ -255,12 +286,12 @@ impl LockMachine {
         self.total_waiters += 1;
         count_up(&mut self.tenant_waiters, &a.resource);
         self.waiter_deadlines
-            .insert((deadline, a.resource.clone(), a.request_id.clone()));
+            .insert((deadline, name, a.request_id.clone()));
         self.remember_new(key, DedupState::Waiting, a.retain_ms);
         Response::Queued { position }
     }
 
-    fn renew(&mut self, resource: &str, lease_id: LeaseId, fx: &mut Vec<Effect>) -> Response {
+    fn renew(&mut self, resource: &ResName, lease_id: LeaseId, fx: &mut Vec<Effect>) -> Response {
         self.settle(resource, fx);
         let now = self.now_ms;
         let Some(res) = self.resources.get_mut(resource) else {
@@ -279,16 +310,16 @@ impl LockMachine {
                     ttl_ms: l.ttl_ms,
                     expires_at_ms: l.expires_at_ms,
                 };
-                self.lease_expiry.remove(&(old, resource.to_string()));
+                self.lease_expiry.remove(&(old, resource.clone()));
                 self.lease_expiry
-                    .insert((grant.expires_at_ms, resource.to_string()));
+                    .insert((grant.expires_at_ms, resource.clone()));
                 Response::Renewed(grant)
             }
             _ => Response::LeaseLost,
         }
     }
 
-    fn release(&mut self, resource: &str, lease_id: LeaseId, fx: &mut Vec<Effect>) -> Response {
+    fn release(&mut self, resource: &ResName, lease_id: LeaseId, fx: &mut Vec<Effect>) -> Response {
         self.settle(resource, fx);
         let held_by_caller = self
             .resources
@@ -305,7 +336,7 @@ impl LockMachine {
 
     /// Ends the live lease through the same path as a holder's release (`free`), so the
     /// fencing consequences cannot differ: reissue is deferred while proxy grants live.
-    fn force_release(&mut self, resource: &str, fx: &mut Vec<Effect>) -> Response {
+    fn force_release(&mut self, resource: &ResName, fx: &mut Vec<Effect>) -> Response {
         self.settle(resource, fx);
         let token = self
             .resources
@@ -320,7 +351,7 @@ impl LockMachine {
         }
     }
 
-    fn cancel(&mut self, resource: &str, request_id: &str, fx: &mut Vec<Effect>) -> Response {
+    fn cancel(&mut self, resource: &ResName, request_id: &str, fx: &mut Vec<Effect>) -> Response {
         self.settle(resource, fx);
         let key = dedup_key(resource, request_id);
         let Some(rec) = self.dedup.get(&key) else {
@@ -395,7 +426,7 @@ impl LockMachine {
             self.remove_waiter(&res, &rid);
             self.forget(dedup_key(&res, &rid));
             fx.push(Effect::WaiterRemoved {
-                resource: res.clone(),
+                resource: res.to_string(),
                 request_id: rid,
                 reason: WaiterGone::TimedOut,
             });
@@ -425,9 +456,11 @@ impl LockMachine {
 
     /// Expires the resource's lease if its time is up and hands the lock to the next live
     /// waiter. Called before any command looks at a resource.
-    fn settle(&mut self, resource: &str, fx: &mut Vec<Effect>) {
+    fn settle(&mut self, resource: &ResName, fx: &mut Vec<Effect>) {
         let now = self.now_ms;
-        let Some(res) = self.resources.get_mut(resource) else {
+        // Read first: most commands find nothing due, and a write to a persistent map copies
+        // the path a snapshot still shares.
+        let Some(res) = self.resources.get(resource) else {
             return;
         };
         match (&res.lease, res.reissue_at_ms) {
@@ -439,8 +472,10 @@ impl LockMachine {
                 self.free(resource, fx);
             }
             (None, Some(at)) if at <= now => {
-                res.reissue_at_ms = None;
-                self.reissue_index.remove(&(at, resource.to_string()));
+                if let Some(res) = self.resources.get_mut(resource) {
+                    res.reissue_at_ms = None;
+                }
+                self.reissue_index.remove(&(at, resource.clone()));
                 self.hand_off(resource, fx);
             }
             _ => {}
@@ -450,7 +485,7 @@ impl LockMachine {
     /// Ends the current lease and passes the lock on: to the next waiter now, or — if proxy
     /// grants for the ended token are still live — once every proxy holding one confirmed it
     /// stopped (`RevokeAck`), or at the latest when the grants run out.
-    fn free(&mut self, resource: &str, fx: &mut Vec<Effect>) {
+    fn free(&mut self, resource: &ResName, fx: &mut Vec<Effect>) {
         let ended = self.end_lease(resource);
         let now = self.now_ms;
         let hold = self.resources.get_mut(resource).and_then(|r| {
@@ -465,7 +500,7 @@ impl LockMachine {
             if let Some(r) = self.resources.get_mut(resource) {
                 r.reissue_at_ms = Some(until);
             }
-            self.reissue_index.insert((until, resource.to_string()));
+            self.reissue_index.insert((until, resource.clone()));
             // An expired lease has no live grants (they are capped at its expiry), so this
             // is a release: tell the proxies to stop forwarding the ended token now.
             if let Some(token) = ended {
@@ -484,7 +519,7 @@ impl LockMachine {
     /// confirmed, the lock passes on at once.
     fn revoke_ack(
         &mut self,
-        resource: &str,
+        resource: &ResName,
         token: u64,
         proxy: u64,
         fx: &mut Vec<Effect>,
@@ -500,7 +535,7 @@ impl LockMachine {
         let removed = res.grants.len() < before;
         if res.lease.is_none() && res.grants.is_empty() {
             if let Some(at) = res.reissue_at_ms.take() {
-                self.reissue_index.remove(&(at, resource.to_string()));
+                self.reissue_index.remove(&(at, resource.clone()));
                 fx.push(Effect::Revoked {
                     resource: resource.to_string(),
                 });
@@ -512,7 +547,7 @@ impl LockMachine {
 
     fn admit(
         &mut self,
-        resource: &str,
+        resource: &ResName,
         token: u64,
         proxy: u64,
         grant_ms: u64,
@@ -570,17 +605,17 @@ impl LockMachine {
     }
 
     /// Removes the resource's lease, returning its token.
-    fn end_lease(&mut self, resource: &str) -> Option<u64> {
+    fn end_lease(&mut self, resource: &ResName) -> Option<u64> {
         let l = self.resources.get_mut(resource)?.lease.take()?;
         self.lease_expiry
-            .remove(&(l.expires_at_ms, resource.to_string()));
+            .remove(&(l.expires_at_ms, resource.clone()));
         count_down(&mut self.tenant_leases, resource);
         Some(l.fencing_token)
     }
 
     /// Grants the free lock to the head of the queue, skipping waiters whose wait already
     /// timed out. Exactly one waiter is woken (no thundering herd).
-    fn hand_off(&mut self, resource: &str, fx: &mut Vec<Effect>) {
+    fn hand_off(&mut self, resource: &ResName, fx: &mut Vec<Effect>) {
         let now = self.now_ms;
         loop {
             let Some(res) = self.resources.get_mut(resource) else {
@@ -593,11 +628,8 @@ impl LockMachine {
             };
             self.total_waiters -= 1;
             count_down(&mut self.tenant_waiters, resource);
-            self.waiter_deadlines.remove(&(
-                w.deadline_ms,
-                resource.to_string(),
-                w.request_id.clone(),
-            ));
+            self.waiter_deadlines
+                .remove(&(w.deadline_ms, resource.clone(), w.request_id.clone()));
             let key = dedup_key(resource, &w.request_id);
             if w.deadline_ms <= now {
                 self.forget(key);
@@ -625,7 +657,7 @@ impl LockMachine {
     /// Issues a new lease with the next global fencing token on a free resource.
     fn grant(
         &mut self,
-        resource: &str,
+        resource: &ResName,
         lease_id: LeaseId,
         holder: Option<String>,
         ttl_ms: u64,
@@ -634,7 +666,7 @@ impl LockMachine {
         self.last_token += 1;
         let token = self.last_token;
         let expires = now.saturating_add(ttl_ms);
-        let res = self.resources.entry(resource.to_string()).or_default();
+        let res = self.resources.entry(resource.clone()).or_default();
         res.lease = Some(Lease {
             lease_id,
             fencing_token: token,
@@ -645,9 +677,9 @@ impl LockMachine {
         });
         res.last_token = token;
         if let Some(until) = res.idle_until_ms.take() {
-            self.idle_expiry.remove(&(until, resource.to_string()));
+            self.idle_expiry.remove(&(until, resource.clone()));
         }
-        self.lease_expiry.insert((expires, resource.to_string()));
+        self.lease_expiry.insert((expires, resource.clone()));
         count_up(&mut self.tenant_leases, resource);
         Grant {
             resource: resource.to_string(),
@@ -662,7 +694,7 @@ impl LockMachine {
     fn current_view_of(&self, mut g: Grant) -> Grant {
         if let Some(l) = self
             .resources
-            .get(&g.resource)
+            .get(g.resource.as_str())
             .and_then(|r| r.lease.as_ref())
             .filter(|l| l.lease_id == g.lease_id)
         {
@@ -671,7 +703,7 @@ impl LockMachine {
         g
     }
 
-    fn queue_position(&self, resource: &str, request_id: &str) -> u32 {
+    fn queue_position(&self, resource: &ResName, request_id: &str) -> u32 {
         self.resources
             .get(resource)
             .and_then(|r| r.waiters.iter().position(|w| w.request_id == request_id))
@@ -681,9 +713,13 @@ impl LockMachine {
 
 /// One more lease or waiter for the tenant of `resource`.
 pub(super) fn count_up(counts: &mut HashMap<String, u64>, resource: &str) {
-    *counts
-        .entry(split_scoped(resource).0.to_string())
-        .or_default() += 1;
+    let tenant = split_scoped(resource).0;
+    match counts.get_mut(tenant) {
+        Some(n) => *n += 1,
+        None => {
+            counts.insert(tenant.to_string(), 1);
+        }
+    }
 }
 
 /// One fewer; a tenant at zero is dropped, so the map holds only tenants with something.

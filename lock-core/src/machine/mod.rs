@@ -6,6 +6,7 @@ mod image;
 mod indexes;
 mod keys;
 mod lock_machine;
+mod name;
 mod quota;
 mod reads;
 mod state;

@@ -1,6 +1,7 @@
 //! Reads of the lock state: views for the API, deadlines for the sweeper, stats.
 
 use super::lock_machine::LockMachine;
+use super::name::ResName;
 use super::quota::QuotaLedger;
 use super::state::{Lease, ResourceState};
 use crate::wire::{
@@ -34,6 +35,11 @@ impl LockMachine {
 
     pub fn last_token(&self) -> u64 {
         self.last_token
+    }
+
+    /// Commands applied since the log began (each command of a batch counts).
+    pub fn commands(&self) -> u64 {
+        self.commands
     }
 
     /// The resource as a reader should see it at log time `now_ms` (a lease whose time is up
@@ -115,8 +121,8 @@ impl LockMachine {
         use std::ops::Bound;
         let after = after.filter(|a| *a >= prefix);
         let start = match after {
-            Some(a) => Bound::Excluded(a.to_string()),
-            None => Bound::Included(prefix.to_string()),
+            Some(a) => Bound::Excluded(a),
+            None => Bound::Included(prefix),
         };
         let now = now_ms.max(self.now_ms);
         let live = |r: &ResourceState| {
@@ -130,7 +136,7 @@ impl LockMachine {
         let mut complete = true;
         for (walked, (name, r)) in self
             .resources
-            .range((start, Bound::Unbounded))
+            .range::<_, str>((start, Bound::Unbounded))
             .take_while(|(name, _)| name.starts_with(prefix))
             .enumerate()
         {
@@ -189,7 +195,7 @@ impl LockMachine {
     /// Resources with the longest queues, longest first. Found through the waiter index, so
     /// the cost follows the waiters, not the resource records.
     pub fn deepest_queues(&self, limit: usize) -> Vec<(String, u32)> {
-        let mut waited: Vec<&String> = self
+        let mut waited: Vec<&ResName> = self
             .waiter_deadlines
             .iter()
             .map(|(_, name, _)| name)
@@ -200,7 +206,7 @@ impl LockMachine {
             .into_iter()
             .filter_map(|name| {
                 let depth = self.resources.get(name)?.waiters.len() as u32;
-                (depth > 0).then(|| (name.clone(), depth))
+                (depth > 0).then(|| (name.to_string(), depth))
             })
             .collect();
         deep.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));

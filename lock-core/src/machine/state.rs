@@ -254,6 +254,10 @@ pub struct MachineImage {
     /// The API keys (digests only), in id order. Absent in snapshots taken before keys existed.
     #[serde(default)]
     pub keys: Vec<ApiKeyRecord>,
+    /// Commands applied since the log began. Absent (so counted from 0) in snapshots taken
+    /// before it was kept.
+    #[serde(default)]
+    pub commands: u64,
 }
 
 /// How long an idle resource record is kept (it carries the resource's last token).

@@ -1,14 +1,16 @@
 //! When this node builds a snapshot: every [`SNAPSHOT_EVERY_ENTRIES`] applied entries, as
-//! openraft's own policy would, but at an offset of a third of that interval per node id, so
-//! the members of a cluster do not all write one at the same index. A snapshot costs its node
-//! CPU and disk for a few seconds; when the leader and the follower whose acknowledgements
-//! commit the log (the only one, with a member down) build theirs at once, commits slow down on
-//! both sides of the same seconds.
+//! openraft's own policy would, or every [`SNAPSHOT_EVERY_COMMANDS`] applied commands, whichever
+//! comes first, each at an offset of a third of its interval per node id, so the members of a
+//! cluster do not all write one at the same index. A snapshot costs its node CPU and disk for a
+//! few seconds; when the leader and the follower whose acknowledgements commit the log (the
+//! only one, with a member down) build theirs at once, commits slow down on both sides of the
+//! same seconds. The command count is part of the replicated state, so it is the same on every
+//! member at the same index and the offsets keep the members apart by it as well.
 
 use std::sync::Arc;
 
 use super::Node;
-use crate::timing::SNAPSHOT_EVERY_ENTRIES;
+use crate::timing::{SNAPSHOT_EVERY_COMMANDS, SNAPSHOT_EVERY_ENTRIES};
 
 /// While a snapshot is due, ask again after this many more applied entries (openraft ignores a
 /// request while it builds one).
@@ -16,6 +18,7 @@ const ASK_AGAIN_AFTER: u64 = 1_000;
 
 pub(super) async fn run(node: Arc<Node>) {
     let offset = offset_of(node.id, SNAPSHOT_EVERY_ENTRIES);
+    let command_offset = offset_of(node.id, SNAPSHOT_EVERY_COMMANDS);
     let mut rx = node.raft.metrics();
     let mut asked_at: Option<u64> = None;
     while rx.changed().await.is_ok() {
@@ -26,7 +29,14 @@ pub(super) async fn run(node: Arc<Node>) {
                 m.snapshot.map_or(0, |l| l.index),
             )
         };
-        if !due(applied, snapshot, SNAPSHOT_EVERY_ENTRIES, offset) {
+        let by_entries = due(applied, snapshot, SNAPSHOT_EVERY_ENTRIES, offset);
+        let by_commands = due(
+            node.machine.commands_applied(),
+            node.machine.commands_at_snapshot(),
+            SNAPSHOT_EVERY_COMMANDS,
+            command_offset,
+        );
+        if !by_entries && !by_commands {
             asked_at = None;
             continue;
         }

@@ -6,6 +6,7 @@
 //! encoded straight from the machine and decoded straight from the file.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockWriteGuard};
 
 use openraft::storage::RaftStateMachine;
@@ -38,6 +39,16 @@ struct Applied {
 pub struct SharedMachine {
     inner: Arc<RwLock<Applied>>,
     idem: IdemStore,
+    counts: Arc<CommandCounts>,
+}
+
+/// How many commands the machine has applied, and how many the last snapshot built or
+/// installed here holds: the node spaces its snapshots by the difference (see
+/// `node::snapshots`). Read without the machine's lock.
+#[derive(Default)]
+struct CommandCounts {
+    applied: AtomicU64,
+    at_snapshot: AtomicU64,
 }
 
 impl SharedMachine {
@@ -73,6 +84,16 @@ impl SharedMachine {
         limit: usize,
     ) -> Result<UnknownPage, StoreError> {
         self.idem.unknown_page(now_ms, after, limit)
+    }
+
+    /// Commands applied since the log began (each command of a batch counts).
+    pub fn commands_applied(&self) -> u64 {
+        self.counts.applied.load(Ordering::Relaxed)
+    }
+
+    /// Commands the last snapshot built or installed on this node holds.
+    pub fn commands_at_snapshot(&self) -> u64 {
+        self.counts.at_snapshot.load(Ordering::Relaxed)
     }
 
     /// Index of the last applied log entry (0 before anything was applied).
@@ -164,10 +185,17 @@ impl StateMachineStore {
                 last_membership: Membership::default(),
             },
         };
+        // The machine is as of the current snapshot (or empty) until raft replays the log.
+        let commands = applied.machine.commands();
+        let counts = CommandCounts {
+            applied: AtomicU64::new(commands),
+            at_snapshot: AtomicU64::new(commands),
+        };
         Ok(StateMachineStore {
             shared: SharedMachine {
                 inner: Arc::new(RwLock::new(applied)),
                 idem,
+                counts: Arc::new(counts),
             },
             snapshots: Arc::new(snapshots),
             effects,
@@ -240,6 +268,8 @@ impl StateMachineStore {
                 };
                 responses.push(response);
             }
+            let applied = st.machine.commands();
+            self.shared.counts.applied.store(applied, Ordering::Relaxed);
         }
         // Outside the lock: receivers may read the machine.
         for (index, fx) in &effects {
@@ -418,7 +448,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 // The sender had no records: none exist as of the snapshot.
                 shared.idem.replace_all(std::iter::empty(), index)?;
             }
+            let commands = restored.machine.commands();
             *st = restored;
+            shared.counts.applied.store(commands, Ordering::Relaxed);
+            shared.counts.at_snapshot.store(commands, Ordering::Relaxed);
             Ok(())
         });
         install.await.map_err(failed)
@@ -475,6 +508,10 @@ impl SnapshotBuilder {
         let (_, file) = self
             .snapshots
             .persist_built(&meta, seq, |out| encode_into("snapshot", &payload, out))?;
+        self.shared
+            .counts
+            .at_snapshot
+            .fetch_max(machine.commands(), Ordering::Relaxed);
         Ok((meta, file))
     }
 }
