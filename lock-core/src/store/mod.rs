@@ -32,7 +32,6 @@ mod idempotency;
 mod log_store;
 mod snapshot_file;
 mod state_machine;
-pub(crate) mod writeback;
 
 use std::path::Path;
 use std::sync::Arc;

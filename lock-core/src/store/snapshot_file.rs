@@ -43,7 +43,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::idempotency::IdemEntry;
-use super::{decode, decode_from, encode, writeback, Db, StoreError};
+use super::{decode, decode_from, encode, Db, StoreError};
 use crate::raft::{NodeInfo, SnapshotStream};
 
 pub(super) type Meta = SnapshotMeta<u64, NodeInfo>;
@@ -527,7 +527,7 @@ fn read_frame(input: &mut dyn BufRead, path: &Path) -> Result<Option<IdemEntry>,
     decode("snapshot idempotency record", &bytes).map(Some)
 }
 
-/// Write-back is started every this many bytes while a snapshot file is written...
+/// Writeback is forced every this many bytes while a snapshot file is written...
 const SYNC_EVERY: u64 = 1 << 20;
 
 /// ...and a snapshot built in the background is written no faster than this. The log's
@@ -539,50 +539,14 @@ const SYNC_EVERY: u64 = 1 << 20;
 /// inside the time between snapshots.
 const BACKGROUND_BYTES_PER_SEC: u64 = 32 << 20;
 
-/// Keeps at most two [`SYNC_EVERY`] steps of the file queued at the disk, so the disk never
-/// has the whole snapshot at once, and optionally paces the writes (see
-/// [`BACKGROUND_BYTES_PER_SEC`]). The steps are written with `sync_file_range`, not `fsync`:
-/// each `fsync` of the growing file committed the file system's journal, and the raft log's
-/// fsyncs waited behind every one of those commits. The file is synced once, when complete.
+/// Forces writeback every [`SYNC_EVERY`] bytes, so the disk never has the whole snapshot
+/// queued at once, and optionally paces the writes (see [`BACKGROUND_BYTES_PER_SEC`]).
 struct SyncedWriter {
     file: File,
     written: u64,
     unsynced: u64,
-    /// Where the step whose write was started last begins (its write may still be under way).
-    started_at: u64,
     /// When writing started, if the writes are paced.
     paced_since: Option<std::time::Instant>,
-}
-
-impl SyncedWriter {
-    fn new(file: File, pace: Pace) -> Self {
-        SyncedWriter {
-            file,
-            written: 0,
-            unsynced: 0,
-            started_at: 0,
-            paced_since: (pace == Pace::Background).then(std::time::Instant::now),
-        }
-    }
-
-    /// Waits for the previous step's write and starts the write of the step just completed.
-    /// Where `sync_file_range` is not available, syncs the file instead.
-    fn write_back(&mut self) -> io::Result<()> {
-        let step_at = self.written - self.unsynced;
-        let previous = step_at - self.started_at;
-        let started = match previous {
-            // A length of 0 would mean "to the end of the file".
-            0 => Ok(()),
-            _ => writeback::write_range(&self.file, self.started_at, previous, true),
-        }
-        .and_then(|()| writeback::write_range(&self.file, step_at, self.unsynced, false));
-        if started.is_err() {
-            self.file.sync_data()?;
-        }
-        self.started_at = step_at;
-        self.unsynced = 0;
-        Ok(())
-    }
 }
 
 impl Write for SyncedWriter {
@@ -591,7 +555,8 @@ impl Write for SyncedWriter {
         self.written += n as u64;
         self.unsynced += n as u64;
         if self.unsynced >= SYNC_EVERY {
-            self.write_back()?;
+            self.file.sync_data()?;
+            self.unsynced = 0;
             if let Some(since) = self.paced_since {
                 let due = std::time::Duration::from_secs_f64(
                     self.written as f64 / BACKGROUND_BYTES_PER_SEC as f64,
@@ -638,7 +603,15 @@ fn write_file(
         .create_new(true)
         .open(path)
         .map_err(io_err(path))?;
-    let mut out = BufWriter::with_capacity(1 << 18, SyncedWriter::new(file, pace));
+    let mut out = BufWriter::with_capacity(
+        1 << 18,
+        SyncedWriter {
+            file,
+            written: 0,
+            unsynced: 0,
+            paced_since: (pace == Pace::Background).then(std::time::Instant::now),
+        },
+    );
     out.write_all(MAGIC)
         .and_then(|()| out.write_all(&header_len.to_be_bytes()))
         .and_then(|()| out.write_all(&encoded))

@@ -20,7 +20,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::store::writeback;
 use crate::wire::AuditEntry;
 
 /// Lines kept in memory for the audit tail.
@@ -182,11 +181,25 @@ impl Writer {
 
 /// Starts writing `len` bytes of `file` from `offset` to disk and returns without waiting.
 /// Only a pacing hint: a failure changes nothing the log promises, so it is only logged.
+#[cfg(target_os = "linux")]
 fn start_writeback(file: &File, offset: u64, len: u64) {
-    if let Err(e) = writeback::write_range(file, offset, len, false) {
-        tracing::debug!(error = %e, "audit write-back hint failed");
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain syscall on a file descriptor this writer owns; no memory is passed.
+    let rc = unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "audit write-back hint failed");
     }
 }
+
+#[cfg(not(target_os = "linux"))]
+fn start_writeback(_file: &File, _offset: u64, _len: u64) {}
 
 #[cfg(test)]
 mod tests {
