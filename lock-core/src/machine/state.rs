@@ -255,7 +255,9 @@ pub struct MachineImage {
     #[serde(default)]
     pub keys: Vec<ApiKeyRecord>,
     /// Commands applied since the log began. Absent (so counted from 0) in snapshots taken
-    /// before it was kept.
+    /// before it was kept: after an upgrade, members restored from such snapshots at different
+    /// indexes count differently until one installs another's snapshot. Only when each member
+    /// snapshots depends on it.
     #[serde(default)]
     pub commands: u64,
 }
