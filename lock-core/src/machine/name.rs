@@ -11,7 +11,6 @@
 use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::ops::Deref;
 use std::sync::Arc;
 
@@ -78,14 +77,7 @@ impl PartialEq for ResName {
 
 impl Eq for ResName {}
 
-/// Hashes as the `str` does, so that lookups by `&str` agree with lookups by name.
-impl Hash for ResName {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state);
-    }
-}
-
-/// Equality, order and hash agree with `str`'s, so maps keyed by names can be read by `&str`.
+/// Equality and order agree with `str`'s, so maps keyed by names can be read by `&str`.
 impl Borrow<str> for ResName {
     fn borrow(&self) -> &str {
         self.as_str()
@@ -96,12 +88,6 @@ impl Deref for ResName {
     type Target = str;
     fn deref(&self) -> &str {
         self.as_str()
-    }
-}
-
-impl From<&str> for ResName {
-    fn from(name: &str) -> Self {
-        ResName::new(name)
     }
 }
 
