@@ -81,10 +81,19 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     // enough; a restart makes a new one for all three at once.
     let secret = PeerSecret::new(&PeerSecret::generate())?;
     // Every port is bound before any node starts: the first node's vote requests then wait
-    // in the others' accept queues instead of failing as "connection refused".
+    // in the others' accept queues instead of failing as "connection refused", a port in use
+    // stops the start before anything runs, and no node's outgoing connection can take a
+    // port a proxy has yet to bind.
     let mut listeners = Vec::new();
-    for addrs in members.values() {
-        listeners.push((bind(&addrs.api).await?, bind(&addrs.peer).await?));
+    for (addrs, proxy_port) in members.values().zip(&args.proxy_ports) {
+        let proxy_addr = format!("127.0.0.1:{proxy_port}");
+        let proxy_listener = std::net::TcpListener::bind(&proxy_addr)
+            .with_context(|| format!("bind proxy {proxy_addr}"))?;
+        listeners.push((
+            bind(&addrs.api).await?,
+            bind(&addrs.peer).await?,
+            (proxy_addr, proxy_listener),
+        ));
     }
     // The credential for the admin UI's actions: fresh on every start, printed below.
     let admin_token = format!("{:032x}", rand::random::<u128>());
@@ -92,7 +101,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     // Highest id first: node 1 initialises the cluster and asks the others for votes at once,
     // so it starts last, when they already serve. Otherwise its first requests wait on a
     // node still opening its store, time out, and openraft logs them as errors.
-    for ((id, _), (listener, peer_listener)) in members.iter().zip(listeners).rev() {
+    for ((id, _), (listener, peer_listener, (proxy_addr, proxy_listener))) in
+        members.iter().zip(listeners).rev()
+    {
         let mut config = NodeConfig::new(
             *id,
             args.data_dir.join(format!("node{id}")),
@@ -107,9 +118,6 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         let handle =
             lock_core::server::start(config, listener, peer_listener, stopped(stop_rx.clone()))
                 .await?;
-        let proxy_addr = format!("127.0.0.1:{}", args.proxy_ports[*id as usize - 1]);
-        let proxy_listener = std::net::TcpListener::bind(&proxy_addr)
-            .with_context(|| format!("bind proxy {proxy_addr}"))?;
         let proxy_config = ProxyConfig::dev(proxy_addr, store_addr.clone());
         let proxy_task = fencegate_proxy::server::start(
             handle.node.clone(),

@@ -28,9 +28,24 @@ struct Dev {
 }
 
 impl Dev {
+    /// Starts `fencegate dev` on free ports. A port found free can be taken by another
+    /// process before `dev` binds it; then `dev` exits naming the port, and this tries again
+    /// on other ports.
     async fn start(auth: bool) -> Dev {
+        for _ in 0..3 {
+            if let Some(dev) = Dev::try_start(auth).await {
+                return dev;
+            }
+        }
+        panic!("fencegate dev found a port in use three times");
+    }
+
+    /// One start; `None` when `dev` exited because a port was in use.
+    async fn try_start(auth: bool) -> Option<Dev> {
         let dir = tempfile::tempdir().expect("tempdir");
         let ports: Vec<String> = free_ports(10).iter().map(u16::to_string).collect();
+        let stderr_path = dir.path().join("stderr.log");
+        let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencegate"));
         cmd.arg("dev")
             .arg("--data-dir")
@@ -41,7 +56,7 @@ impl Dev {
             .args(["--demo-store-port", &ports[9]])
             .env("NO_COLOR", "1")
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
+            .stderr(stderr)
             .kill_on_drop(true);
         if auth {
             cmd.arg("--auth");
@@ -53,13 +68,22 @@ impl Dev {
             while let Some(line) = lines.next_line().await.expect("read stdout") {
                 let line = line.trim_start();
                 if line.starts_with("admin key") || line.starts_with("admin token") {
-                    return line.rsplit(' ').next().expect("credential").to_string();
+                    return Some(line.rsplit(' ').next().expect("credential").to_string());
                 }
             }
-            panic!("fencegate dev ended without printing its admin credential");
+            None
         })
         .await
         .expect("fencegate dev printed its banner");
+        let Some(admin) = admin else {
+            let _ = child.wait().await;
+            let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+            if stderr.contains("in use") {
+                eprintln!("fencegate dev found a port in use, trying others: {stderr}");
+                return None;
+            }
+            panic!("fencegate dev ended without printing its admin credential; stderr:\n{stderr}");
+        };
         // Keep reading, so the process never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         let dev = Dev {
@@ -78,7 +102,7 @@ impl Dev {
             matches!(dev.http.get(format!("{}/readyz", dev.api)).send().await, Ok(r) if r.status() == 200)
         })
         .await;
-        dev
+        Some(dev)
     }
 
     async fn send(&self, req: RequestBuilder) -> (u16, Value) {
