@@ -314,12 +314,17 @@ impl DedupTable {
             self.open.insert((k.expires_at_ms, k.key), k.grant);
             self.open_keys.insert(k.key, k.expires_at_ms);
         }
-        while !kept.is_empty() {
-            let rest = kept.split_off(self.chunk_len);
-            self.frozen_len += kept.len();
+        // Front to back, each chunk moved out once (splitting the rest off the front each
+        // time would copy the whole remainder per chunk).
+        let mut rest = kept.into_iter();
+        loop {
+            let chunk: Vec<Kept> = rest.by_ref().take(self.chunk_len).collect();
+            if chunk.is_empty() {
+                break;
+            }
+            self.frozen_len += chunk.len();
             self.chunks
-                .extend(Frozen::build(kept).into_iter().map(Chunk::new));
-            kept = rest;
+                .extend(Frozen::build(chunk).into_iter().map(Chunk::new));
         }
         self
     }
