@@ -236,24 +236,50 @@ impl SnapshotFiles {
     }
 
     /// Makes the received file at `path` the current snapshot, after checking that it is a
-    /// whole snapshot file for `expected`, and returns a reader on it.
-    pub(super) fn install_received(
+    /// whole snapshot file for `expected` and that `read`, given a reader on it, accepts what
+    /// it holds. The file is synced while `read` runs, so installing a large snapshot costs
+    /// the longer of the two, not their sum. Returns the reader, where `read` left it, and
+    /// what `read` returned. A file refused for any reason is removed.
+    pub(super) fn install_received<T>(
         &self,
         path: &Path,
         expected: &Meta,
-    ) -> Result<SnapshotReader, StoreError> {
-        let checked = self.check_received(path, expected);
-        let (header, located) = match checked {
-            Ok(found) => found,
+        read: impl FnOnce(&mut SnapshotReader) -> Result<T, StoreError>,
+    ) -> Result<(SnapshotReader, T), StoreError> {
+        let checked = self
+            .check_received(path, expected)
+            .and_then(|(header, located)| {
+                let (synced, read) = std::thread::scope(|s| {
+                    // The transfer wrote through the page cache; the file must be on disk before
+                    // the log it replaces can be purged.
+                    let sync = s.spawn(|| {
+                        File::open(path)
+                            .and_then(|f| f.sync_all())
+                            .map_err(io_err(path))
+                    });
+                    let read =
+                        SnapshotReader::open_file(header.clone(), &located).and_then(|mut r| {
+                            let value = read(&mut r)?;
+                            Ok((r, value))
+                        });
+                    let synced = sync.join().unwrap_or_else(|_| {
+                        Err(StoreError::Task("syncing a snapshot failed".into()))
+                    });
+                    (synced, read)
+                });
+                synced?;
+                Ok((header, located, read?))
+            });
+        let (header, located, read) = match checked {
+            Ok(checked) => checked,
             Err(e) => {
                 let _ = fs::remove_file(path);
                 return Err(e);
             }
         };
         let mut current = self.lock()?;
-        let located = self.make_current(&mut current, header.clone(), path, located)?;
-        drop(current);
-        SnapshotReader::open_file(header, &located)
+        self.make_current(&mut current, header, path, located)?;
+        Ok(read)
     }
 
     fn check_received(
@@ -273,11 +299,6 @@ impl SnapshotFiles {
                 ),
             ));
         }
-        // The transfer wrote through the page cache; the file must be on disk before the
-        // log it replaces can be purged.
-        File::open(path)
-            .and_then(|f| f.sync_all())
-            .map_err(io_err(path))?;
         Ok((header, located))
     }
 
@@ -858,13 +879,15 @@ mod tests {
 
         // A snapshot of another index than announced is refused.
         assert!(matches!(
-            follower.install_received(&target, &self::meta(41)),
+            follower.install_received(&target, &self::meta(41), |r| r.payload::<String>()),
             Err(StoreError::Corrupt { .. })
         ));
         assert!(!target.exists(), "a refused transfer leaves nothing behind");
         fs::copy(&sent, &target).unwrap();
-        let mut reader = follower.install_received(&target, &meta).unwrap();
-        assert_eq!(reader.payload::<String>().unwrap(), "the state at 40");
+        let (mut reader, state) = follower
+            .install_received(&target, &meta, |r| r.payload::<String>())
+            .unwrap();
+        assert_eq!(state, "the state at 40");
         let (at, back) = reader.records().unwrap();
         assert_eq!(at, 44);
         let back: Vec<IdemEntry> = back.collect::<Result<_, _>>().unwrap();
@@ -895,25 +918,37 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let files = open_files(dir.path());
-        let install = |bytes: &[u8]| {
+        let received = |bytes: &[u8]| {
             let mut stream = files.receiving().unwrap();
             let path = stream.keep().unwrap();
             fs::write(&path, bytes).unwrap();
-            files.install_received(&path, &meta)
+            path
+        };
+        let install = |bytes: &[u8]| {
+            files.install_received(&received(bytes), &meta, |r| r.payload::<String>())
         };
         // Bytes of an older sender (a bare payload) or of anything else.
         assert!(matches!(
             install(b"\x01raw payload bytes"),
             Err(StoreError::Corrupt { .. })
         ));
+        // Whole, but its payload does not decode as what the reader expects: refused too, and
+        // never made current.
+        let path = received(&sent);
+        assert!(matches!(
+            files.install_received(&path, &meta, |r| r.payload::<u64>()),
+            Err(StoreError::Decode { .. })
+        ));
+        assert!(!path.exists());
+        assert!(files.open_current().unwrap().is_none());
         // Cut inside the payload.
         assert!(matches!(
             install(&sent[..40]),
             Err(StoreError::Corrupt { .. })
         ));
         // Cut inside the records: the payload reads, the records end in an error.
-        let mut reader = install(&sent[..sent.len() - 6]).unwrap();
-        assert_eq!(reader.payload::<String>().unwrap(), "state");
+        let (mut reader, state) = install(&sent[..sent.len() - 6]).unwrap();
+        assert_eq!(state, "state");
         let read: Vec<_> = reader.records().unwrap().1.collect();
         assert!(matches!(read.last(), Some(Err(StoreError::Corrupt { .. }))));
     }

@@ -433,25 +433,47 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let snapshots = self.snapshots.clone();
         let shared = self.shared.clone();
         let install = blocking(move || {
+            let started = std::time::Instant::now();
             // On disk first (checked, synced, current): once the machine is replaced, raft may
             // purge the log it replaces. If a crash follows, `open` finds this snapshot and
-            // redoes the records install if it was cut short.
-            let mut reader = snapshots.install_received(&path, &meta)?;
-            let mut payload = read_payload(&mut reader)?;
-            // Rebuilt outside the lock: API reads go on meanwhile.
-            let image = std::mem::take(&mut payload.image);
-            let restored =
-                Applied::restored(image, payload.last_applied, payload.last_membership.clone());
+            // redoes the records install if it was cut short. The machine is decoded and
+            // rebuilt while the file syncs, outside the lock: API reads go on meanwhile.
+            let (mut reader, (mut payload, restored)) =
+                snapshots.install_received(&path, &meta, |reader| {
+                    let mut payload = read_payload(reader)?;
+                    let image = std::mem::take(&mut payload.image);
+                    let restored = Applied::restored(
+                        image,
+                        payload.last_applied,
+                        payload.last_membership.clone(),
+                    );
+                    Ok((payload, restored))
+                })?;
             let index = payload.last_applied.map_or(0, |id| id.index);
+            // Decoded, rebuilt, synced and current.
+            let prepared = started.elapsed();
             let mut st = shared.write()?;
             if !install_records(&shared.idem, &mut reader, &mut payload)? {
                 // The sender had no records: none exist as of the snapshot.
                 shared.idem.replace_all(std::iter::empty(), index)?;
             }
             let commands = restored.machine.commands();
-            *st = restored;
+            let stats = restored.machine.stats();
+            let replaced = std::mem::replace(&mut *st, restored);
+            drop(st);
+            // Freeing the machine it replaces takes a while at scale: not under the lock.
+            drop(replaced);
             shared.counts.applied.store(commands, Ordering::Relaxed);
             shared.counts.at_snapshot.store(commands, Ordering::Relaxed);
+            tracing::info!(
+                index,
+                resources = stats.resources,
+                active_locks = stats.active_locks,
+                dedup_records = stats.dedup_records,
+                prepared_ms = prepared.as_millis() as u64,
+                total_ms = started.elapsed().as_millis() as u64,
+                "installed a snapshot from the leader"
+            );
             Ok(())
         });
         install.await.map_err(failed)
