@@ -249,28 +249,16 @@ impl SnapshotFiles {
         let checked = self
             .check_received(path, expected)
             .and_then(|(header, located)| {
-                let (synced, read) = std::thread::scope(|s| {
-                    // The transfer wrote through the page cache; the file must be on disk before
-                    // the log it replaces can be purged.
-                    let sync = s.spawn(|| {
-                        File::open(path)
-                            .and_then(|f| f.sync_all())
-                            .map_err(io_err(path))
-                    });
-                    let read =
-                        SnapshotReader::open_file(header.clone(), &located).and_then(|mut r| {
-                            let value = read(&mut r)?;
-                            Ok((r, value))
-                        });
-                    let synced = sync.join().unwrap_or_else(|_| {
-                        Err(StoreError::Task("syncing a snapshot failed".into()))
-                    });
-                    (synced, read)
-                });
-                synced?;
-                Ok((header, located, read?))
+                // The transfer wrote through the page cache; the file must be on disk before
+                // the log it replaces can be purged.
+                let accepted = synced_while(path, || {
+                    let mut reader = SnapshotReader::open_file(header.clone(), &located)?;
+                    let value = read(&mut reader)?;
+                    Ok((reader, value))
+                })?;
+                Ok((header, located, accepted))
             });
-        let (header, located, read) = match checked {
+        let (header, located, accepted) = match checked {
             Ok(checked) => checked,
             Err(e) => {
                 let _ = fs::remove_file(path);
@@ -279,7 +267,7 @@ impl SnapshotFiles {
         };
         let mut current = self.lock()?;
         self.make_current(&mut current, header, path, located)?;
-        Ok(read)
+        Ok(accepted)
     }
 
     fn check_received(
@@ -670,6 +658,24 @@ fn write_file(
         path: path.to_path_buf(),
         payload_at,
         payload_len,
+    })
+}
+
+/// Runs `work` while a second thread syncs the file at `path` to disk; fails if either does.
+fn synced_while<T>(
+    path: &Path,
+    work: impl FnOnce() -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    std::thread::scope(|s| {
+        let sync = s.spawn(|| {
+            File::open(path)
+                .and_then(|f| f.sync_all())
+                .map_err(io_err(path))
+        });
+        let done = work();
+        sync.join()
+            .unwrap_or_else(|_| Err(StoreError::Task("syncing a snapshot failed".into())))?;
+        done
     })
 }
 
