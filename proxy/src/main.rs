@@ -13,6 +13,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 // glibc malloc's arena locks showed up under proxy load (many small, short-lived allocations
 // across worker threads); mimalloc's thread-local heaps avoid them.
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

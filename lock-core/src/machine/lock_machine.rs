@@ -667,14 +667,14 @@ impl LockMachine {
         let token = self.last_token;
         let expires = now.saturating_add(ttl_ms);
         let res = self.resources.entry(resource.clone()).or_default();
-        res.lease = Some(Lease {
+        res.lease = Some(Box::new(Lease {
             lease_id,
             fencing_token: token,
             holder,
             ttl_ms,
             expires_at_ms: expires,
             granted_at_ms: now,
-        });
+        }));
         res.last_token = token;
         if let Some(until) = res.idle_until_ms.take() {
             self.idle_expiry.remove(&(until, resource.clone()));

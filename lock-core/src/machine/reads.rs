@@ -216,7 +216,7 @@ impl LockMachine {
 
     /// The lease currently recorded for a resource (expired or not), for tests and checks.
     pub fn lease(&self, resource: &str) -> Option<&Lease> {
-        self.resources.get(resource)?.lease.as_ref()
+        self.resources.get(resource)?.lease.as_deref()
     }
 
     pub fn resource(&self, resource: &str) -> Option<&ResourceState> {

@@ -106,7 +106,7 @@ const IDEM_KEYSPACE: &str = "idempotency";
 /// Block cache of the node's database (see `Db::open`).
 const BLOCK_CACHE_BYTES: u64 = 8 << 20;
 /// Memtable size of the log keyspace (see `Db::open`).
-const LOG_MEMTABLE_BYTES: u64 = 32 << 20;
+const LOG_MEMTABLE_BYTES: u64 = 16 << 20;
 /// Memtable size of the idempotency keyspace.
 const IDEM_MEMTABLE_BYTES: u64 = 64 << 20;
 
@@ -134,10 +134,11 @@ impl Db {
         // segment beside the journal, and the log's fsyncs (which every commit waits for) queue
         // behind it: 8 MiB memtables of uncompressed entries flushed every ~10 s at the seed
         // workload and raised its acquire p99 from 16 ms to 87 ms. Entries are now stored
-        // lz4-compressed (about half the bytes), so 32 MiB flushes about as rarely as 64 MiB
-        // did, writes half as much when it does, and keeps at most two 32 MiB memtables in
-        // memory. Sizes are stored when a keyspace is created; existing data directories keep
-        // theirs.
+        // lz4-compressed (about half the bytes), and the snapshot file written every ~20 s is
+        // most of what the disk does, so 16 MiB memtables flush about as often as 32 MiB ones
+        // of plain entries did. Two of them (one filling, one flushing) were a third of a
+        // node's heap at 32 MiB. Sizes are stored when a keyspace is created; existing data
+        // directories keep theirs.
         let memtable = |bytes| move || KeyspaceCreateOptions::default().max_memtable_size(bytes);
         let log = db.keyspace(LOG_KEYSPACE, memtable(LOG_MEMTABLE_BYTES))?;
         let meta = db.keyspace(META_KEYSPACE, KeyspaceCreateOptions::default)?;
