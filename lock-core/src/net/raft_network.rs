@@ -11,7 +11,8 @@
 use std::time::Duration;
 
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError,
+    Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
@@ -27,11 +28,18 @@ use crate::raft::{NodeInfo, TypeConfig};
 #[derive(Clone)]
 pub struct NetworkFactory {
     client: PeerClient,
+    max_append_bytes: usize,
 }
 
 impl NetworkFactory {
-    pub fn new(client: PeerClient) -> Self {
-        Self { client }
+    /// Clients of the peers through `client`. `peer_body_limit` is the largest body a peer
+    /// port accepts (this node's own, as members share their limits): appends are kept to half
+    /// of it.
+    pub fn new(client: PeerClient, peer_body_limit: usize) -> Self {
+        Self {
+            client,
+            max_append_bytes: (peer_body_limit / 2).max(1),
+        }
     }
 }
 
@@ -43,6 +51,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             client: self.client.clone(),
             target,
             node: node.clone(),
+            max_append_bytes: self.max_append_bytes,
         }
     }
 }
@@ -51,6 +60,8 @@ pub struct PeerNetwork {
     client: PeerClient,
     target: u64,
     node: NodeInfo,
+    /// The largest append body sent; see [`fewer_entries`].
+    max_append_bytes: usize,
 }
 
 impl PeerNetwork {
@@ -76,6 +87,33 @@ impl PeerNetwork {
             )
             .await;
         self.settle(reply)
+    }
+
+    /// POSTs an encoded body to `path` and decodes the reply.
+    async fn send_frame<Resp: DeserializeOwned>(
+        &self,
+        path: &str,
+        frame: Vec<u8>,
+        option: &RPCOption,
+    ) -> Result<Resp, PeerError> {
+        let bytes = self
+            .client
+            .post_frame(
+                self.target,
+                self.node.peer_addr(),
+                path,
+                frame,
+                timeout(option),
+            )
+            .await?;
+        codec::decode(&bytes).map_err(|e| self.codec_error(e))
+    }
+
+    fn codec_error(&self, source: codec::CodecError) -> PeerError {
+        PeerError::Codec {
+            node: self.target,
+            source,
+        }
     }
 
     /// Turns a reply into openraft's error kinds: a remote raft error stays remote, a bad
@@ -108,6 +146,19 @@ impl PeerNetwork {
 /// The longest pause between replication attempts to an unreachable peer.
 const MAX_BACKOFF: Duration = Duration::from_millis(800);
 
+/// How many entries to send instead, if an append of `entries` encoded as `body_len` bytes is
+/// over `max_bytes`: openraft then sends that many for the next appends. Without it, entries
+/// of full batches of long names could make an append the receiver refuses (413) every time
+/// it is retried, and a follower that fell that far behind would never catch up. A single
+/// entry is sent whatever its size (a batch is bounded well under the limit).
+fn fewer_entries(entries: usize, body_len: usize, max_bytes: usize) -> Option<u64> {
+    if body_len <= max_bytes || entries <= 1 {
+        return None;
+    }
+    let fitting = (entries as u128 * max_bytes as u128 / body_len as u128) as u64;
+    Some(fitting.clamp(1, entries as u64 / 2))
+}
+
 fn timeout(option: &RPCOption) -> Duration {
     option.hard_ttl().max(Duration::from_millis(50))
 }
@@ -118,7 +169,17 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, NodeInfo, RaftError<u64>>> {
-        self.call("/raft/append", &rpc, &option).await
+        let body = match codec::encode(&rpc) {
+            Ok(body) => body,
+            Err(e) => return self.settle(Err(self.codec_error(e))),
+        };
+        if let Some(hint) = fewer_entries(rpc.entries.len(), body.len(), self.max_append_bytes) {
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(hint),
+            ));
+        }
+        let reply = self.send_frame("/raft/append", body, &option).await;
+        self.settle(reply)
     }
 
     async fn install_snapshot(
@@ -129,24 +190,9 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         InstallSnapshotResponse<u64>,
         RPCError<u64, NodeInfo, RaftError<u64, InstallSnapshotError>>,
     > {
-        let codec_error = |source| PeerError::Codec {
-            node: self.target,
-            source,
-        };
-        let frame = codec::encode_snapshot_chunk(&rpc).map_err(codec_error);
-        let reply = match frame {
-            Ok(frame) => self
-                .client
-                .post_frame(
-                    self.target,
-                    self.node.peer_addr(),
-                    "/raft/snapshot",
-                    frame,
-                    timeout(&option),
-                )
-                .await
-                .and_then(|bytes| codec::decode(&bytes).map_err(codec_error)),
-            Err(e) => Err(e),
+        let reply = match codec::encode_snapshot_chunk(&rpc) {
+            Ok(frame) => self.send_frame("/raft/snapshot", frame, &option).await,
+            Err(e) => Err(self.codec_error(e)),
         };
         self.settle(reply)
     }
@@ -168,5 +214,96 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         openraft::network::Backoff::new(std::iter::successors(Some(first), |d| {
             Some((*d * 2).min(MAX_BACKOFF))
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+
+    use super::*;
+    use crate::machine::{Batch, Command};
+    use crate::net::auth::PeerSecret;
+    use crate::net::faults::FaultLayer;
+
+    /// An append of `n` entries, each a batch of releases of long resource names.
+    fn append(n: u64) -> AppendEntriesRequest<TypeConfig> {
+        let entries = (1..=n)
+            .map(|i| Entry::<TypeConfig> {
+                log_id: LogId::new(CommittedLeaderId::new(2, 1), i),
+                payload: EntryPayload::Normal(Batch::new(
+                    5,
+                    7,
+                    (0..8)
+                        .map(|c| Command::Release {
+                            resource: format!("kv:{}:{i}:{c}", "r".repeat(200)),
+                            lease_id: crate::wire::LeaseId(u128::from(i)),
+                        })
+                        .collect(),
+                )),
+            })
+            .collect();
+        AppendEntriesRequest {
+            vote: Vote::new_committed(2, 1),
+            prev_log_id: None,
+            entries,
+            leader_commit: None,
+        }
+    }
+
+    /// A network to a peer address nothing listens on (a port just bound and released),
+    /// sending appends up to `max_bytes`.
+    fn network(max_bytes: usize) -> PeerNetwork {
+        let secret = PeerSecret::new(&PeerSecret::generate()).expect("secret");
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .to_string();
+        PeerNetwork {
+            client: PeerClient::new(1, FaultLayer::new(), secret),
+            target: 2,
+            node: NodeInfo {
+                api_addr: addr.clone(),
+                peer_addr: addr,
+            },
+            max_append_bytes: max_bytes,
+        }
+    }
+
+    #[test]
+    fn fewer_entries_scales_to_the_bound_and_at_least_halves() {
+        assert_eq!(fewer_entries(256, 1_000, 1_000), None);
+        assert_eq!(fewer_entries(1, 10_000, 1_000), None);
+        // Four times over: a quarter fits.
+        assert_eq!(fewer_entries(256, 4_000, 1_000), Some(64));
+        // Just over: still halved, so the next attempt is under the bound.
+        assert_eq!(fewer_entries(256, 1_001, 1_000), Some(128));
+        // Far over: one at a time rather than none.
+        assert_eq!(fewer_entries(256, 1 << 40, 1_000), Some(1));
+    }
+
+    #[tokio::test]
+    async fn an_append_over_the_body_bound_asks_for_fewer_entries_and_sends_nothing() {
+        let req = append(64);
+        let body = codec::encode(&req).expect("encode").len();
+        let mut net = network(body / 3);
+        let option = RPCOption::new(Duration::from_millis(500));
+        match net.append_entries(req, option).await {
+            Err(RPCError::PayloadTooLarge(e)) => {
+                assert!(
+                    (1..=21).contains(&e.entries_hint()),
+                    "hint {} for a third of the bytes",
+                    e.entries_hint()
+                );
+            }
+            other => panic!("expected PayloadTooLarge, got {other:?}"),
+        }
+        // Under the bound the same append is sent: nothing listens, so the peer is unreachable.
+        let mut net = network(body);
+        let option = RPCOption::new(Duration::from_millis(500));
+        match net.append_entries(append(64), option).await {
+            Err(RPCError::Unreachable(_)) => {}
+            other => panic!("expected Unreachable, got {other:?}"),
+        }
     }
 }

@@ -99,7 +99,7 @@ pub async fn start(
     let raft = FencegateRaft::new(
         config.id,
         Arc::new(raft_config),
-        NetworkFactory::new(peers.clone()),
+        NetworkFactory::new(peers.clone(), config.peer_limits.max_body_bytes),
         log_store,
         sm_store,
     )

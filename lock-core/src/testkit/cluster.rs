@@ -31,6 +31,9 @@ pub struct TestCluster {
     pub admin_token: Option<String>,
     /// Per-tenant bounds with keys on.
     pub tenants: TenantPolicy,
+    /// The peer ports' body limit, where a test sets one (see
+    /// [`start_with_peer_body_limit`](Self::start_with_peer_body_limit)).
+    peer_body_limit: Option<usize>,
     dir: TempDir,
     http: reqwest::Client,
 }
@@ -41,14 +44,27 @@ impl TestCluster {
     }
 
     pub async fn start_with(n: u64, policy: Policy) -> Self {
-        Self::start_configured(n, policy, None, TenantPolicy::default()).await
+        Self::start_configured(n, policy, None, TenantPolicy::default(), None).await
+    }
+
+    /// A cluster whose peer ports accept bodies of at most `bytes`.
+    pub async fn start_with_peer_body_limit(n: u64, bytes: usize) -> Self {
+        Self::start_configured(
+            n,
+            Policy::default(),
+            None,
+            TenantPolicy::default(),
+            Some(bytes),
+        )
+        .await
     }
 
     /// A cluster that requires API keys, with `admin_token` as every node's bootstrap admin
     /// credential and `tenants` as the per-tenant bounds. The harness's own calls (`get`,
     /// `post`, the leader checks) carry the admin token.
     pub async fn start_with_auth(n: u64, admin_token: &str, tenants: TenantPolicy) -> Self {
-        Self::start_configured(n, Policy::default(), Some(admin_token.to_string()), tenants).await
+        let token = Some(admin_token.to_string());
+        Self::start_configured(n, Policy::default(), token, tenants, None).await
     }
 
     async fn start_configured(
@@ -56,6 +72,7 @@ impl TestCluster {
         policy: Policy,
         admin_token: Option<String>,
         tenants: TenantPolicy,
+        peer_body_limit: Option<usize>,
     ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut listeners = BTreeMap::new();
@@ -75,6 +92,7 @@ impl TestCluster {
             policy,
             admin_token,
             tenants,
+            peer_body_limit,
             dir,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
@@ -112,6 +130,9 @@ impl TestCluster {
         );
         c.policy = self.policy.clone();
         c.enable_fault_injection = true;
+        if let Some(bytes) = self.peer_body_limit {
+            c.peer_limits.max_body_bytes = bytes;
+        }
         if let Some(token) = &self.admin_token {
             c.auth = AuthMode::On;
             c.admin_token = Some(token.clone());
