@@ -3,6 +3,8 @@
 mod cli;
 mod demo;
 mod dev;
+#[cfg(feature = "heap-stats")]
+mod heap_stats;
 mod logging;
 mod node;
 mod signal;
@@ -13,9 +15,15 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 // glibc malloc's arena locks showed up under proxy load (many small, short-lived allocations
 // across worker threads); mimalloc's thread-local heaps avoid them.
-#[cfg(feature = "mimalloc")]
+#[cfg(all(feature = "mimalloc", not(feature = "heap-stats")))]
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+#[cfg(all(feature = "mimalloc", feature = "heap-stats"))]
+#[global_allocator]
+static ALLOC: heap_stats::Counting<mimalloc::MiMalloc> = heap_stats::Counting(mimalloc::MiMalloc);
+#[cfg(all(not(feature = "mimalloc"), feature = "heap-stats"))]
+#[global_allocator]
+static ALLOC: heap_stats::Counting<std::alloc::System> = heap_stats::Counting(std::alloc::System);
 
 const AFTER_HELP: &str = "\
 Client commands find the cluster through --endpoints or FENCEGATE_ENDPOINTS (comma-separated
@@ -89,6 +97,19 @@ struct Version {
     version: &'static str,
 }
 
+/// Turns transparent huge pages off for this process (and the nodes it runs). The allocator
+/// asks the kernel for huge pages on its arenas; then the first touch of fresh memory zeroes
+/// 2 MiB at a time, and a huge page counts in full against the resident set as soon as any of
+/// it is used. At the seed workload that zeroing was half of a follower's CPU while it installed
+/// the leader's snapshot, and with huge pages off each node's resident set was 25–36 MiB smaller
+/// (docs/benchmarks.md). The setting is the process's own (`prctl`); the machine's is left alone.
+fn no_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = nix::sys::prctl::set_thp_disable(true) {
+        tracing::warn!("transparent huge pages stay on for this process: {e}");
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
@@ -98,6 +119,11 @@ async fn main() -> ExitCode {
     }
     if let Err(e) = logging::init(&args.log, if serves { "info" } else { "warn" }) {
         return cli::CliError::usage(e).report();
+    }
+    if serves {
+        no_transparent_huge_pages();
+        #[cfg(feature = "heap-stats")]
+        heap_stats::report();
     }
     match args.cmd {
         Cmd::Dev(a) => served(dev::run(a).await),

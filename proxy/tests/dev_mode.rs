@@ -17,7 +17,7 @@ const EVENT: Duration = Duration::from_secs(30);
 
 /// A running `fencegate dev`; killed when dropped.
 struct Dev {
-    _child: Child,
+    child: Child,
     _dir: tempfile::TempDir,
     api: String,
     proxy: String,
@@ -87,7 +87,7 @@ impl Dev {
         // Keep reading, so the process never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         let dev = Dev {
-            _child: child,
+            child,
             _dir: dir,
             api: format!("http://127.0.0.1:{}", ports[0]),
             proxy: format!("http://127.0.0.1:{}", ports[6]),
@@ -188,6 +188,14 @@ async fn dev_without_auth_is_open_and_takes_tenants_from_x_tenant() {
     phase("the write landed in the shared copy of the key");
     let log = dev.store_log().await;
     assert_eq!(log[0]["key"], "demo", "{log}");
+
+    phase("the process runs without transparent huge pages");
+    let pid = dev.child.id().expect("dev is running");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    // Kernels before 5.0 do not report the flag; there is nothing to check.
+    if let Some(line) = status.lines().find(|l| l.starts_with("THP_enabled:")) {
+        assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
