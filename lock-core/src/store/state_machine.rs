@@ -438,19 +438,21 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             // purge the log it replaces. If a crash follows, `open` finds this snapshot and
             // redoes the records install if it was cut short. The machine is decoded and
             // rebuilt while the file syncs, outside the lock: API reads go on meanwhile.
-            let (mut reader, (mut payload, restored)) =
-                snapshots.install_received(&path, &meta, |reader| {
+            let (mut reader, (mut payload, restored, decode, rebuild)) = snapshots
+                .install_received(&path, &meta, |reader| {
                     let mut payload = read_payload(reader)?;
+                    let decode = started.elapsed();
                     let image = std::mem::take(&mut payload.image);
                     let restored = Applied::restored(
                         image,
                         payload.last_applied,
                         payload.last_membership.clone(),
                     );
-                    Ok((payload, restored))
+                    Ok((payload, restored, decode, started.elapsed() - decode))
                 })?;
             let index = payload.last_applied.map_or(0, |id| id.index);
-            // Decoded, rebuilt, synced and current.
+            // Decoded, rebuilt, synced and current (the sync ran beside the first two: when
+            // `prepared` is well above their sum, the disk was the slower part).
             let prepared = started.elapsed();
             let mut st = shared.write()?;
             if !install_records(&shared.idem, &mut reader, &mut payload)? {
@@ -470,6 +472,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 resources = stats.resources,
                 active_locks = stats.active_locks,
                 dedup_records = stats.dedup_records,
+                decode_ms = decode.as_millis() as u64,
+                rebuild_ms = rebuild.as_millis() as u64,
                 prepared_ms = prepared.as_millis() as u64,
                 total_ms = started.elapsed().as_millis() as u64,
                 "installed a snapshot from the leader"
