@@ -101,8 +101,9 @@ struct Version {
 /// asks the kernel for huge pages on its arenas; then the first touch of fresh memory zeroes
 /// 2 MiB at a time, and a huge page counts in full against the resident set as soon as any of
 /// it is used. At the seed workload that zeroing was half of a follower's CPU while it installed
-/// the leader's snapshot, and with huge pages off each node's resident set was 25–36 MiB smaller
-/// (docs/benchmarks.md). The setting is the process's own (`prctl`); the machine's is left alone.
+/// the leader's snapshot, and with huge pages off each node's resident set at the full retry
+/// window was 34–36 MiB smaller (docs/benchmarks.md). The setting is the process's own
+/// (`prctl`); the machine's is left alone.
 fn no_transparent_huge_pages() {
     #[cfg(target_os = "linux")]
     if let Err(e) = nix::sys::prctl::set_thp_disable(true) {
