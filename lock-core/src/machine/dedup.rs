@@ -18,10 +18,11 @@
 //!
 //! Replacing or forgetting a granted record (neither happens in normal operation: a granted
 //! record only ends by expiry) rebuilds its chunk. The layout never shows: lookups, the sweep
-//! order and the image (in key order) are the same whatever the chunk boundaries, so replicas
-//! that built the table differently still agree.
+//! order and the image (in (expiry, key) order) are the same whatever the chunk boundaries,
+//! so replicas that built the table differently still agree.
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 
@@ -295,7 +296,10 @@ impl DedupTable {
 
     /// This (empty) table filled with `records`, whole chunks frozen at once.
     fn rebuilt_with(mut self, records: impl IntoIterator<Item = (DedupKey, DedupRecord)>) -> Self {
-        let mut kept = Vec::new();
+        let records = records.into_iter();
+        // Sized once: a snapshot's million records, doubled into place, were a third of the
+        // rebuild. They arrive in (expiry, key) order, so the sort below only checks that.
+        let mut kept = Vec::with_capacity(records.size_hint().0);
         for (key, rec) in records {
             match rec.state {
                 DedupState::Waiting => {
@@ -462,7 +466,10 @@ impl DedupTable {
         *self = DedupTable::with_chunk_len(self.chunk_len).rebuilt_with(records);
     }
 
-    /// Every record, in key order (snapshots are byte-identical on every replica).
+    /// Every record, in (expiry, key) order, waiting records (which never expire) last: the
+    /// order the table keeps records in, so listing them merges a few sorted runs (the open
+    /// chunk, each frozen chunk, the waiting set) instead of sorting. Keys are unique, so the
+    /// order is total and every replica lists (and snapshots) the same records identically.
     pub fn iter(&self) -> impl Iterator<Item = (DedupKey, DedupRecord)> + '_ {
         let waiting = self.waiting.iter().map(|k| {
             (
@@ -474,24 +481,19 @@ impl DedupTable {
             )
         });
         let open = self
-            .open_keys
+            .open
             .iter()
-            .filter_map(|(k, exp)| self.open.get(&(*exp, *k)).map(|g| (*k, granted(*exp, g))));
+            .map(|(&(exp, key), grant)| (key, granted(exp, grant)));
         let mut sources: Vec<Box<dyn Iterator<Item = (DedupKey, DedupRecord)> + '_>> =
-            vec![Box::new(waiting), Box::new(open)];
+            vec![Box::new(open)];
         for c in &self.chunks {
-            let f = &c.frozen;
             sources.push(Box::new(
-                f.by_key
-                    .iter()
-                    .filter(move |&&p| p as usize >= c.removed)
-                    .map(move |&p| {
-                        let k = f.kept(p as usize);
-                        (k.key, granted(k.expires_at_ms, &k.grant))
-                    }),
+                c.live()
+                    .map(|k| (k.key, granted(k.expires_at_ms, &k.grant))),
             ));
         }
-        MergeByKey::new(sources)
+        sources.push(Box::new(waiting));
+        MergeByOrder::new(sources)
     }
 
     /// Checks the table's own bookkeeping. For tests.
@@ -522,8 +524,13 @@ impl DedupTable {
         if frozen != self.frozen_len {
             return Err("frozen record count out of step".into());
         }
-        let keys: Vec<DedupKey> = self.iter().map(|(k, _)| k).collect();
-        if keys.windows(2).any(|w| w[0] >= w[1]) {
+        let listed: Vec<(u64, DedupKey)> = self.iter().map(|(k, r)| (r.expires_at_ms, k)).collect();
+        if listed.windows(2).any(|w| w[0] >= w[1]) {
+            return Err("records are not listed in (expiry, key) order".into());
+        }
+        let mut keys: Vec<DedupKey> = listed.into_iter().map(|(_, k)| k).collect();
+        keys.sort_unstable();
+        if keys.windows(2).any(|w| w[0] == w[1]) {
             return Err("a key has two records".into());
         }
         if keys.len() != self.len() {
@@ -569,33 +576,48 @@ fn granted(expires_at_ms: u64, grant: &DedupGrant) -> DedupRecord {
     }
 }
 
-/// Merges iterators that are each in key order (and share no key) into one.
-struct MergeByKey<'a> {
-    heads: Vec<Option<(DedupKey, DedupRecord)>>,
+/// Merges iterators that are each in (expiry, key) order (and share no key) into one. With
+/// the retry window full there are about 75 of them (one per frozen chunk), so the smallest
+/// head is kept in a heap: a scan of every head per record was most of a snapshot's cost.
+struct MergeByOrder<'a> {
+    heads: BinaryHeap<Reverse<Head>>,
+    pending: Vec<Option<DedupRecord>>,
     sources: Vec<Box<dyn Iterator<Item = (DedupKey, DedupRecord)> + 'a>>,
 }
 
-impl<'a> MergeByKey<'a> {
-    fn new(mut sources: Vec<Box<dyn Iterator<Item = (DedupKey, DedupRecord)> + 'a>>) -> Self {
-        let heads = sources.iter_mut().map(|s| s.next()).collect();
-        MergeByKey { heads, sources }
+/// A source's next record's (expiry, key), and which source it is.
+type Head = ((u64, DedupKey), usize);
+
+impl<'a> MergeByOrder<'a> {
+    fn new(sources: Vec<Box<dyn Iterator<Item = (DedupKey, DedupRecord)> + 'a>>) -> Self {
+        let mut merge = MergeByOrder {
+            heads: BinaryHeap::with_capacity(sources.len()),
+            pending: vec![None; sources.len()],
+            sources,
+        };
+        for i in 0..merge.sources.len() {
+            merge.advance(i);
+        }
+        merge
+    }
+
+    /// Takes source `i`'s next record into the heap.
+    fn advance(&mut self, i: usize) {
+        if let Some((key, rec)) = self.sources[i].next() {
+            self.heads.push(Reverse(((rec.expires_at_ms, key), i)));
+            self.pending[i] = Some(rec);
+        }
     }
 }
 
-impl Iterator for MergeByKey<'_> {
+impl Iterator for MergeByOrder<'_> {
     type Item = (DedupKey, DedupRecord);
 
     fn next(&mut self) -> Option<Self::Item> {
-        // A handful of sources (the waiting set, the open chunk, ~16 frozen chunks): a scan
-        // for the smallest head is cheaper than keeping a heap.
-        let (i, _) = self
-            .heads
-            .iter()
-            .enumerate()
-            .filter_map(|(i, h)| h.as_ref().map(|(k, _)| (i, *k)))
-            .min_by_key(|&(_, k)| k)?;
-        let next = self.sources[i].next();
-        std::mem::replace(&mut self.heads[i], next)
+        let Reverse(((_, key), i)) = self.heads.pop()?;
+        let rec = self.pending[i].take()?;
+        self.advance(i);
+        Some((key, rec))
     }
 }
 
@@ -711,7 +733,8 @@ mod tests {
                 table.check().map_err(TestCaseError::fail)?;
                 prop_assert_eq!(table.len(), model.len());
                 let listed: Vec<_> = table.iter().collect();
-                let expected: Vec<_> = model.iter().map(|(k, r)| (*k, r.clone())).collect();
+                let mut expected: Vec<_> = model.iter().map(|(k, r)| (*k, r.clone())).collect();
+                expected.sort_by_key(|(k, r)| (r.expires_at_ms, *k));
                 prop_assert_eq!(&listed, &expected);
                 for k in 0..=255u8 {
                     prop_assert_eq!(table.get(&key(k)), model.get(&key(k)).cloned());

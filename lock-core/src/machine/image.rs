@@ -59,7 +59,7 @@ where
 
 impl LockMachine {
     pub fn image(&self) -> MachineImage {
-        // In key order, so every replica writes byte-identical snapshots.
+        // In (expiry, key) order, so every replica writes byte-identical snapshots.
         let dedup_records: Vec<_> = self
             .dedup
             .iter()

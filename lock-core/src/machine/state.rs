@@ -169,13 +169,103 @@ pub struct DedupRecord {
     pub expires_at_ms: u64,
 }
 
-/// A dedup record as a snapshot image stores it: a flat tuple `(key, expires_at_ms, grant)`,
-/// the grant as `(fencing_token, lease_id words, ttl_ms, expires_at_ms)` or none while the
-/// acquire waits. A full retry window is about a million of these, so no field names.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A dedup record as a snapshot image stores it: `(key, expires_at_ms, grant)`, the grant as
+/// `(fencing_token, lease_id words, ttl_ms, expires_at_ms)` or none while the acquire waits.
+///
+/// A full retry window is over a million of these, so binary encodings (the snapshot's
+/// MessagePack) store each as one byte string of little-endian words: the key's two, the
+/// expiry, then for a grant its token, lease id words, TTL and expiry (24 bytes waiting,
+/// 64 granted). That decodes as one token per record instead of fourteen, which made it the
+/// larger part of a snapshot install. Text encodings (JSON) keep the plain tuple, and binary
+/// decoding still reads the tuple form that earlier versions wrote; a version that only
+/// knows the tuple refuses the byte form with a decode error rather than misreading it.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DedupEntry(pub DedupKey, pub u64, pub Option<(u64, [u64; 2], u64, u64)>);
 
+/// [`DedupEntry`]'s tuple form.
+#[derive(Serialize, Deserialize)]
+struct DedupTuple(DedupKey, u64, Option<(u64, [u64; 2], u64, u64)>);
+
+const PACKED_WAITING: usize = 3 * 8;
+const PACKED_GRANTED: usize = 8 * 8;
+
+impl Serialize for DedupEntry {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if serializer.is_human_readable() {
+            let DedupEntry(key, expires_at_ms, grant) = *self;
+            return DedupTuple(key, expires_at_ms, grant).serialize(serializer);
+        }
+        let (bytes, len) = self.packed();
+        serializer.serialize_bytes(&bytes[..len])
+    }
+}
+
+impl<'de> Deserialize<'de> for DedupEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        if deserializer.is_human_readable() {
+            let DedupTuple(key, expires_at_ms, grant) = DedupTuple::deserialize(deserializer)?;
+            return Ok(DedupEntry(key, expires_at_ms, grant));
+        }
+        deserializer.deserialize_any(DedupEntryVisitor)
+    }
+}
+
+/// Reads either form of a [`DedupEntry`] from a binary encoding.
+struct DedupEntryVisitor;
+
+impl<'de> serde::de::Visitor<'de> for DedupEntryVisitor {
+    type Value = DedupEntry;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(
+            f,
+            "a dedup record: {PACKED_WAITING} or {PACKED_GRANTED} bytes, or a tuple"
+        )
+    }
+
+    fn visit_bytes<E: serde::de::Error>(self, bytes: &[u8]) -> Result<DedupEntry, E> {
+        DedupEntry::unpacked(bytes).ok_or_else(|| E::invalid_length(bytes.len(), &self))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<DedupEntry, A::Error> {
+        let tuple = DedupTuple::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))?;
+        let DedupTuple(key, expires_at_ms, grant) = tuple;
+        Ok(DedupEntry(key, expires_at_ms, grant))
+    }
+}
+
 impl DedupEntry {
+    /// The byte form: a buffer and how much of it is used.
+    fn packed(&self) -> ([u8; PACKED_GRANTED], usize) {
+        let DedupEntry([k0, k1], expires_at_ms, grant) = *self;
+        let (token, [l0, l1], ttl_ms, granted_until) = grant.unwrap_or_default();
+        let words = [k0, k1, expires_at_ms, token, l0, l1, ttl_ms, granted_until];
+        let mut out = [0u8; PACKED_GRANTED];
+        for (i, w) in words.iter().enumerate() {
+            out[i * 8..i * 8 + 8].copy_from_slice(&w.to_le_bytes());
+        }
+        let len = if grant.is_some() {
+            PACKED_GRANTED
+        } else {
+            PACKED_WAITING
+        };
+        (out, len)
+    }
+
+    fn unpacked(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() != PACKED_WAITING && bytes.len() != PACKED_GRANTED {
+            return None;
+        }
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bytes[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        let grant = (bytes.len() == PACKED_GRANTED)
+            .then(|| (word(3), [word(4), word(5)], word(6), word(7)));
+        Some(DedupEntry([word(0), word(1)], word(2), grant))
+    }
+
     pub(super) fn of(key: DedupKey, rec: &DedupRecord) -> Self {
         let grant = match &rec.state {
             DedupState::Granted(g) => {
@@ -242,9 +332,10 @@ pub struct MachineImage {
     pub last_token: u64,
     #[serde(default)]
     pub gc_floor: u64,
+    #[serde(deserialize_with = "presized")]
     pub resources: Vec<(String, ResourceState)>,
-    /// Dedup records, in key order.
-    #[serde(default)]
+    /// Dedup records, in (expiry, key) order (images of earlier versions: in key order).
+    #[serde(default, deserialize_with = "presized")]
     pub dedup_records: Vec<DedupEntry>,
     /// Dedup records as images of earlier versions stored them (by resource and request id);
     /// read on load, never written.
@@ -264,5 +355,97 @@ pub struct MachineImage {
     pub commands: u64,
 }
 
+/// Elements [`presized`] reserves room for up front at most: above the seed state's million
+/// dedup records, and a bound on what a damaged length in a snapshot can make it allocate.
+const PRESIZE_LIMIT: usize = 1 << 21;
+
+/// Deserialises a sequence into a vector sized by the length the encoding announces. serde's
+/// own reserves at most a megabyte and then doubles: for a snapshot's million dedup records,
+/// ~70 MB moved and twice that in fresh pages faulted in, most of a decode's time.
+fn presized<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct Presized<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Presized<T> {
+        type Value = Vec<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a sequence")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(PRESIZE_LIMIT));
+            while let Some(item) = seq.next_element()? {
+                out.push(item);
+            }
+            Ok(out)
+        }
+    }
+    deserializer.deserialize_seq(Presized(std::marker::PhantomData))
+}
+
 /// How long an idle resource record is kept (it carries the resource's last token).
 pub const DEFAULT_IDLE_RETAIN_MS: u64 = 10 * 60 * 1000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries() -> [DedupEntry; 2] {
+        [
+            DedupEntry(
+                [7, u64::MAX],
+                1_700_000_600_000,
+                Some((41, [3, 9], 30_000, 1_700_000_030_000)),
+            ),
+            DedupEntry([8, 1], u64::MAX, None),
+        ]
+    }
+
+    /// The snapshot's binary form: one byte string per record, back to the same record.
+    #[test]
+    fn a_dedup_entry_is_one_byte_string_in_messagepack() {
+        for (entry, len) in entries().into_iter().zip([PACKED_GRANTED, PACKED_WAITING]) {
+            let bytes = rmp_serde::to_vec_named(&entry).expect("encode");
+            assert_eq!(bytes.len(), 2 + len, "a bin 8 header and the words");
+            let back: DedupEntry = rmp_serde::from_slice(&bytes).expect("decode");
+            assert_eq!(back, entry);
+        }
+    }
+
+    /// Snapshots written before the byte form store the tuple; they still install. JSON keeps
+    /// the tuple both ways.
+    #[test]
+    fn the_tuple_form_still_decodes() {
+        for entry in entries() {
+            let DedupEntry(key, expires_at_ms, grant) = entry.clone();
+            let old = rmp_serde::to_vec_named(&DedupTuple(key, expires_at_ms, grant)).expect("old");
+            let back: DedupEntry = rmp_serde::from_slice(&old).expect("decode the tuple form");
+            assert_eq!(back, entry);
+            let json = serde_json::to_string(&entry).expect("json");
+            assert!(json.starts_with('['), "{json}");
+            assert_eq!(
+                serde_json::from_str::<DedupEntry>(&json).expect("json back"),
+                entry
+            );
+        }
+    }
+
+    #[test]
+    fn a_byte_string_of_another_length_is_refused() {
+        let bytes = rmp_serde::to_vec(&serde_bytes_of(&[0u8; 40])).expect("encode");
+        let err = rmp_serde::from_slice::<DedupEntry>(&bytes).expect_err("40 bytes");
+        assert!(err.to_string().contains("24 or 64 bytes"), "{err}");
+    }
+
+    /// Serialises as a byte string (not a sequence of numbers).
+    fn serde_bytes_of(b: &[u8]) -> impl Serialize + '_ {
+        struct B<'a>(&'a [u8]);
+        impl Serialize for B<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(self.0)
+            }
+        }
+        B(b)
+    }
+}

@@ -572,7 +572,8 @@ impl World {
         prop_assert_eq!(stats.resources as usize, self.model.res.len());
         prop_assert_eq!(stats.waiters as usize, self.model.total_waiters());
         prop_assert_eq!(stats.dedup_records as usize, self.model.dedup.len());
-        let dedup: Vec<DedupKey> = image.dedup_records.iter().map(|e| e.0).collect();
+        let mut dedup: Vec<DedupKey> = image.dedup_records.iter().map(|e| e.0).collect();
+        dedup.sort_unstable();
         let mut want: Vec<DedupKey> = self
             .model
             .dedup
