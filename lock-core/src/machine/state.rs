@@ -186,6 +186,12 @@ pub struct DedupEntry(pub DedupKey, pub u64, pub Option<(u64, [u64; 2], u64, u64
 #[derive(Serialize, Deserialize)]
 struct DedupTuple(DedupKey, u64, Option<(u64, [u64; 2], u64, u64)>);
 
+impl From<DedupTuple> for DedupEntry {
+    fn from(DedupTuple(key, expires_at_ms, grant): DedupTuple) -> Self {
+        DedupEntry(key, expires_at_ms, grant)
+    }
+}
+
 const PACKED_WAITING: usize = 3 * 8;
 const PACKED_GRANTED: usize = 8 * 8;
 
@@ -203,8 +209,7 @@ impl Serialize for DedupEntry {
 impl<'de> Deserialize<'de> for DedupEntry {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         if deserializer.is_human_readable() {
-            let DedupTuple(key, expires_at_ms, grant) = DedupTuple::deserialize(deserializer)?;
-            return Ok(DedupEntry(key, expires_at_ms, grant));
+            return DedupTuple::deserialize(deserializer).map(DedupEntry::from);
         }
         deserializer.deserialize_any(DedupEntryVisitor)
     }
@@ -228,9 +233,8 @@ impl<'de> serde::de::Visitor<'de> for DedupEntryVisitor {
     }
 
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<DedupEntry, A::Error> {
-        let tuple = DedupTuple::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))?;
-        let DedupTuple(key, expires_at_ms, grant) = tuple;
-        Ok(DedupEntry(key, expires_at_ms, grant))
+        DedupTuple::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+            .map(DedupEntry::from)
     }
 }
 
