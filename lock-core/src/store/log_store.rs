@@ -3,7 +3,7 @@
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use fjall::PersistMode;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
@@ -16,6 +16,9 @@ const VOTE_KEY: &[u8] = b"vote";
 const COMMITTED_KEY: &[u8] = b"committed";
 const PURGED_KEY: &[u8] = b"purged";
 
+/// Why a write the flusher thread should have taken failed.
+const FLUSHER_GONE: &str = "log flusher thread is gone";
+
 /// How many log entries one removal batch deletes (truncate and purge).
 const REMOVE_BATCH: usize = 1024;
 
@@ -24,24 +27,62 @@ const REMOVE_BATCH: usize = 1024;
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Db>,
-    /// Hands appended entries' callbacks to the flusher thread (group commit).
-    flusher: std::sync::mpsc::Sender<LogFlushed<TypeConfig>>,
+    /// Hands appended entries' callbacks and the committed log id to the flusher thread
+    /// (group commit).
+    flusher: std::sync::mpsc::Sender<FlushJob>,
     /// Hands purge points to the thread that deletes purged entries.
     purger: std::sync::mpsc::Sender<u64>,
+    /// The committed log id saved last, which the flusher may not have written yet; `None`
+    /// until one is saved.
+    saved_committed: Arc<Mutex<Option<Option<LogId<u64>>>>>,
+}
+
+/// What the flusher thread is handed.
+enum FlushJob {
+    /// Entries written to the journal, not yet synced; the callback tells raft once they are.
+    Appended(LogFlushed<TypeConfig>),
+    /// The newest committed log id, encoded: written, unsynced, before the next sync.
+    Committed(Vec<u8>),
 }
 
 /// Group commit: `append` writes entries into fjall's journal without syncing and queues its
 /// callback here; this thread syncs once for everything queued meanwhile and only then tells
 /// raft the entries are durable. Under load one fsync covers many appends instead of one each,
 /// and no entry is acknowledged before it is on disk.
-fn spawn_flusher(db: Arc<Db>) -> std::sync::mpsc::Sender<LogFlushed<TypeConfig>> {
-    let (tx, rx) = std::sync::mpsc::channel::<LogFlushed<TypeConfig>>();
+///
+/// The committed log id is written here too, so raft's core does not wait for it: openraft
+/// awaits `save_committed` between learning that entries committed and applying them, and a
+/// write there (a hop to a blocking thread, and fjall's journal lock, which a sync holds) sat
+/// on every commit's path, on every node. It is written after the entries it covers (they were
+/// appended before raft saved it, and jobs are taken in order), so the journal never holds a
+/// committed id without the entries below it.
+fn spawn_flusher(db: Arc<Db>) -> std::sync::mpsc::Sender<FlushJob> {
+    let (tx, rx) = std::sync::mpsc::channel::<FlushJob>();
     let spawned = std::thread::Builder::new()
         .name("fjall-log-flusher".into())
         .spawn(move || {
             while let Ok(first) = rx.recv() {
-                let mut waiting = vec![first];
-                waiting.extend(rx.try_iter());
+                let mut waiting = Vec::new();
+                let mut committed = None;
+                for job in std::iter::once(first).chain(rx.try_iter()) {
+                    match job {
+                        FlushJob::Appended(callback) => waiting.push(callback),
+                        // Only the newest matters.
+                        FlushJob::Committed(value) => committed = Some(value),
+                    }
+                }
+                if let Some(value) = committed {
+                    // Unsynced: it rides along with the next sync (see `save_committed`). A
+                    // failure here poisons the database, and the next append reports it.
+                    let mut batch = db.db.batch().durability(None);
+                    batch.insert(&db.meta, COMMITTED_KEY, value);
+                    if let Err(e) = batch.commit() {
+                        tracing::error!(error = %e, "could not write the committed log id");
+                    }
+                }
+                if waiting.is_empty() {
+                    continue;
+                }
                 let synced = db.db.persist(PersistMode::SyncAll);
                 for callback in waiting {
                     let result = match &synced {
@@ -179,6 +220,7 @@ impl LogStore {
             db,
             flusher,
             purger,
+            saved_committed: Arc::new(Mutex::new(None)),
         })
     }
 
@@ -191,15 +233,10 @@ impl LogStore {
     }
 
     /// Writes one meta value and syncs it to disk.
-    async fn write_meta(
-        &self,
-        key: &'static [u8],
-        value: Vec<u8>,
-        durability: Option<PersistMode>,
-    ) -> Result<(), StoreError> {
+    async fn write_meta(&self, key: &'static [u8], value: Vec<u8>) -> Result<(), StoreError> {
         let db = self.db.clone();
         blocking(move || {
-            let mut batch = db.db.batch().durability(durability);
+            let mut batch = db.db.batch().durability(Some(PersistMode::SyncAll));
             batch.insert(&db.meta, key, value);
             batch.commit()?;
             Ok(())
@@ -311,8 +348,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError<u64>> {
         let write = async {
             let value = encode("vote", vote)?;
-            self.write_meta(VOTE_KEY, value, Some(PersistMode::SyncAll))
-                .await
+            self.write_meta(VOTE_KEY, value).await
         };
         write
             .await
@@ -328,17 +364,29 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         &mut self,
         committed: Option<LogId<u64>>,
     ) -> Result<(), StorageError<u64>> {
-        let write = async {
-            let value = encode("committed log id", &committed)?;
-            // Not synced: a lost or older committed id only means fewer entries are re-applied
-            // at startup (raft re-learns the commit index from the leader). It rides along
-            // with the next synced append, as fjall has one journal for all keyspaces.
-            self.write_meta(COMMITTED_KEY, value, None).await
-        };
-        write.await.map_err(|e| e.into_raft(StorageIOError::write))
+        // Not synced: a lost or older committed id only means fewer entries are re-applied at
+        // startup (raft re-learns the commit index from the leader). The flusher thread writes
+        // it, and it rides along with the next synced append, as fjall has one journal for all
+        // keyspaces; raft's core goes on to apply meanwhile.
+        let value = encode("committed log id", &committed)
+            .map_err(|e| e.into_raft(StorageIOError::write))?;
+        *self
+            .saved_committed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(committed);
+        self.flusher
+            .send(FlushJob::Committed(value))
+            .map_err(|_| StorageIOError::write(&io::Error::other(FLUSHER_GONE)).into())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, StorageError<u64>> {
+        let saved = *self
+            .saved_committed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(committed) = saved {
+            return Ok(committed);
+        }
         // Stored as JSON of `Option<LogId>`, so a saved `None` reads back as `None` too.
         let read = || -> Result<Option<LogId<u64>>, StoreError> {
             Ok(self
@@ -360,14 +408,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let written = self.write_entries(entries);
         match written {
             // Durable once the flusher has synced; it calls back then.
-            Ok(()) => match self.flusher.send(callback) {
+            Ok(()) => match self.flusher.send(FlushJob::Appended(callback)) {
                 Ok(()) => Ok(()),
                 Err(unsent) => {
-                    let e = io::Error::other("log flusher thread is gone");
-                    unsent
-                        .0
-                        .log_io_completed(Err(io::Error::other(e.to_string())));
-                    Err(StorageIOError::write_logs(&e).into())
+                    if let FlushJob::Appended(callback) = unsent.0 {
+                        callback.log_io_completed(Err(io::Error::other(FLUSHER_GONE)));
+                    }
+                    Err(StorageIOError::write_logs(&io::Error::other(FLUSHER_GONE)).into())
                 }
             },
             Err(e) => {
@@ -390,8 +437,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let value = encode("purged log id", &log_id)?;
             // The marker first: once it is durable, get_log_state no longer reports the purged
             // entries, and open() finishes deleting them if we crash halfway.
-            this.write_meta(PURGED_KEY, value, Some(PersistMode::SyncAll))
-                .await?;
+            this.write_meta(PURGED_KEY, value).await?;
             // The deletion itself trails behind (see `spawn_purger`). Without the thread the
             // entries stay, invisible, until `open` deletes them after a restart.
             let _ = this.purger.send(log_id.index);

@@ -13,14 +13,16 @@
 //! Big-endian keys make fjall's byte order the log order, so ranges and "last entry" are plain
 //! keyspace ranges.
 //!
-//! Durability: every write openraft must be able to rely on (log append, vote, committed id,
-//! purge marker, snapshot) is committed with [`PersistMode::SyncAll`] before the call returns.
-//! The lock state machine itself lives in memory and is persisted only through
-//! snapshots; after a restart openraft re-applies the committed log entries that follow the
-//! snapshot, which is why the committed log id is stored.
+//! Durability: every write openraft must be able to rely on (log append, vote, purge marker,
+//! snapshot) is synced with [`PersistMode::SyncAll`] before openraft hears it is done. The lock
+//! state machine itself lives in memory and is persisted only through snapshots; after a
+//! restart openraft re-applies the committed log entries that follow the snapshot, which is why
+//! the committed log id is stored too (unsynced: a lost one only means fewer entries are
+//! re-applied before the leader says how far the log is committed).
 //!
-//! fjall calls block (an fsync can take milliseconds), so every write runs on tokio's blocking
-//! pool rather than on the async worker that drives raft.
+//! fjall calls can block (an fsync can take milliseconds, and it holds the journal while it
+//! runs), so syncs run on a thread of the log store's own or on tokio's blocking pool rather
+//! than on the async worker that drives raft.
 //!
 //! Errors: any fjall or decoding failure is reported to openraft as a `StorageError`, which stops
 //! the raft node. That is deliberate: after a failed write the on-disk state is unknown, and a
