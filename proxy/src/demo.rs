@@ -1,12 +1,11 @@
 //! `fencegate demo-store`: the bundled demo store on its own, until Ctrl-C or SIGTERM.
 
 use anyhow::Context;
-use tokio::net::TcpListener;
 
 use crate::signal::shutdown_signal;
 
 pub async fn run(listen: &str) -> anyhow::Result<()> {
-    let listener = TcpListener::bind(listen)
+    let listener = lock_core::api::listen::bind(listen)
         .await
         .with_context(|| format!("bind {listen}"))?;
     println!("demo store on http://{}", listener.local_addr()?);

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use fencegate_proxy::config::ProxyConfig;
+use lock_core::api::listen;
 use lock_core::net::PeerSecret;
 use lock_core::node::{AuthMode, MemberAddrs, NodeConfig};
 use tokio::net::TcpListener;
@@ -56,7 +57,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
 
     let store_addr = format!("127.0.0.1:{}", args.demo_store_port);
-    let store_listener = TcpListener::bind(&store_addr)
+    let store_listener = listen::bind(&store_addr)
         .await
         .with_context(|| format!("bind demo store {store_addr}"))?;
     let store_task = tokio::spawn(fencegate_proxy::demo_store::serve(
@@ -87,7 +88,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let mut listeners = Vec::new();
     for (addrs, proxy_port) in members.values().zip(&args.proxy_ports) {
         let proxy_addr = format!("127.0.0.1:{proxy_port}");
-        let proxy_listener = std::net::TcpListener::bind(&proxy_addr)
+        let proxy_listener = listen::bind_std(&proxy_addr)
+            .await
             .with_context(|| format!("bind proxy {proxy_addr}"))?;
         listeners.push((
             bind(&addrs.api).await?,
@@ -197,7 +199,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
 }
 
 async fn bind(addr: &str) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr)
+    listen::bind(addr)
         .await
         .with_context(|| format!("bind {addr} (is another fencegate running?)"))
 }

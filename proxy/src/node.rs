@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use fencegate_proxy::config::ProxyConfig;
+use lock_core::api::listen;
 use lock_core::net::PeerSecret;
 use lock_core::node::{self, AuthMode, MemberAddrs, NodeConfig, TenantPolicy};
 use serde::Deserialize;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::signal::{shutdown_signal, stopped};
@@ -163,10 +163,10 @@ pub async fn run(path: &Path) -> anyhow::Result<()> {
         config,
         proxy,
     } = load(path)?;
-    let listener = TcpListener::bind(&listen)
+    let listener = listen::bind(&listen)
         .await
         .with_context(|| format!("bind {listen}"))?;
-    let peer_listener = TcpListener::bind(&peer_listen)
+    let peer_listener = listen::bind(&peer_listen)
         .await
         .with_context(|| format!("bind {peer_listen}"))?;
     let id = config.id;
@@ -176,7 +176,8 @@ pub async fn run(path: &Path) -> anyhow::Result<()> {
     tracing::info!(node = id, addr = %handle.addr, peer_addr = %handle.peer_addr, "node started");
     let proxy_task = match &proxy {
         Some(p) => {
-            let l = std::net::TcpListener::bind(&p.listen)
+            let l = listen::bind_std(&p.listen)
+                .await
                 .with_context(|| format!("bind proxy {}", p.listen))?;
             tracing::info!(node = id, addr = %p.listen, "fencing proxy started");
             Some(fencegate_proxy::server::start(

@@ -37,6 +37,53 @@ use super::ApiError;
 use crate::node::{HttpLimits, TlsFiles};
 use crate::wire::ErrorCode;
 
+/// The listen backlog of every listener a `fencegate` process binds: connections the kernel
+/// completes before the server accepts them. The kernel caps it at `net.core.somaxconn`.
+///
+/// Rust's and tokio's own `bind` ask for 128. When more clients than that connect at once — a
+/// reconnect after a failover, a pool that grows during a slow second, a node at its
+/// `max_connections` — the kernel drops the SYNs beyond it, and each of those clients waits for
+/// its SYN's retransmission: one second, then three. The load harness's seed runs overflowed
+/// 128 a few hundred times a minute (`ListenOverflows` in `nstat`).
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds a TCP listener on `addr` (`host:port`, each address it resolves to tried in turn, as
+/// `TcpListener::bind` does) with a backlog of [`LISTEN_BACKLOG`].
+pub async fn bind(addr: &str) -> io::Result<TcpListener> {
+    let mut last = None;
+    for resolved in tokio::net::lookup_host(addr).await? {
+        match bind_resolved(resolved) {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{addr} resolves to no address"),
+        )
+    }))
+}
+
+/// [`bind`], as a standard library listener, for servers that take one (the fencing proxy).
+pub async fn bind_std(addr: &str) -> io::Result<std::net::TcpListener> {
+    bind(addr).await?.into_std()
+}
+
+fn bind_resolved(addr: std::net::SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As the standard library does on Unix: a restarted node can bind its port again at once,
+    // while connections of its previous run are still in TIME_WAIT.
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Loads a certificate chain and key into a TLS acceptor (HTTP/1.1 only). The error names the
 /// file that could not be used.
 pub fn tls_acceptor(files: &TlsFiles) -> io::Result<TlsAcceptor> {
@@ -249,5 +296,70 @@ pub(crate) async fn read_limited(
             ),
         )
         .into_response()),
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use std::os::fd::AsRawFd;
+
+    use super::*;
+
+    /// The backlog the kernel gave a listening socket: `TCP_INFO` of a listener reports it in
+    /// `tcpi_sacked`.
+    fn backlog_of(socket: &impl AsRawFd) -> u32 {
+        // SAFETY: `tcp_info` is plain integers, valid zeroed; the kernel writes at most `len`
+        // bytes into it, and the descriptor belongs to a socket the caller still holds.
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        let rc = unsafe {
+            libc::getsockopt(
+                socket.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut info as *mut libc::tcp_info).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0, "TCP_INFO: {}", io::Error::last_os_error());
+        info.tcpi_sacked
+    }
+
+    /// What the kernel grants at most.
+    fn somaxconn() -> u32 {
+        std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .expect("somaxconn")
+            .trim()
+            .parse()
+            .expect("a number")
+    }
+
+    #[tokio::test]
+    async fn listeners_get_the_large_backlog_and_serve() {
+        let granted = LISTEN_BACKLOG.min(somaxconn());
+        let listener = bind("127.0.0.1:0").await.expect("bind");
+        assert_eq!(backlog_of(&listener), granted);
+        let by_name = bind_std("localhost:0").await.expect("bind a name");
+        assert_eq!(backlog_of(&by_name), granted);
+        if granted > 128 {
+            // What tokio's own bind gives, which is why the node binds through `bind`.
+            let plain = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            assert_eq!(backlog_of(&plain), 128);
+        }
+
+        let addr = listener.local_addr().expect("addr");
+        let (client, accepted) =
+            tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
+        client.expect("connect");
+        accepted.expect("accept");
+    }
+
+    #[tokio::test]
+    async fn a_port_in_use_or_a_bad_address_is_an_error() {
+        let first = bind("127.0.0.1:0").await.expect("bind");
+        let addr = first.local_addr().expect("addr").to_string();
+        let taken = bind(&addr).await.expect_err("the port is taken");
+        assert_eq!(taken.kind(), io::ErrorKind::AddrInUse);
+        assert!(bind("no port here").await.is_err());
     }
 }
