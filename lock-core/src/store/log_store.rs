@@ -32,9 +32,9 @@ pub struct LogStore {
     flusher: std::sync::mpsc::Sender<FlushJob>,
     /// Hands purge points to the thread that deletes purged entries.
     purger: std::sync::mpsc::Sender<u64>,
-    /// The committed log id saved last, which the flusher may not have written yet; `None`
-    /// until one is saved.
-    saved_committed: Arc<Mutex<Option<Option<LogId<u64>>>>>,
+    /// The committed log id: read at open, then the one saved last, which the flusher may not
+    /// have written yet.
+    committed: Arc<Mutex<Option<LogId<u64>>>>,
 }
 
 /// What the flusher thread is handed.
@@ -215,12 +215,15 @@ impl LogStore {
                 None => 0,
             },
         };
+        // Stored as `Option<LogId>`, so a saved `None` reads back as `None` too.
+        let committed =
+            read_meta::<Option<LogId<u64>>>(&db, COMMITTED_KEY, "committed log id")?.flatten();
         let purger = spawn_purger(Arc::downgrade(&db), first);
         Ok(LogStore {
             db,
             flusher,
             purger,
-            saved_committed: Arc::new(Mutex::new(None)),
+            committed: Arc::new(Mutex::new(committed)),
         })
     }
 
@@ -370,30 +373,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // keyspaces; raft's core goes on to apply meanwhile.
         let value = encode("committed log id", &committed)
             .map_err(|e| e.into_raft(StorageIOError::write))?;
-        *self
-            .saved_committed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(committed);
+        *self.committed.lock().unwrap_or_else(|e| e.into_inner()) = committed;
         self.flusher
             .send(FlushJob::Committed(value))
             .map_err(|_| StorageIOError::write(&io::Error::other(FLUSHER_GONE)).into())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, StorageError<u64>> {
-        let saved = *self
-            .saved_committed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(committed) = saved {
-            return Ok(committed);
-        }
-        // Stored as JSON of `Option<LogId>`, so a saved `None` reads back as `None` too.
-        let read = || -> Result<Option<LogId<u64>>, StoreError> {
-            Ok(self
-                .read_meta::<Option<LogId<u64>>>(COMMITTED_KEY, "committed log id")?
-                .flatten())
-        };
-        read().map_err(|e| e.into_raft(StorageIOError::read))
+        Ok(*self.committed.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     async fn append<I>(
