@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::header::CONTENT_LENGTH;
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -27,13 +27,14 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::{self, ServerConfig};
 use tokio_rustls::TlsAcceptor;
 
 use super::ApiError;
+use crate::net::{codec, frames, PeerSecret, FROM_HEADER};
 use crate::node::{HttpLimits, TlsFiles};
 use crate::wire::ErrorCode;
 
@@ -126,13 +127,59 @@ pub async fn serve(
     tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
+    serve_inner(listener, router, limits, tls, None, shutdown).await
+}
+
+/// The peer port: [`serve`] for HTTP callers, and framed connections (told apart by their
+/// first byte) handed to `framed`'s router after their handshake.
+pub async fn serve_peer_port(
+    listener: TcpListener,
+    router: Router,
+    framed: FramedPeers,
+    limits: &HttpLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    serve_inner(
+        listener,
+        router,
+        limits,
+        None,
+        Some(Arc::new(framed)),
+        shutdown,
+    )
+    .await
+}
+
+/// What the peer port serves framed connections with: the cluster secret their handshake is
+/// checked against, and the peer routes (without the HTTP gate: the connection is
+/// authenticated as a whole).
+pub struct FramedPeers {
+    pub secret: PeerSecret,
+    pub router: Router,
+}
+
+async fn serve_inner(
+    listener: TcpListener,
+    router: Router,
+    limits: &HttpLimits,
+    tls: Option<TlsAcceptor>,
+    framed: Option<Arc<FramedPeers>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
     let header_timeout = Duration::from_millis(limits.header_timeout_ms);
+    let frame_limits = frames::ServeLimits {
+        max_body: limits.max_body_bytes,
+        read_timeout: Duration::from_millis(limits.body_timeout_ms),
+        idle_timeout: header_timeout,
+    };
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
         .max_buf_size(limits.max_header_bytes.max(crate::node::MIN_HEADER_BYTES));
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
+    // Framed connections stop between calls once this turns true.
+    let (stopped_tx, stopped_rx) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
         // Wait for a free slot before accepting: beyond the bound, clients queue in the
@@ -159,8 +206,25 @@ pub async fn serve(
         let http = http.clone();
         let watcher = graceful.watcher();
         let tls = tls.clone();
+        let framed = framed.clone();
+        let mut stopped = stopped_rx.clone();
         tokio::spawn(async move {
             let _slot = slot;
+            if let Some(framed) = framed {
+                let mut first = [0u8; 1];
+                match tokio::time::timeout(header_timeout, stream.peek(&mut first)).await {
+                    Ok(Ok(1)) if first[0] == frames::PREFACE[0] => {
+                        let stop = async move {
+                            let _ = stopped.wait_for(|s| *s).await;
+                        };
+                        serve_framed(stream, &framed, frame_limits, stop).await;
+                        return;
+                    }
+                    Ok(Ok(1)) => {}
+                    // Closed, failed or silent before its first byte.
+                    _ => return,
+                }
+            }
             match tls {
                 None => {
                     let conn = http.serve_connection(TokioIo::new(stream), service);
@@ -180,8 +244,39 @@ pub async fn serve(
         });
     }
     drop(listener);
+    let _ = stopped_tx.send(true);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// One framed peer connection: each call goes to the peer routes as a POST from the node the
+/// handshake authenticated.
+async fn serve_framed(
+    stream: tokio::net::TcpStream,
+    framed: &FramedPeers,
+    limits: frames::ServeLimits,
+    stop: impl Future<Output = ()>,
+) {
+    let service = TowerToHyperService::new(framed.router.clone());
+    let call = |from: u64, path: String, body: Bytes| {
+        let request = Request::post(path)
+            .header(FROM_HEADER, from)
+            .header(CONTENT_TYPE, codec::CONTENT_TYPE)
+            .body(Body::from(body));
+        let service = service.clone();
+        async move {
+            let Ok(request) = request else {
+                return (400, Bytes::from_static(b"bad peer path"));
+            };
+            let Ok(response) = hyper::service::Service::call(&service, request).await;
+            let status = response.status().as_u16();
+            match response.into_body().collect().await {
+                Ok(body) => (status, body.to_bytes()),
+                Err(e) => (500, Bytes::from(format!("cannot read the answer: {e}"))),
+            }
+        }
+    };
+    frames::serve_connection(stream, &framed.secret, limits, stop, call).await;
 }
 
 /// `router` with every request body read under the body limits of `limits` before a handler
@@ -361,5 +456,81 @@ mod tests {
         let taken = bind(&addr).await.expect_err("the port is taken");
         assert_eq!(taken.kind(), io::ErrorKind::AddrInUse);
         assert!(bind("no port here").await.is_err());
+    }
+
+    /// A router answering POST `/echo` with its body and caller, for the transport tests.
+    fn echo_router() -> Router {
+        use axum::http::HeaderMap;
+        axum::Router::new().route(
+            "/echo",
+            axum::routing::post(|headers: HeaderMap, body: Bytes| async move {
+                let from = headers
+                    .get(FROM_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-")
+                    .to_string();
+                format!("{from}:{}", String::from_utf8_lossy(&body))
+            }),
+        )
+    }
+
+    async fn spawn_server(framed: bool) -> String {
+        let listener = bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let limits = HttpLimits::default();
+        tokio::spawn(async move {
+            let shutdown = std::future::pending();
+            if framed {
+                let peers = FramedPeers {
+                    secret: secret(),
+                    router: echo_router(),
+                };
+                serve_peer_port(listener, echo_router(), peers, &limits, shutdown).await
+            } else {
+                serve(listener, echo_router(), &limits, None, shutdown).await
+            }
+        });
+        addr
+    }
+
+    fn secret() -> PeerSecret {
+        PeerSecret::new("listen-test-secret-0123").expect("secret")
+    }
+
+    /// The peer port serves framed connections and plain HTTP on the same listener, and a
+    /// peer client reaches a node that speaks only HTTP (an earlier version) by falling back.
+    #[tokio::test]
+    async fn the_peer_port_speaks_both_and_the_client_falls_back_to_http() {
+        use crate::net::{FaultLayer, PeerClient};
+        let client = PeerClient::new(7, FaultLayer::new(), secret());
+        let timeout = Duration::from_secs(5);
+
+        let addr = spawn_server(true).await;
+        let mut conn = frames::FramedConn::open(&addr, 7, &secret(), 1 << 20)
+            .await
+            .expect("framed");
+        let (status, body) = conn.call("/echo", b"framed").await.expect("call");
+        assert_eq!((status, &body[..]), (200, b"7:framed".as_slice()));
+        let plain = reqwest::Client::new()
+            .post(format!("http://{addr}/echo"))
+            .body("plain")
+            .send()
+            .await
+            .expect("http");
+        assert_eq!(plain.text().await.expect("body"), "-:plain");
+        let via_client = client
+            .post_frame(9, &addr, "/echo", b"pooled".to_vec(), timeout)
+            .await
+            .expect("peer client");
+        assert_eq!(&via_client[..], b"7:pooled");
+
+        let http_only = spawn_server(false).await;
+        for _ in 0..2 {
+            let reply = client
+                .post_frame(9, &http_only, "/echo", b"old".to_vec(), timeout)
+                .await
+                .expect("falls back to HTTP");
+            assert_eq!(&reply[..], b"7:old");
+        }
     }
 }

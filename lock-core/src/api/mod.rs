@@ -54,7 +54,18 @@ pub async fn serve_peers(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let limits = node.config.peer_limits.clone();
-    listen::serve(listener, peer_router(node, secret), &limits, None, shutdown).await
+    let framed = listen::FramedPeers {
+        secret: secret.clone(),
+        router: peer_routes().with_state(node.clone()),
+    };
+    listen::serve_peer_port(
+        listener,
+        peer_router(node, secret),
+        framed,
+        &limits,
+        shutdown,
+    )
+    .await
 }
 
 /// The public routes of a node: the lock API, cluster status and health, metrics and the
@@ -141,6 +152,17 @@ async fn name_node_and_leader(
 /// must carry a tag made with the cluster secret; bodies (snapshot chunks, appends) may be
 /// larger than the public API's limit.
 pub fn peer_router(node: Arc<Node>, secret: PeerSecret) -> Router {
+    peer_routes()
+        .layer(middleware::from_fn_with_state(
+            Arc::new(peer_auth::PeerGate::new(secret, &node.config.peer_limits)),
+            peer_auth::authenticate,
+        ))
+        .with_state(node)
+}
+
+/// The peer endpoints, with bodies already read under the peer listener's limits: by the
+/// HTTP gate (see [`peer_router`]), or as one frame of an authenticated framed connection.
+fn peer_routes() -> Router<Arc<Node>> {
     Router::new()
         .route("/raft/append", post(raft_rpc::append))
         .route("/raft/vote", post(raft_rpc::vote))
@@ -150,13 +172,7 @@ pub fn peer_router(node: Arc<Node>, secret: PeerSecret) -> Router {
         .route(PROPOSE_BATCH_PATH, post(raft_rpc::propose_batch))
         .route(READ_INDEX_PATH, post(raft_rpc::read_index))
         .fallback(|| async { ApiError::not_found("No such peer endpoint.") })
-        // The gate below reads each body under the peer listener's limits first.
         .layer(DefaultBodyLimit::disable())
-        .layer(middleware::from_fn_with_state(
-            Arc::new(peer_auth::PeerGate::new(secret, &node.config.peer_limits)),
-            peer_auth::authenticate,
-        ))
-        .with_state(node)
 }
 
 /// Parses a JSON body, turning every failure into a 400 with the serde message.

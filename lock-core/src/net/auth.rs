@@ -147,13 +147,119 @@ impl PeerSecret {
     }
 }
 
+/// The domains of a framed connection's handshake and session key (see
+/// [`frames`](super::frames)): each MAC answers one question only.
+const CONN_HELLO: &[u8] = b"fencegate-peer-conn-v1 hello";
+const CONN_ACCEPT: &[u8] = b"fencegate-peer-conn-v1 accept";
+const CONN_SESSION: &[u8] = b"fencegate-peer-conn-v1 session";
+
+impl PeerSecret {
+    /// The MAC of `parts`, each prefixed with its length so no two lists of parts collide.
+    fn mac_parts(&self, parts: &[&[u8]]) -> HmacSha256 {
+        let mut mac = self.mac();
+        for part in parts {
+            mac.update(&(part.len() as u64).to_be_bytes());
+            mac.update(part);
+        }
+        mac
+    }
+
+    fn mac_of(&self, parts: &[&[u8]]) -> [u8; 32] {
+        self.mac_parts(parts).finalize().into_bytes().into()
+    }
+
+    fn hello_parts(&self, from: u64, unix_ms: u64, nonce: &[u8]) -> HmacSha256 {
+        self.mac_parts(&[
+            CONN_HELLO,
+            &from.to_be_bytes(),
+            &unix_ms.to_be_bytes(),
+            nonce,
+        ])
+    }
+
+    /// What a node opening a framed connection proves it holds the secret with.
+    pub(crate) fn hello_mac(&self, from: u64, unix_ms: u64, nonce: &[u8]) -> [u8; 32] {
+        self.hello_parts(from, unix_ms, nonce)
+            .finalize()
+            .into_bytes()
+            .into()
+    }
+
+    /// Checks a connection's hello: made with this secret, within [`MAX_SKEW_MS`] of now.
+    pub(crate) fn verify_hello(
+        &self,
+        from: u64,
+        unix_ms: u64,
+        nonce: &[u8],
+        mac: &[u8],
+    ) -> Result<(), AuthError> {
+        if now_ms().abs_diff(unix_ms) > MAX_SKEW_MS {
+            return Err(AuthError::Stale);
+        }
+        self.hello_parts(from, unix_ms, nonce)
+            .verify_slice(mac)
+            .map_err(|_| AuthError::BadMac)
+    }
+
+    /// What the accepting node proves it holds the secret with: bound to both nonces, so it
+    /// answers this hello only.
+    pub(crate) fn accept_mac(&self, client_nonce: &[u8], server_nonce: &[u8]) -> [u8; 32] {
+        self.mac_of(&[CONN_ACCEPT, client_nonce, server_nonce])
+    }
+
+    /// The key that signs every frame of one connection.
+    pub(crate) fn session_key(&self, client_nonce: &[u8], server_nonce: &[u8]) -> SessionKey {
+        SessionKey(self.mac_of(&[CONN_SESSION, client_nonce, server_nonce]))
+    }
+}
+
+/// Bytes of a frame's tag: half of an HMAC-SHA256, as in TLS's truncated MACs.
+pub(crate) const TAG_LEN: usize = 16;
+
+/// A framed connection's key, known to its two ends only for as long as it lasts.
+pub(crate) struct SessionKey([u8; 32]);
+
+impl SessionKey {
+    /// The 16-byte tag of one frame: its direction and sequence number are signed with it, so
+    /// a frame cannot be replayed, reordered or sent back the other way.
+    pub(crate) fn tag(&self, direction: u8, seq: u64, parts: &[&[u8]]) -> [u8; TAG_LEN] {
+        let full = self
+            .frame_mac(direction, seq, parts)
+            .finalize()
+            .into_bytes();
+        let mut tag = [0u8; TAG_LEN];
+        tag.copy_from_slice(&full[..TAG_LEN]);
+        tag
+    }
+
+    /// Whether `tag` is the frame's tag (compared in constant time).
+    pub(crate) fn verify(&self, direction: u8, seq: u64, parts: &[&[u8]], tag: &[u8]) -> bool {
+        tag.len() == TAG_LEN
+            && self
+                .frame_mac(direction, seq, parts)
+                .verify_truncated_left(tag)
+                .is_ok()
+    }
+
+    fn frame_mac(&self, direction: u8, seq: u64, parts: &[&[u8]]) -> HmacSha256 {
+        // HMAC takes a key of any length; this cannot fail.
+        let mut mac = HmacSha256::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!());
+        mac.update(&[direction]);
+        mac.update(&seq.to_be_bytes());
+        for part in parts {
+            mac.update(part);
+        }
+        mac
+    }
+}
+
 /// A tag whose header part was verified.
 pub struct HeadOk {
     head: Vec<u8>,
     body_mac: Vec<u8>,
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

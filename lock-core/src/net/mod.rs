@@ -5,6 +5,7 @@
 pub mod auth;
 pub mod codec;
 mod faults;
+pub mod frames;
 mod peer_client;
 mod raft_network;
 

@@ -1,13 +1,18 @@
-//! HTTP client for node-to-node calls, with the fault layer applied. Bodies are in the peer
-//! wire format (see [`codec`](super::codec)), never JSON.
+//! Client for node-to-node calls, with the fault layer applied. Calls go over framed
+//! connections (see [`frames`](super::frames)), kept open and reused, or over HTTP to a peer
+//! that speaks only that. Bodies are in the peer wire format (see [`codec`](super::codec)),
+//! never JSON.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::{de::DeserializeOwned, Serialize};
 
 use super::auth::{PeerSecret, AUTH_HEADER};
 use super::codec::{self, CodecError};
 use super::faults::FaultLayer;
+use super::frames::{FrameError, FramedConn};
 
 /// Header naming the sending node, so the receiver can apply its incoming fault rules.
 pub const FROM_HEADER: &str = "x-fencegate-from";
@@ -21,7 +26,7 @@ pub enum PeerError {
     Unreachable {
         node: u64,
         #[source]
-        source: reqwest::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error("message to or from node {node}: {source}")]
     Codec {
@@ -43,12 +48,82 @@ pub struct PeerClient {
     self_id: u64,
     faults: FaultLayer,
     secret: PeerSecret,
+    framed: Arc<Framed>,
+}
+
+/// How long opening a connection to a peer may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How long a connection may wait in the pool unused: below the peer listener's idle close,
+/// so a pooled connection is never reused just as the other side closes it.
+const POOL_IDLE: Duration = Duration::from_secs(20);
+
+/// Idle connections kept per peer. A peer gets one call at a time per replication stream and
+/// a few forwarded batches at once; more than this are closed after their call.
+const POOL_PER_PEER: usize = 8;
+
+/// How long a peer that answered the framed handshake as an HTTP server (a node of an earlier
+/// version) gets HTTP calls before the framed protocol is tried again.
+const HTTP_ONLY_FOR: Duration = Duration::from_secs(60);
+
+/// The largest reply accepted on a framed connection.
+const MAX_REPLY: usize = 64 << 20;
+
+/// Idle framed connections by peer address, and the peers that speak HTTP only.
+#[derive(Default)]
+struct Framed {
+    idle: Mutex<HashMap<String, Vec<(FramedConn, Instant)>>>,
+    http_only: Mutex<HashMap<String, Instant>>,
+}
+
+impl std::fmt::Debug for Framed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Framed(..)")
+    }
+}
+
+impl Framed {
+    fn take(&self, addr: &str) -> Option<FramedConn> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let conns = idle.get_mut(addr)?;
+        while let Some((conn, since)) = conns.pop() {
+            if since.elapsed() < POOL_IDLE {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    fn put(&self, addr: &str, conn: FramedConn) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let conns = idle.entry(addr.to_string()).or_default();
+        if conns.len() < POOL_PER_PEER {
+            conns.push((conn, Instant::now()));
+        }
+    }
+
+    fn speaks_http_only(&self, addr: &str) -> bool {
+        let mut http_only = self.http_only.lock().unwrap_or_else(|e| e.into_inner());
+        match http_only.get(addr) {
+            Some(since) if since.elapsed() < HTTP_ONLY_FOR => true,
+            Some(_) => {
+                http_only.remove(addr);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn mark_http_only(&self, addr: &str) {
+        let mut http_only = self.http_only.lock().unwrap_or_else(|e| e.into_inner());
+        http_only.insert(addr.to_string(), Instant::now());
+    }
 }
 
 impl PeerClient {
     pub fn new(self_id: u64, faults: FaultLayer, secret: PeerSecret) -> Self {
         let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(500))
+            .connect_timeout(CONNECT_TIMEOUT)
             // Below the peer listener's idle close (its header timeout, 30 s by default), so a
             // pooled connection is never reused just as the other side closes it.
             .pool_idle_timeout(Duration::from_secs(20))
@@ -60,6 +135,7 @@ impl PeerClient {
             self_id,
             faults,
             secret,
+            framed: Arc::default(),
         }
     }
 
@@ -117,7 +193,8 @@ impl PeerClient {
         codec::decode(&reply).map_err(codec_error)
     }
 
-    /// POSTs an already encoded peer body and returns the bytes of a 200 reply.
+    /// Sends an already encoded peer body to `path` on node `target` and returns the bytes of
+    /// a 2xx reply: over a framed connection, or over HTTP to a peer that speaks only that.
     pub async fn post_frame(
         &self,
         target: u64,
@@ -130,9 +207,75 @@ impl PeerClient {
             .outgoing(target)
             .await
             .map_err(|_| PeerError::Dropped(target))?;
-        let unreachable = |source| PeerError::Unreachable {
+        if !self.framed.speaks_http_only(addr) {
+            let framed = tokio::time::timeout(timeout, self.call_framed(addr, path, &body)).await;
+            let failed =
+                |source: Box<dyn std::error::Error + Send + Sync>| PeerError::Unreachable {
+                    node: target,
+                    source,
+                };
+            match framed {
+                Err(elapsed) => return Err(failed(Box::new(elapsed))),
+                Ok(Ok((status, reply))) => {
+                    return if (200..300).contains(&status) {
+                        Ok(reply)
+                    } else {
+                        Err(PeerError::Status {
+                            node: target,
+                            status,
+                            body: String::from_utf8_lossy(&reply).into_owned(),
+                        })
+                    };
+                }
+                Ok(Err(FrameError::HttpOnly)) => self.framed.mark_http_only(addr),
+                Ok(Err(FrameError::Refused(message))) => {
+                    return Err(PeerError::Status {
+                        node: target,
+                        status: 401,
+                        body: message,
+                    })
+                }
+                Ok(Err(e)) => return Err(failed(Box::new(e))),
+            }
+        }
+        self.post_http(target, addr, path, body, timeout).await
+    }
+
+    /// One call on a pooled framed connection (a new one if none is idle). A connection that
+    /// failed is dropped, never pooled again.
+    async fn call_framed(
+        &self,
+        addr: &str,
+        path: &str,
+        body: &[u8],
+    ) -> Result<(u16, bytes::Bytes), FrameError> {
+        let mut conn = match self.framed.take(addr) {
+            Some(conn) => conn,
+            None => {
+                let open = FramedConn::open(addr, self.self_id, &self.secret, MAX_REPLY);
+                tokio::time::timeout(CONNECT_TIMEOUT, open)
+                    .await
+                    .map_err(|e| FrameError::Io(e.into()))??
+            }
+        };
+        let reply = conn.call(path, body).await?;
+        self.framed.put(addr, conn);
+        Ok(reply)
+    }
+
+    /// POSTs an already encoded peer body over HTTP, signed, and returns the bytes of a 2xx
+    /// reply.
+    async fn post_http(
+        &self,
+        target: u64,
+        addr: &str,
+        path: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<bytes::Bytes, PeerError> {
+        let unreachable = |source: reqwest::Error| PeerError::Unreachable {
             node: target,
-            source,
+            source: Box::new(source),
         };
         let from = self.self_id.to_string();
         let tag = self.secret.sign(&from, path, &body);

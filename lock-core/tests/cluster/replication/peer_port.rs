@@ -145,3 +145,75 @@ async fn forged_peer_calls_without_the_secret_change_nothing() {
 
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_framed_connection_without_the_secret_is_refused_and_its_frames_change_nothing() {
+    use lock_core::net::frames::{FrameError, FramedConn, PREFACE, VERSION};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let c = TestCluster::start(3).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let follower = c.followers(leader)[0];
+    let target = &c.peer_addrs[&follower];
+    let (s, grant) = c.acquire(leader, "peer:framed", "peer-f1", 60_000).await;
+    assert_eq!(s, 200, "{grant}");
+    c.wait_caught_up(follower, Duration::from_secs(10)).await;
+    let before = c.cluster_status(follower).await;
+
+    phase("the handshake with another secret is refused, saying why");
+    let wrong = PeerSecret::new("not-the-cluster-secret").expect("secret");
+    match FramedConn::open(target, 1, &wrong, 1 << 20).await {
+        Err(FrameError::Refused(message)) => assert!(message.contains("secret"), "{message}"),
+        other => panic!("expected a refusal, got {:?}", other.err()),
+    }
+
+    phase("a forged hello followed at once by a forged vote: closed, nothing read");
+    let term = before.term;
+    let vote = VoteRequest::<u64>::new(Vote::new(term + 100, 1), None);
+    let body = codec::encode(&vote).expect("encode");
+    let mut stream = tokio::net::TcpStream::connect(target)
+        .await
+        .expect("connect");
+    let mut bytes = PREFACE.to_vec();
+    bytes.push(VERSION);
+    bytes.extend_from_slice(&1u64.to_be_bytes());
+    bytes.extend_from_slice(&0u64.to_be_bytes());
+    bytes.extend_from_slice(&[0u8; 16 + 32]);
+    let path = b"/raft/vote";
+    bytes.extend_from_slice(&((1 + path.len() + body.len()) as u32).to_be_bytes());
+    bytes.push(path.len() as u8);
+    bytes.extend_from_slice(path);
+    bytes.extend_from_slice(&body);
+    bytes.extend_from_slice(&[0u8; 16]);
+    stream.write_all(&bytes).await.expect("write");
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("the node closes the connection");
+    // A refusal, or a reset if the close came first; never an acceptance.
+    assert!(
+        answer.is_empty() || answer[0] == 1,
+        "the hello was accepted: {answer:?}"
+    );
+
+    phase("term, log and leases are as they were");
+    let after = c.cluster_status(follower).await;
+    assert_eq!(after.term, before.term, "{after:?}");
+    assert_eq!(after.last_log_index, before.last_log_index, "{after:?}");
+    let (s, lock) = c.get(follower, "/v1/locks/peer:framed").await;
+    assert_eq!(s, 200, "{lock}");
+    assert_eq!(lock["fencing_token"], grant["fencing_token"], "{lock}");
+
+    phase("control: a framed call with the cluster secret is answered");
+    let mut conn = FramedConn::open(&c.peer_addrs[&leader], 1, &c.secret, 1 << 20)
+        .await
+        .expect("open with the cluster secret");
+    let body = codec::encode(&()).expect("encode");
+    let (status, _) = conn
+        .call("/internal/read_index", &body)
+        .await
+        .expect("call");
+    assert_eq!(status, 200);
+
+    c.shutdown().await;
+}
