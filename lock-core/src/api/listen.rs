@@ -475,9 +475,12 @@ mod tests {
     }
 
     async fn spawn_server(framed: bool) -> String {
+        spawn_server_with(framed, HttpLimits::default()).await
+    }
+
+    async fn spawn_server_with(framed: bool, limits: HttpLimits) -> String {
         let listener = bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
-        let limits = HttpLimits::default();
         tokio::spawn(async move {
             let shutdown = std::future::pending();
             if framed {
@@ -531,6 +534,29 @@ mod tests {
                 .await
                 .expect("falls back to HTTP");
             assert_eq!(&reply[..], b"7:old");
+        }
+    }
+
+    /// A pooled connection the peer closed as idle is replaced on the next call, which
+    /// succeeds.
+    #[tokio::test]
+    async fn a_pooled_connection_closed_by_the_peer_is_replaced() {
+        use crate::net::{FaultLayer, PeerClient};
+        let limits = HttpLimits {
+            header_timeout_ms: 100,
+            ..HttpLimits::default()
+        };
+        let addr = spawn_server_with(true, limits).await;
+        let client = PeerClient::new(7, FaultLayer::new(), secret());
+        let timeout = Duration::from_secs(5);
+        for round in 0..3 {
+            let reply = client
+                .post_frame(9, &addr, "/echo", b"again".to_vec(), timeout)
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert_eq!(&reply[..], b"7:again");
+            // Longer than the peer's idle close: the pooled connection is closed by now.
+            tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }
 }

@@ -242,22 +242,30 @@ impl PeerClient {
     }
 
     /// One call on a pooled framed connection (a new one if none is idle). A connection that
-    /// failed is dropped, never pooled again.
+    /// failed is dropped, never pooled again. A pooled connection the peer closed meanwhile (it
+    /// restarted, or closed it as idle) fails on its first read or write; the call is then
+    /// made once more on a new connection. Peer calls are safe to repeat: raft tolerates
+    /// duplicate messages and forwarded commands are idempotent.
     async fn call_framed(
         &self,
         addr: &str,
         path: &str,
         body: &[u8],
     ) -> Result<(u16, bytes::Bytes), FrameError> {
-        let mut conn = match self.framed.take(addr) {
-            Some(conn) => conn,
-            None => {
-                let open = FramedConn::open(addr, self.self_id, &self.secret, MAX_REPLY);
-                tokio::time::timeout(CONNECT_TIMEOUT, open)
-                    .await
-                    .map_err(|e| FrameError::Io(e.into()))??
+        if let Some(mut conn) = self.framed.take(addr) {
+            match conn.call(path, body).await {
+                Ok(reply) => {
+                    self.framed.put(addr, conn);
+                    return Ok(reply);
+                }
+                Err(FrameError::Io(_)) => {}
+                Err(e) => return Err(e),
             }
-        };
+        }
+        let open = FramedConn::open(addr, self.self_id, &self.secret, MAX_REPLY);
+        let mut conn = tokio::time::timeout(CONNECT_TIMEOUT, open)
+            .await
+            .map_err(|e| FrameError::Io(e.into()))??;
         let reply = conn.call(path, body).await?;
         self.framed.put(addr, conn);
         Ok(reply)
