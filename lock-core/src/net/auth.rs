@@ -207,17 +207,32 @@ impl PeerSecret {
         self.mac_of(&[CONN_ACCEPT, client_nonce, server_nonce])
     }
 
+    /// Checks the accepting node's answer to this node's hello (compared in constant time).
+    pub(crate) fn verify_accept(
+        &self,
+        client_nonce: &[u8],
+        server_nonce: &[u8],
+        mac: &[u8],
+    ) -> Result<(), AuthError> {
+        self.mac_parts(&[CONN_ACCEPT, client_nonce, server_nonce])
+            .verify_slice(mac)
+            .map_err(|_| AuthError::BadMac)
+    }
+
     /// The key that signs every frame of one connection.
     pub(crate) fn session_key(&self, client_nonce: &[u8], server_nonce: &[u8]) -> SessionKey {
-        SessionKey(self.mac_of(&[CONN_SESSION, client_nonce, server_nonce]))
+        let key = self.mac_of(&[CONN_SESSION, client_nonce, server_nonce]);
+        // HMAC takes a key of any length; this cannot fail.
+        SessionKey(HmacSha256::new_from_slice(&key).unwrap_or_else(|_| unreachable!()))
     }
 }
 
 /// Bytes of a frame's tag: half of an HMAC-SHA256, as in TLS's truncated MACs.
 pub(crate) const TAG_LEN: usize = 16;
 
-/// A framed connection's key, known to its two ends only for as long as it lasts.
-pub(crate) struct SessionKey([u8; 32]);
+/// A framed connection's key, known to its two ends only for as long as it lasts: an HMAC
+/// already keyed with it, cloned for each frame instead of keyed again.
+pub(crate) struct SessionKey(HmacSha256);
 
 impl SessionKey {
     /// The 16-byte tag of one frame: its direction and sequence number are signed with it, so
@@ -242,8 +257,7 @@ impl SessionKey {
     }
 
     fn frame_mac(&self, direction: u8, seq: u64, parts: &[&[u8]]) -> HmacSha256 {
-        // HMAC takes a key of any length; this cannot fail.
-        let mut mac = HmacSha256::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!());
+        let mut mac = self.0.clone();
         mac.update(&[direction]);
         mac.update(&seq.to_be_bytes());
         for part in parts {

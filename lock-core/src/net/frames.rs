@@ -127,9 +127,9 @@ impl FramedConn {
         reader.read_exact(&mut server_nonce).await?;
         let mut mac = [0u8; MAC_LEN];
         reader.read_exact(&mut mac).await?;
-        if secret.accept_mac(&nonce, &server_nonce) != mac {
-            return Err(FrameError::BadPeer);
-        }
+        secret
+            .verify_accept(&nonce, &server_nonce, &mac)
+            .map_err(|_| FrameError::BadPeer)?;
         Ok(FramedConn {
             reader,
             writer,
@@ -161,7 +161,12 @@ impl FramedConn {
         self.writer.write_all(&frame).await?;
 
         let len = self.reader.read_u32().await? as usize;
-        if len < 2 || len > self.max_reply.saturating_add(2) {
+        if len < 2 {
+            return Err(
+                io::Error::new(io::ErrorKind::InvalidData, "reply without a status").into(),
+            );
+        }
+        if len > self.max_reply.saturating_add(2) {
             return Err(FrameError::TooLarge(len));
         }
         let mut reply = vec![0u8; len + TAG_LEN];
@@ -246,16 +251,19 @@ pub async fn serve_connection<S, C, F>(
         if !key.verify(REQUEST, seq, &[payload], tag) {
             return;
         }
-        let Some((&path_len, rest)) = payload.split_first() else {
+        let Some(&path_len) = payload.first() else {
             return;
         };
-        let Some((path, body)) = rest.split_at_checked(usize::from(path_len)) else {
+        let body_at = 1 + usize::from(path_len);
+        if body_at > len {
             return;
-        };
-        let (status, reply) = match std::str::from_utf8(path) {
-            Ok(path) if path.starts_with('/') => {
-                call(from, path.to_string(), Bytes::copy_from_slice(body)).await
-            }
+        }
+        let path = std::str::from_utf8(&payload[1..body_at]).map(str::to_string);
+        // The body is handed on without a copy: the frame's own bytes, past its path.
+        frame.truncate(len);
+        let body = Bytes::from(frame).slice(body_at..);
+        let (status, reply) = match path {
+            Ok(path) if path.starts_with('/') => call(from, path, body).await,
             _ => (400, Bytes::from_static(b"bad peer path")),
         };
         if write_reply(&mut writer, &key, seq, status, &reply)
