@@ -1,14 +1,18 @@
-//! The raft log, vote and committed id in fjall (openraft `RaftLogStorage`, storage-v2).
+//! The raft log (segment files, see `wal.rs`), and the vote, committed id and purge marker in
+//! fjall's `meta` keyspace (openraft `RaftLogStorage`, storage-v2).
 
 use std::fmt::Debug;
+use std::fs;
 use std::io;
 use std::ops::{Bound, RangeBounds};
-use std::sync::{Arc, Mutex, Weak};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use fjall::PersistMode;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 
+use super::wal::{self, Wal};
 use super::{blocking, decode, encode, encode_compressed, Db, StoreError};
 use crate::raft::TypeConfig;
 
@@ -16,50 +20,58 @@ const VOTE_KEY: &[u8] = b"vote";
 const COMMITTED_KEY: &[u8] = b"committed";
 const PURGED_KEY: &[u8] = b"purged";
 
+/// The log's directory under the data directory.
+const LOG_DIR: &str = "raft-log";
+/// Where a log kept in fjall by an earlier version is copied before it becomes [`LOG_DIR`].
+const MIGRATING_DIR: &str = "raft-log.migrating";
+
 /// Why a write the flusher thread should have taken failed.
 const FLUSHER_GONE: &str = "log flusher thread is gone";
 
-/// How many log entries one removal batch deletes (truncate and purge).
-const REMOVE_BATCH: usize = 1024;
-
-/// The raft log store. Cloning is cheap; clones share the same database and serve as openraft's
-/// log readers for replication.
+/// The raft log store. Cloning is cheap; clones share the same files and database and serve as
+/// openraft's log readers for replication.
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<Db>,
+    wal: Arc<Mutex<Wal>>,
     /// Hands appended entries' callbacks and the committed log id to the flusher thread
     /// (group commit).
     flusher: std::sync::mpsc::Sender<FlushJob>,
-    /// Hands purge points to the thread that deletes purged entries.
-    purger: std::sync::mpsc::Sender<u64>,
+    /// Hands segment files that hold only purged entries to the thread that deletes them.
+    purger: std::sync::mpsc::Sender<Vec<PathBuf>>,
     /// The committed log id: read at open, then the one saved last, which the flusher may not
     /// have written yet.
     committed: Arc<Mutex<Option<LogId<u64>>>>,
 }
 
+fn lock(wal: &Mutex<Wal>) -> MutexGuard<'_, Wal> {
+    // The log's state is only changed by calls that finish their file work before they touch
+    // it, so a panic elsewhere while it was held leaves nothing half-changed.
+    wal.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// What the flusher thread is handed.
 enum FlushJob {
-    /// Entries written to the journal, not yet synced; the callback tells raft once they are.
+    /// Entries written to the log, not yet synced; the callback tells raft once they are.
     Appended(LogFlushed<TypeConfig>),
-    /// The newest committed log id, encoded: written, unsynced, before the next sync.
+    /// The newest committed log id, encoded: written, unsynced, once the entries below it are.
     Committed(Vec<u8>),
 }
 
-/// Group commit: `append` writes entries into fjall's journal without syncing and queues its
-/// callback here; this thread syncs once for everything queued meanwhile and only then tells
-/// raft the entries are durable. Under load one fsync covers many appends instead of one each,
-/// and no entry is acknowledged before it is on disk.
+/// Group commit: `append` writes entries into the log's current segment without syncing and
+/// queues its callback here; this thread syncs once for everything queued meanwhile and only
+/// then tells raft the entries are durable. Under load one fsync covers many appends instead
+/// of one each, and no entry is acknowledged before it is on disk.
 ///
 /// The committed log id is written here too, so raft's core does not wait for it: openraft
 /// awaits `save_committed` between learning that entries committed and applying them, and a
-/// write there (a hop to a blocking thread, and fjall's journal lock, which a sync holds) sat
-/// on every commit's path, on every node. It is written after the entries it covers (they were
-/// appended before raft saved it, and jobs are taken in order), so the journal never holds a
-/// committed id without the entries below it.
-fn spawn_flusher(db: Arc<Db>) -> std::sync::mpsc::Sender<FlushJob> {
+/// write there sat on every commit's path, on every node. It is written after the sync that
+/// covers the entries below it (they were appended before raft saved it, and jobs are taken in
+/// order), so the disk never holds a committed id without those entries.
+fn spawn_flusher(db: Arc<Db>, wal: Arc<Mutex<Wal>>) -> std::sync::mpsc::Sender<FlushJob> {
     let (tx, rx) = std::sync::mpsc::channel::<FlushJob>();
     let spawned = std::thread::Builder::new()
-        .name("fjall-log-flusher".into())
+        .name("raft-log-flusher".into())
         .spawn(move || {
             while let Ok(first) = rx.recv() {
                 let mut waiting = Vec::new();
@@ -71,19 +83,25 @@ fn spawn_flusher(db: Arc<Db>) -> std::sync::mpsc::Sender<FlushJob> {
                         FlushJob::Committed(value) => committed = Some(value),
                     }
                 }
-                if let Some(value) = committed {
-                    // Unsynced: it rides along with the next sync (see `save_committed`). A
-                    // failure here poisons the database, and the next append reports it.
+                let synced = if waiting.is_empty() {
+                    Ok(())
+                } else {
+                    // Syncing the segment appends go to covers every append so far: a finished
+                    // segment was synced when the next one was started.
+                    match lock(&wal).active_file() {
+                        Some(file) => file.sync_data(),
+                        None => Ok(()),
+                    }
+                };
+                if let (Ok(()), Some(value)) = (&synced, committed) {
+                    // Unsynced: the next snapshot's sync of the database carries it. A failure
+                    // here poisons the database, and the next vote or purge reports it.
                     let mut batch = db.db.batch().durability(None);
                     batch.insert(&db.meta, COMMITTED_KEY, value);
                     if let Err(e) = batch.commit() {
                         tracing::error!(error = %e, "could not write the committed log id");
                     }
                 }
-                if waiting.is_empty() {
-                    continue;
-                }
-                let synced = db.db.persist(PersistMode::SyncAll);
                 for callback in waiting {
                     let result = match &synced {
                         Ok(()) => Ok(()),
@@ -100,72 +118,27 @@ fn spawn_flusher(db: Arc<Db>) -> std::sync::mpsc::Sender<FlushJob> {
     tx
 }
 
-/// Deletes purged entries off raft's path. openraft awaits `purge` inside its core loop, so
-/// whatever `purge` does holds back every append, vote and commit meanwhile; deleting the
-/// ~20,000 entries a snapshot frees took long enough to show as slow commits at every
-/// snapshot. Once the purge marker is durable the entries at or below it are invisible (the log
-/// state starts after the marker, and `open` finishes an interrupted deletion), so their
-/// deletion can trail behind. Purge points that queue up while a deletion runs are merged.
-///
-/// `next` is the lowest index that may still be stored. The keys are the indexes themselves,
-/// so a deletion removes `next..=upto` without reading the log first. The thread holds the
-/// database only while it deletes one batch: once the node has dropped its stores, the
-/// database closes (and can be opened again) without waiting for the deletion to end.
-fn spawn_purger(db: Weak<Db>, mut next: u64) -> std::sync::mpsc::Sender<u64> {
-    let (tx, rx) = std::sync::mpsc::channel::<u64>();
+/// Deletes segment files that hold only purged entries, off raft's path: openraft awaits
+/// `purge` inside its core loop. Once the purge marker is durable those entries are never read
+/// again, and `open` deletes any such file still there after a restart.
+fn spawn_purger() -> std::sync::mpsc::Sender<Vec<PathBuf>> {
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<PathBuf>>();
     let spawned = std::thread::Builder::new()
-        .name("fjall-log-purger".into())
+        .name("raft-log-purger".into())
         .spawn(move || {
-            while let Ok(first) = rx.recv() {
-                let upto = rx.try_iter().fold(first, u64::max);
-                if upto < next {
-                    continue;
+            while let Ok(paths) = rx.recv() {
+                for path in paths {
+                    if let Err(e) = fs::remove_file(&path) {
+                        tracing::error!(error = %e, path = %path.display(), "could not delete a purged raft log segment");
+                    }
                 }
-                if let Err(e) = remove_indexes(&db, next, upto) {
-                    // The entries stay invisible behind the durable marker; `open` deletes them
-                    // after the next restart.
-                    tracing::error!(error = %e, upto, "could not delete purged log entries");
-                }
-                next = upto + 1;
             }
         });
     if let Err(e) = spawned {
-        // Purged entries then stay on disk until `open` deletes them at the next restart.
+        // Purged segments then stay on disk until `open` deletes them at the next restart.
         tracing::error!(error = %e, "could not start the log purger thread");
     }
     tx
-}
-
-/// Deletes the entries `from..=upto`, in unsynced batches of [`REMOVE_BATCH`], and stops early
-/// if the database was closed. Nothing above the log's last entry is deleted: a follower that
-/// installs a snapshot far ahead of its own log purges up to the snapshot's index, and
-/// tombstones for the hundreds of thousands of indexes it never stored would only cost writes.
-fn remove_indexes(db: &Weak<Db>, from: u64, upto: u64) -> Result<(), StoreError> {
-    let last = match db.upgrade() {
-        Some(db) => match db.log.last_key_value() {
-            Some(guard) => key_index(&guard.key()?)?,
-            None => return Ok(()),
-        },
-        None => return Ok(()),
-    };
-    let upto = upto.min(last);
-    let mut start = from;
-    while start <= upto {
-        let Some(db) = db.upgrade() else {
-            return Ok(());
-        };
-        let end = upto.min(start.saturating_add(REMOVE_BATCH as u64 - 1));
-        let mut batch = db.db.batch().durability(None);
-        for index in start..=end {
-            batch.remove(&db.log, log_key(index));
-        }
-        batch.commit()?;
-        start = match end.checked_add(1) {
-            Some(s) => s,
-            None => break,
-        };
-    }
-    Ok(())
 }
 
 fn read_meta<T: serde::de::DeserializeOwned>(
@@ -179,10 +152,6 @@ fn read_meta<T: serde::de::DeserializeOwned>(
     }
 }
 
-fn log_key(index: u64) -> [u8; 8] {
-    index.to_be_bytes()
-}
-
 fn key_index(key: &[u8]) -> Result<u64, StoreError> {
     let bytes: [u8; 8] = key.try_into().map_err(|_| StoreError::Corrupt {
         what: "log key",
@@ -191,38 +160,102 @@ fn key_index(key: &[u8]) -> Result<u64, StoreError> {
     Ok(u64::from_be_bytes(bytes))
 }
 
-fn map_bound(b: Bound<&u64>) -> Bound<[u8; 8]> {
-    match b {
-        Bound::Included(i) => Bound::Included(log_key(*i)),
-        Bound::Excluded(i) => Bound::Excluded(log_key(*i)),
-        Bound::Unbounded => Bound::Unbounded,
+/// `range` as `from..to`.
+fn span(range: &impl RangeBounds<u64>) -> (u64, u64) {
+    let from = match range.start_bound() {
+        Bound::Included(&i) => i,
+        Bound::Excluded(&i) => i.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let to = match range.end_bound() {
+        Bound::Included(&i) => i.saturating_add(1),
+        Bound::Excluded(&i) => i,
+        Bound::Unbounded => u64::MAX,
+    };
+    (from, to)
+}
+
+/// Earlier versions kept the log in fjall's `log` keyspace, one key per index. Its entries past
+/// the purge marker are copied, as stored, into segment files in a directory of their own,
+/// which is synced and then renamed to the log's: the log directory exists only once it is
+/// complete. The keyspace is emptied afterwards (also when a crash came between the rename and
+/// that).
+fn migrate_fjall_log(db: &Db, dir: &Path, purged: Option<u64>) -> Result<(), StoreError> {
+    let Some(first) = db.log.first_key_value() else {
+        return Ok(());
+    };
+    let target = dir.join(LOG_DIR);
+    if !target.exists() {
+        let staging = dir.join(MIGRATING_DIR);
+        if staging.exists() {
+            fs::remove_dir_all(&staging).map_err(|source| StoreError::LogFile {
+                path: staging.clone(),
+                source,
+            })?;
+        }
+        let from = purged.map_or(key_index(&first.key()?)?, |p| p + 1);
+        let mut wal = Wal::open(&staging, purged, wal::SEGMENT_BYTES)?;
+        let mut run = Vec::new();
+        let mut copied = 0u64;
+        for guard in db.log.range::<[u8; 8], _>(from.to_be_bytes()..) {
+            let (key, value) = guard.into_inner()?;
+            run.push((key_index(&key)?, value.to_vec()));
+            if run.len() == 1024 {
+                copied += run.len() as u64;
+                wal.append(&std::mem::take(&mut run))?;
+            }
+        }
+        copied += run.len() as u64;
+        wal.append(&run)?;
+        if let Some(file) = wal.active_file() {
+            file.sync_data().map_err(|source| StoreError::LogFile {
+                path: staging.clone(),
+                source,
+            })?;
+        }
+        drop(wal);
+        fs::rename(&staging, &target).map_err(|source| StoreError::LogFile {
+            path: target.clone(),
+            source,
+        })?;
+        wal::sync_dir(dir)?;
+        tracing::info!(
+            entries = copied,
+            "moved the raft log out of fjall into segment files"
+        );
     }
+    let mut keys = Vec::new();
+    for guard in db.log.iter() {
+        keys.push(guard.key()?);
+    }
+    for chunk in keys.chunks(1024) {
+        let mut batch = db.db.batch().durability(None);
+        for key in chunk {
+            batch.remove(&db.log, key.clone());
+        }
+        batch.commit()?;
+    }
+    Ok(())
 }
 
 impl LogStore {
-    pub(crate) fn open(db: Arc<Db>) -> Result<Self, StoreError> {
-        let flusher = spawn_flusher(db.clone());
-        // A crash between recording the purge marker and deleting the entries leaves entries at
-        // or below it behind; finish that purge now so the log starts right after the marker.
+    pub(crate) fn open(db: Arc<Db>, dir: &Path) -> Result<Self, StoreError> {
         let purged = read_meta::<LogId<u64>>(&db, PURGED_KEY, "purged log id")?;
-        let first = match &purged {
-            Some(purged) => {
-                remove_range(&db, ..=purged.index, false)?;
-                purged.index + 1
-            }
-            None => match db.log.first_key_value() {
-                Some(guard) => key_index(&guard.key()?)?,
-                None => 0,
-            },
-        };
+        migrate_fjall_log(&db, dir, purged.map(|p| p.index))?;
+        let wal = Wal::open(
+            &dir.join(LOG_DIR),
+            purged.map(|p| p.index),
+            wal::SEGMENT_BYTES,
+        )?;
+        let wal = Arc::new(Mutex::new(wal));
         // Stored as `Option<LogId>`, so a saved `None` reads back as `None` too.
         let committed =
             read_meta::<Option<LogId<u64>>>(&db, COMMITTED_KEY, "committed log id")?.flatten();
-        let purger = spawn_purger(Arc::downgrade(&db), first);
         Ok(LogStore {
+            flusher: spawn_flusher(db.clone(), wal.clone()),
+            purger: spawn_purger(),
             db,
-            flusher,
-            purger,
+            wal,
             committed: Arc::new(Mutex::new(committed)),
         })
     }
@@ -247,75 +280,45 @@ impl LogStore {
         .await
     }
 
-    /// Writes entries in one batch into the journal, not yet synced (the flusher syncs).
+    /// Writes entries into the log, not yet synced (the flusher syncs).
     fn write_entries(
         &self,
         entries: impl IntoIterator<Item = Entry<TypeConfig>>,
     ) -> Result<(), StoreError> {
-        let mut batch = self.db.db.batch().durability(None);
+        let mut records = Vec::new();
         for entry in entries {
             let value = encode_compressed("log entry", &entry)?;
-            batch.insert(&self.db.log, log_key(entry.log_id.index), value);
+            records.push((entry.log_id.index, value));
         }
-        batch.commit()?;
-        Ok(())
+        lock(&self.wal).append(&records)
     }
 
-    fn read_entries<R: RangeBounds<u64>>(
-        &self,
-        range: R,
-    ) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
-        let bounds = (map_bound(range.start_bound()), map_bound(range.end_bound()));
+    fn read_entries(&self, from: u64, to: u64) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
+        // Located under the lock, read and decoded without it.
+        let stretches = lock(&self.wal).locate(from, to);
         let mut entries = Vec::new();
-        for guard in self.db.log.range::<[u8; 8], _>(bounds) {
-            let (key, value) = guard.into_inner()?;
-            let entry: Entry<TypeConfig> = decode("log entry", &value)?;
-            let index = key_index(&key)?;
-            if entry.log_id.index != index {
-                return Err(StoreError::Corrupt {
-                    what: "log entry",
-                    detail: format!("entry {} stored under index {index}", entry.log_id),
-                });
-            }
-            entries.push(entry);
+        for stretch in stretches {
+            stretch.read(|index, bytes| {
+                let entry: Entry<TypeConfig> = decode("log entry", bytes)?;
+                if entry.log_id.index != index {
+                    return Err(StoreError::Corrupt {
+                        what: "log entry",
+                        detail: format!("entry {} stored under index {index}", entry.log_id),
+                    });
+                }
+                entries.push(entry);
+                Ok(())
+            })?;
         }
         Ok(entries)
     }
 
     fn last_entry_id(&self) -> Result<Option<LogId<u64>>, StoreError> {
-        match self.db.log.last_key_value() {
-            Some(guard) => {
-                let (_, value) = guard.into_inner()?;
-                let entry: Entry<TypeConfig> = decode("log entry", &value)?;
-                Ok(Some(entry.log_id))
-            }
-            None => Ok(None),
-        }
+        let Some(last) = lock(&self.wal).last() else {
+            return Ok(None);
+        };
+        Ok(self.read_entries(last, last + 1)?.pop().map(|e| e.log_id))
     }
-}
-
-/// Deletes the entries whose index lies in `range`, in batches of [`REMOVE_BATCH`]. A
-/// truncation (`from_top`) goes from the highest entry down, so an interrupted one leaves a
-/// shorter but still gap-free log, and is synced: new entries will be appended at those
-/// indexes. Finishing a purge at startup is not synced: the marker is already durable.
-fn remove_range<R: RangeBounds<u64>>(db: &Db, range: R, from_top: bool) -> Result<(), StoreError> {
-    let durability = from_top.then_some(PersistMode::SyncAll);
-    let bounds = (map_bound(range.start_bound()), map_bound(range.end_bound()));
-    let mut keys = Vec::new();
-    for guard in db.log.range::<[u8; 8], _>(bounds) {
-        keys.push(guard.key()?);
-    }
-    if from_top {
-        keys.reverse();
-    }
-    for chunk in keys.chunks(REMOVE_BATCH) {
-        let mut batch = db.db.batch().durability(durability);
-        for key in chunk {
-            batch.remove(&db.log, key.clone());
-        }
-        batch.commit()?;
-    }
-    Ok(())
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -323,7 +326,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError<u64>> {
-        self.read_entries(range)
+        let (from, to) = span(&range);
+        self.read_entries(from, to)
             .map_err(|e| e.into_raft(StorageIOError::read_logs))
     }
 }
@@ -412,8 +416,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
-        let this = self.clone();
-        blocking(move || remove_range(&this.db, log_id.index.., true))
+        let wal = self.wal.clone();
+        blocking(move || lock(&wal).truncate(log_id.index))
             .await
             .map_err(|e| e.into_raft(StorageIOError::write_logs))
     }
@@ -423,15 +427,77 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let purge = async move {
             let value = encode("purged log id", &log_id)?;
             // The marker first: once it is durable, get_log_state no longer reports the purged
-            // entries, and open() finishes deleting them if we crash halfway.
+            // entries, and open() deletes what is left of them if we crash before that.
             this.write_meta(PURGED_KEY, value).await?;
-            // The deletion itself trails behind (see `spawn_purger`). Without the thread the
-            // entries stay, invisible, until `open` deletes them after a restart.
-            let _ = this.purger.send(log_id.index);
+            let doomed = lock(&this.wal).purge(log_id.index);
+            if !doomed.is_empty() {
+                // Without the thread the files stay, unread, until `open` deletes them.
+                let _ = this.purger.send(doomed);
+            }
             Ok::<(), StoreError>(())
         };
         purge
             .await
             .map_err(|e| e.into_raft(StorageIOError::write_logs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+
+    fn blank(index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(3, 1), index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    /// A data directory of an earlier version: the log in fjall's `log` keyspace, entries 1..=5
+    /// purged.
+    fn legacy_dir() -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let db = Db::open(tmp.path()).expect("open");
+        let mut batch = db.db.batch().durability(Some(PersistMode::SyncAll));
+        for index in 1..=40 {
+            let value = encode_compressed("log entry", &blank(index)).expect("encode");
+            batch.insert(&db.log, index.to_be_bytes(), value);
+        }
+        let purged = encode("purged", &blank(5).log_id).expect("encode");
+        batch.insert(&db.meta, PURGED_KEY, purged);
+        batch.commit().expect("write");
+        tmp
+    }
+
+    async fn check_migrated(dir: &Path) {
+        let db = Arc::new(Db::open(dir).expect("open"));
+        let mut store = LogStore::open(db.clone(), dir).expect("log store");
+        let read = store.try_get_log_entries(..).await.expect("read");
+        assert_eq!(read, (6..=40).map(blank).collect::<Vec<_>>());
+        let state = store.get_log_state().await.expect("state");
+        assert_eq!(state.last_log_id, Some(blank(40).log_id));
+        assert_eq!(state.last_purged_log_id, Some(blank(5).log_id));
+        assert!(
+            db.log.first_key_value().is_none(),
+            "the keyspace is emptied"
+        );
+        assert!(!dir.join(MIGRATING_DIR).exists());
+    }
+
+    #[tokio::test]
+    async fn a_log_kept_in_fjall_by_an_earlier_version_is_moved_into_segments() {
+        let tmp = legacy_dir();
+        check_migrated(tmp.path()).await;
+        // And the moved log is what opens the next time.
+        check_migrated(tmp.path()).await;
+
+        // A move cut short (the staging directory half written) is started over.
+        let tmp = legacy_dir();
+        let staging = tmp.path().join(MIGRATING_DIR);
+        fs::create_dir_all(&staging).expect("mkdir");
+        fs::write(staging.join(format!("{:020}.seg", 6)), b"FGRLOG01 half").expect("write");
+        check_migrated(tmp.path()).await;
     }
 }

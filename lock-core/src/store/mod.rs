@@ -1,17 +1,13 @@
-//! Durable storage for the raft group: the log, the vote and the state-machine snapshots, all in
-//! one fjall [`Database`].
-//!
-//! Layout (one database per node, four keyspaces, plus the snapshot file in `snapshots/`):
+//! Durable storage for the raft group: the log's entries in segment files of their own
+//! (`raft-log/`, see `wal.rs`), the snapshot file in `snapshots/`, and everything else in one
+//! fjall [`Database`]:
 //!
 //! | keyspace   | key                          | value                                   |
 //! |------------|------------------------------|-----------------------------------------|
-//! | `log`      | log index, 8 bytes big-endian| the encoded `openraft::Entry`           |
 //! | `meta`     | `vote`, `committed`, `purged`| the encoded `Vote` / `LogId`            |
-//! | `snapshot` | `header`, `chunk/<u32 BE>`   | only in data dirs of earlier versions   |
 //! | `idempotency` | record, purge index, applied marker | see `idempotency.rs`      |
-//!
-//! Big-endian keys make fjall's byte order the log order, so ranges and "last entry" are plain
-//! keyspace ranges.
+//! | `log`      | log index, 8 bytes big-endian| only in data dirs of earlier versions, moved to `raft-log/` at open |
+//! | `snapshot` | `header`, `chunk/<u32 BE>`   | only in data dirs of earlier versions   |
 //!
 //! Durability: every write openraft must be able to rely on (log append, vote, purge marker,
 //! snapshot) is synced with [`PersistMode::SyncAll`] before openraft hears it is done. The lock
@@ -20,9 +16,8 @@
 //! the committed log id is stored too (unsynced: a lost one only means fewer entries are
 //! re-applied before the leader says how far the log is committed).
 //!
-//! fjall calls can block (an fsync can take milliseconds, and it holds the journal while it
-//! runs), so syncs run on a thread of the log store's own or on tokio's blocking pool rather
-//! than on the async worker that drives raft.
+//! Syncs can block for milliseconds, so they run on a thread of the log store's own or on
+//! tokio's blocking pool rather than on the async worker that drives raft.
 //!
 //! Errors: any fjall or decoding failure is reported to openraft as a `StorageError`, which stops
 //! the raft node. That is deliberate: after a failed write the on-disk state is unknown, and a
@@ -34,6 +29,7 @@ mod idempotency;
 mod log_store;
 mod snapshot_file;
 mod state_machine;
+mod wal;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -68,6 +64,13 @@ pub enum StoreError {
     /// A snapshot file could not be written or read.
     #[error("snapshot file {path}: {source}")]
     SnapshotFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A raft log segment file could not be written or read.
+    #[error("raft log file {path}: {source}")]
+    LogFile {
         path: std::path::PathBuf,
         #[source]
         source: std::io::Error,
@@ -107,8 +110,6 @@ const SNAPSHOT_KEYSPACE: &str = "snapshot";
 const IDEM_KEYSPACE: &str = "idempotency";
 /// Block cache of the node's database (see `Db::open`).
 const BLOCK_CACHE_BYTES: u64 = 8 << 20;
-/// Memtable size of the log keyspace (see `Db::open`).
-const LOG_MEMTABLE_BYTES: u64 = 16 << 20;
 /// Memtable size of the idempotency keyspace.
 const IDEM_MEMTABLE_BYTES: u64 = 64 << 20;
 
@@ -118,7 +119,7 @@ const IDEM_MEMTABLE_BYTES: u64 = 64 << 20;
 /// the committed log entries after it when the raft node starts.
 pub fn open(dir: &Path, effects: EffectSink) -> Result<(LogStore, StateMachineStore), StoreError> {
     let db = Arc::new(Db::open(dir)?);
-    let log_store = LogStore::open(db.clone())?;
+    let log_store = LogStore::open(db.clone(), dir)?;
     let sm_store = StateMachineStore::open(db, dir, effects)?;
     Ok((log_store, sm_store))
 }
@@ -132,17 +133,9 @@ impl Db {
         let db = Database::builder(dir)
             .cache_size(BLOCK_CACHE_BYTES)
             .open()?;
-        // The log's memtable size trades memory for commit stalls. Each flush writes a
-        // segment beside the journal, and the log's fsyncs (which every commit waits for) queue
-        // behind it: 8 MiB memtables of uncompressed entries flushed every ~10 s at the seed
-        // workload and raised its acquire p99 from 16 ms to 87 ms. Entries are now stored
-        // lz4-compressed (about half the bytes), and the snapshot file written every ~20 s is
-        // most of what the disk does, so 16 MiB memtables flush about as often as 32 MiB ones
-        // of plain entries did. Two of them (one filling, one flushing) were a third of a
-        // node's heap at 32 MiB. Sizes are stored when a keyspace is created; existing data
-        // directories keep theirs.
-        let memtable = |bytes| move || KeyspaceCreateOptions::default().max_memtable_size(bytes);
-        let log = db.keyspace(LOG_KEYSPACE, memtable(LOG_MEMTABLE_BYTES))?;
+        // Earlier versions kept the raft log here; it is moved into segment files when the
+        // node opens (see `log_store.rs`), and stays empty afterwards.
+        let log = db.keyspace(LOG_KEYSPACE, KeyspaceCreateOptions::default)?;
         let meta = db.keyspace(META_KEYSPACE, KeyspaceCreateOptions::default)?;
         // Earlier versions kept snapshots here as large chunks (key-value separated so
         // compaction did not rewrite them); it is read until the first snapshot file replaces it.
@@ -150,7 +143,9 @@ impl Db {
             KeyspaceCreateOptions::default()
                 .with_kv_separation(Some(KvSeparationOptions::default()))
         })?;
-        let idem = db.keyspace(IDEM_KEYSPACE, memtable(IDEM_MEMTABLE_BYTES))?;
+        let idem = db.keyspace(IDEM_KEYSPACE, || {
+            KeyspaceCreateOptions::default().max_memtable_size(IDEM_MEMTABLE_BYTES)
+        })?;
         Ok(Db {
             db,
             log,

@@ -1,0 +1,753 @@
+//! The raft log's entries on disk: append-only segment files.
+//!
+//! A raft log is appended at its end, cut at its front after each snapshot and, rarely, cut at
+//! its end when a new leader overrules entries that never committed. Files that are only
+//! appended to fit that exactly: an append is one positional write of all its records, a
+//! purge deletes whole files, a truncation shortens one file and deletes the ones after it.
+//! Nothing is held in memory but each record's offset. (The log used to be a fjall keyspace:
+//! its two memtables were a fifth of a node's heap, each flush wrote a segment that the log's
+//! fsyncs queued behind, and a purge wrote a tombstone per entry for compaction to clean up.)
+//!
+//! A segment is named after the index of its first record (`<index, 20 digits>.seg`) and holds
+//! a header (magic and that index) and then records:
+//!
+//! ```text
+//! len: u32 LE | index: u64 LE | payload (len bytes) | xxh3-64 of the preceding bytes: u64 LE
+//! ```
+//!
+//! Records in a segment have consecutive indexes, and each segment starts right after the one
+//! before it. Durability is the caller's: [`Wal::append`] only writes, and an entry is durable
+//! once [`Wal::active_file`] has been synced after it (a new segment is created, and a full one
+//! finished, synced). At open, a damaged or half-written tail of the last segment is what a
+//! crash during a write leaves: it is cut off (those records were never acknowledged). Damage
+//! anywhere else is reported, never skipped.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::StoreError;
+
+const MAGIC: &[u8; 8] = b"FGRLOG01";
+const HEADER_LEN: u64 = 16;
+/// Length and index before a record's payload, checksum after it.
+const RECORD_HEAD: usize = 12;
+const RECORD_TAIL: usize = 8;
+const SUFFIX: &str = ".seg";
+/// A segment is finished and a new one started once it holds this many bytes.
+pub(super) const SEGMENT_BYTES: u64 = 64 << 20;
+/// A larger length than this in a record is damage: an entry is one batch of commands, which
+/// the batcher keeps far below it.
+const MAX_PAYLOAD: usize = 256 << 20;
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
+    move |source| StoreError::LogFile {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn corrupt(path: &Path, detail: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        what: "raft log segment",
+        detail: format!("{}: {detail}", path.display()),
+    }
+}
+
+pub(super) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(dir))
+}
+
+struct Segment {
+    /// The index of its first record.
+    first: u64,
+    path: PathBuf,
+    file: Arc<File>,
+    /// Where each record starts; record `i` holds index `first + i`.
+    offsets: Vec<u64>,
+    /// Where the next record goes.
+    end: u64,
+}
+
+impl Segment {
+    fn last(&self) -> Option<u64> {
+        (!self.offsets.is_empty()).then(|| self.first + self.offsets.len() as u64 - 1)
+    }
+
+    /// Byte range of the records `from..to` (indexes inside this segment).
+    fn bytes(&self, from: u64, to: u64) -> Range<u64> {
+        let at = |i: u64| match self.offsets.get((i - self.first) as usize) {
+            Some(&o) => o,
+            None => self.end,
+        };
+        at(from)..at(to)
+    }
+}
+
+/// Records read back: one contiguous stretch of a segment, checked as it is parsed.
+pub(super) struct Stretch {
+    path: PathBuf,
+    file: Arc<File>,
+    first: u64,
+    bytes: Range<u64>,
+}
+
+impl Stretch {
+    /// Reads the stretch and hands each record's index and payload to `each`, in order.
+    pub(super) fn read(
+        &self,
+        mut each: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let mut buf = vec![0u8; (self.bytes.end - self.bytes.start) as usize];
+        self.file
+            .read_exact_at(&mut buf, self.bytes.start)
+            .map_err(io_err(&self.path))?;
+        let mut at = 0;
+        let mut expect = self.first;
+        while at < buf.len() {
+            match parse_record(&buf[at..], expect) {
+                Parsed::Record { payload, len } => {
+                    each(expect, payload)?;
+                    at += len;
+                    expect += 1;
+                }
+                Parsed::Short | Parsed::Damaged(_) => {
+                    let offset = self.bytes.start + at as u64;
+                    return Err(corrupt(
+                        &self.path,
+                        format!("record {expect} at byte {offset} does not read back"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+enum Parsed<'a> {
+    Record {
+        payload: &'a [u8],
+        len: usize,
+    },
+    /// The bytes end inside the record.
+    Short,
+    Damaged(String),
+}
+
+fn parse_record(bytes: &[u8], expect: u64) -> Parsed<'_> {
+    let Some(head) = bytes.first_chunk::<RECORD_HEAD>() else {
+        return Parsed::Short;
+    };
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    if len > MAX_PAYLOAD {
+        return Parsed::Damaged(format!("a record of {len} bytes"));
+    }
+    let total = RECORD_HEAD + len + RECORD_TAIL;
+    if bytes.len() < total {
+        return Parsed::Short;
+    }
+    let sum = u64::from_le_bytes(
+        bytes[total - RECORD_TAIL..total]
+            .try_into()
+            .unwrap_or([0; 8]),
+    );
+    if xxh3_64(&bytes[..total - RECORD_TAIL]) != sum {
+        return Parsed::Damaged("checksum mismatch".into());
+    }
+    let index = u64::from_le_bytes(head[4..12].try_into().unwrap_or([0; 8]));
+    if index != expect {
+        return Parsed::Damaged(format!("record {index} where {expect} belongs"));
+    }
+    Parsed::Record {
+        payload: &bytes[RECORD_HEAD..RECORD_HEAD + len],
+        len: total,
+    }
+}
+
+fn put_record(out: &mut Vec<u8>, index: u64, payload: &[u8]) {
+    let start = out.len();
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&index.to_le_bytes());
+    out.extend_from_slice(payload);
+    let sum = xxh3_64(&out[start..]);
+    out.extend_from_slice(&sum.to_le_bytes());
+}
+
+/// The log's segment files. Not synchronised: the log store keeps it behind a mutex.
+pub(super) struct Wal {
+    dir: PathBuf,
+    /// In index order, each starting right after the one before. Only the last may be empty.
+    segments: Vec<Segment>,
+    /// Entries at or below this are purged: never read, whatever a file still holds.
+    purged: Option<u64>,
+    segment_bytes: u64,
+}
+
+impl Wal {
+    /// Opens the segments in `dir` (created if missing), cutting off a torn tail of the last
+    /// one and deleting segments that hold only entries at or below `purged`.
+    pub(super) fn open(
+        dir: &Path,
+        purged: Option<u64>,
+        segment_bytes: u64,
+    ) -> Result<Self, StoreError> {
+        if !dir.exists() {
+            fs::create_dir_all(dir).map_err(io_err(dir))?;
+            if let Some(parent) = dir.parent() {
+                sync_dir(parent)?;
+            }
+        }
+        let mut found = Vec::new();
+        for item in fs::read_dir(dir).map_err(io_err(dir))? {
+            let item = item.map_err(io_err(dir))?;
+            let name = item.file_name();
+            let Some(first) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(SUFFIX))
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            found.push((first, item.path()));
+        }
+        found.sort();
+        let count = found.len();
+        let mut segments: Vec<Segment> = Vec::with_capacity(count);
+        for (n, (first, path)) in found.into_iter().enumerate() {
+            let Some(segment) = scan(first, path, n + 1 == count)? else {
+                continue;
+            };
+            // Segments holding nothing but purged entries are what a purge left for deletion.
+            let dead = purged.is_some_and(|p| segment.last().unwrap_or(segment.first) <= p);
+            if dead {
+                fs::remove_file(&segment.path).map_err(io_err(&segment.path))?;
+                continue;
+            }
+            if let Some(prev) = segments.last() {
+                let next = prev.last().map_or(prev.first, |l| l + 1);
+                if segment.first != next {
+                    return Err(corrupt(
+                        &segment.path,
+                        format!("starts at {} where {next} belongs", segment.first),
+                    ));
+                }
+            }
+            segments.push(segment);
+        }
+        if let (Some(p), Some(first)) = (purged, segments.first()) {
+            if first.first > p + 1 {
+                return Err(corrupt(
+                    &first.path,
+                    format!("the log resumes at {} after purging up to {p}", first.first),
+                ));
+            }
+        }
+        let wal = Wal {
+            dir: dir.to_path_buf(),
+            segments,
+            purged,
+            segment_bytes,
+        };
+        Ok(wal)
+    }
+
+    /// The lowest index still readable.
+    fn first_live(&self) -> Option<u64> {
+        let first = self.segments.first()?.first;
+        Some(self.purged.map_or(first, |p| first.max(p + 1)))
+    }
+
+    /// The index of the last record, purged or not.
+    fn last_stored(&self) -> Option<u64> {
+        self.segments.iter().rev().find_map(Segment::last)
+    }
+
+    /// The index of the last entry that can be read (none if all are purged).
+    pub(super) fn last(&self) -> Option<u64> {
+        let last = self.last_stored()?;
+        (self.purged.is_none_or(|p| last > p)).then_some(last)
+    }
+
+    /// The file that appends go to: syncing it makes every append so far durable (earlier
+    /// segments were synced when they were finished).
+    pub(super) fn active_file(&self) -> Option<Arc<File>> {
+        self.segments.last().map(|s| s.file.clone())
+    }
+
+    /// Writes `records` (index, payload), whose indexes must continue the log: right after its
+    /// last entry, or anywhere when every entry is purged (a follower that installed a snapshot
+    /// ahead of its log resumes past it; entries at or below the purge point are stored but
+    /// never read). Not synced.
+    pub(super) fn append(&mut self, records: &[(u64, Vec<u8>)]) -> Result<(), StoreError> {
+        let Some(&(first, _)) = records.first() else {
+            return Ok(());
+        };
+        for (n, (index, _)) in records.iter().enumerate() {
+            if *index != first + n as u64 {
+                return Err(StoreError::Corrupt {
+                    what: "raft log append",
+                    detail: format!("entry {index} at position {n} of a run from {first}"),
+                });
+            }
+        }
+        let next = self.last_stored().map(|l| l + 1);
+        if next != Some(first) {
+            if self.last().is_some() {
+                return Err(StoreError::Corrupt {
+                    what: "raft log append",
+                    detail: format!(
+                        "entry {first} does not follow the log (last entry {:?}, purged up to {:?})",
+                        self.last_stored(),
+                        self.purged
+                    ),
+                });
+            }
+            // Everything stored is purged (or nothing is): start over at `first`.
+            for segment in std::mem::take(&mut self.segments) {
+                fs::remove_file(&segment.path).map_err(io_err(&segment.path))?;
+            }
+        }
+        if self
+            .segments
+            .last()
+            .is_none_or(|s| s.end >= self.segment_bytes)
+        {
+            self.start_segment(first)?;
+        }
+        let Some(segment) = self.segments.last_mut() else {
+            return Err(StoreError::Task("no segment to append to".into()));
+        };
+        let mut buf = Vec::with_capacity(
+            records
+                .iter()
+                .map(|(_, p)| p.len() + RECORD_HEAD + RECORD_TAIL)
+                .sum(),
+        );
+        let mut offsets = Vec::with_capacity(records.len());
+        for (index, payload) in records {
+            offsets.push(segment.end + buf.len() as u64);
+            put_record(&mut buf, *index, payload);
+        }
+        if let Err(e) = segment.file.write_all_at(&buf, segment.end) {
+            // Whatever part of it landed lies past `end`: cut it, so that it cannot be read as
+            // a tail at the next open.
+            let _ = segment.file.set_len(segment.end);
+            return Err(io_err(&segment.path)(e));
+        }
+        segment.offsets.extend(offsets);
+        segment.end += buf.len() as u64;
+        Ok(())
+    }
+
+    /// Finishes the current segment (synced) and starts a new one at `first`: its header is
+    /// synced and so is the directory entry, so that entries acknowledged in it are found.
+    fn start_segment(&mut self, first: u64) -> Result<(), StoreError> {
+        if let Some(done) = self.segments.last() {
+            done.file.sync_data().map_err(io_err(&done.path))?;
+        }
+        let path = self.dir.join(format!("{first:020}{SUFFIX}"));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        let mut header = MAGIC.to_vec();
+        header.extend_from_slice(&first.to_le_bytes());
+        file.write_all_at(&header, 0)
+            .and_then(|()| file.sync_data())
+            .map_err(io_err(&path))?;
+        sync_dir(&self.dir)?;
+        self.segments.push(Segment {
+            first,
+            path,
+            file: Arc::new(file),
+            offsets: Vec::new(),
+            end: HEADER_LEN,
+        });
+        Ok(())
+    }
+
+    /// Where the entries `from..to` lie: stretches to [`Stretch::read`] without holding the
+    /// log (purged entries and those past the end are left out).
+    pub(super) fn locate(&self, from: u64, to: u64) -> Vec<Stretch> {
+        let (Some(live), Some(last)) = (self.first_live(), self.last()) else {
+            return Vec::new();
+        };
+        let (from, to) = (from.max(live), to.min(last + 1));
+        let mut out = Vec::new();
+        if from >= to {
+            return out;
+        }
+        for segment in &self.segments {
+            let Some(seg_last) = segment.last() else {
+                continue;
+            };
+            let (a, b) = (from.max(segment.first), to.min(seg_last + 1));
+            if a < b {
+                out.push(Stretch {
+                    path: segment.path.clone(),
+                    file: segment.file.clone(),
+                    first: a,
+                    bytes: segment.bytes(a, b),
+                });
+            }
+        }
+        out
+    }
+
+    /// Removes the entries from `from` on, durably: the segment holding `from` is cut there and
+    /// synced, the ones after it are deleted and the directory synced.
+    pub(super) fn truncate(&mut self, from: u64) -> Result<(), StoreError> {
+        let mut deleted = false;
+        while let Some(segment) = self.segments.last_mut() {
+            if segment.first >= from {
+                fs::remove_file(&segment.path).map_err(io_err(&segment.path))?;
+                self.segments.pop();
+                deleted = true;
+                continue;
+            }
+            if segment.last().is_some_and(|l| l >= from) {
+                let keep = (from - segment.first) as usize;
+                let end = segment.offsets[keep];
+                segment
+                    .file
+                    .set_len(end)
+                    .and_then(|()| segment.file.sync_data())
+                    .map_err(io_err(&segment.path))?;
+                segment.offsets.truncate(keep);
+                segment.end = end;
+            }
+            break;
+        }
+        if deleted {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    /// Marks the entries up to `upto` purged and lets go of the segments that hold nothing
+    /// else: their paths are returned for the caller to delete (no hurry: they are never read
+    /// again, and `open` deletes them if they are still there).
+    pub(super) fn purge(&mut self, upto: u64) -> Vec<PathBuf> {
+        let upto = self.purged.map_or(upto, |p| p.max(upto));
+        self.purged = Some(upto);
+        let done = self
+            .segments
+            .iter()
+            .take_while(|s| s.last().is_some_and(|l| l <= upto))
+            .count();
+        self.segments.drain(..done).map(|s| s.path).collect()
+    }
+
+    /// How many segment files there are (for tests and diagnostics).
+    #[cfg(test)]
+    fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+}
+
+/// Reads a segment's records. A torn or damaged tail of the `last` segment is cut off (and the
+/// cut synced); anywhere else it is an error. A last segment too short for its header (a crash
+/// while it was being created) is deleted: `None`.
+fn scan(first: u64, path: PathBuf, last: bool) -> Result<Option<Segment>, StoreError> {
+    let bytes = fs::read(&path).map_err(io_err(&path))?;
+    let Some(header) = bytes.first_chunk::<{ HEADER_LEN as usize }>() else {
+        if last {
+            tracing::warn!(path = %path.display(), "removing a raft log segment cut off while it was created");
+            fs::remove_file(&path).map_err(io_err(&path))?;
+            return Ok(None);
+        }
+        return Err(corrupt(&path, "shorter than its header"));
+    };
+    if &header[..8] != MAGIC || header[8..] != first.to_le_bytes() {
+        return Err(corrupt(&path, "not a raft log segment for its name"));
+    }
+    let mut offsets = Vec::new();
+    let mut at = HEADER_LEN as usize;
+    while at < bytes.len() {
+        let index = first + offsets.len() as u64;
+        match parse_record(&bytes[at..], index) {
+            Parsed::Record { len, .. } => {
+                offsets.push(at as u64);
+                at += len;
+            }
+            Parsed::Short | Parsed::Damaged(_) if last => {
+                tracing::warn!(
+                    path = %path.display(),
+                    at,
+                    bytes = bytes.len() - at,
+                    "cutting off an unfinished write at the end of the raft log"
+                );
+                break;
+            }
+            Parsed::Short => {
+                return Err(corrupt(&path, format!("record {index} is cut short")));
+            }
+            Parsed::Damaged(why) => {
+                return Err(corrupt(
+                    &path,
+                    format!("record {index} at byte {at}: {why}"),
+                ));
+            }
+        }
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    if at < bytes.len() {
+        file.set_len(at as u64)
+            .and_then(|()| file.sync_data())
+            .map_err(io_err(&path))?;
+    }
+    Ok(Some(Segment {
+        first,
+        path,
+        file: Arc::new(file),
+        offsets,
+        end: at as u64,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payload(index: u64) -> Vec<u8> {
+        format!("entry {index} ")
+            .repeat(1 + (index % 7) as usize)
+            .into_bytes()
+    }
+
+    fn records(range: Range<u64>) -> Vec<(u64, Vec<u8>)> {
+        range.map(|i| (i, payload(i))).collect()
+    }
+
+    fn read_all(wal: &Wal, from: u64, to: u64) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        let mut out = Vec::new();
+        for stretch in wal.locate(from, to) {
+            stretch.read(|i, p| {
+                out.push((i, p.to_vec()));
+                Ok(())
+            })?;
+        }
+        Ok(out)
+    }
+
+    fn segment_files(dir: &Path) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        files
+    }
+
+    #[test]
+    fn appends_read_back_across_segments_and_after_reopening() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("log");
+        let mut wal = Wal::open(&dir, None, 512).unwrap();
+        assert_eq!(wal.last(), None);
+        for start in (1..200).step_by(9) {
+            wal.append(&records(start..start + 9)).unwrap();
+        }
+        assert!(wal.segment_count() > 5, "small segments roll over");
+        assert_eq!(wal.last(), Some(207));
+        assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(1..208));
+        assert_eq!(read_all(&wal, 50, 61).unwrap(), records(50..61));
+        drop(wal);
+
+        let wal = Wal::open(&dir, None, 512).unwrap();
+        assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(1..208));
+        assert_eq!(read_all(&wal, 300, 400).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn appends_that_do_not_continue_the_log_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 4096).unwrap();
+        wal.append(&records(1..5)).unwrap();
+        for bad in [
+            records(6..8),
+            records(3..5),
+            vec![(5, vec![1]), (7, vec![2])],
+        ] {
+            assert!(matches!(wal.append(&bad), Err(StoreError::Corrupt { .. })));
+        }
+        assert_eq!(read_all(&wal, 0, 100).unwrap(), records(1..5));
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_off_and_appends_continue_after_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 1 << 20).unwrap();
+        wal.append(&records(1..11)).unwrap();
+        drop(wal);
+        let file = segment_files(tmp.path()).pop().unwrap();
+        let len = fs::metadata(&file).unwrap().len();
+        // Half of the last record made it to disk.
+        OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_len(len - 5)
+            .unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 1 << 20).unwrap();
+        assert_eq!(read_all(&wal, 0, 100).unwrap(), records(1..10));
+        wal.append(&records(10..13)).unwrap();
+        drop(wal);
+
+        // A last record whose bytes are all there but damaged is cut off the same way.
+        let len = fs::metadata(&file).unwrap().len();
+        let f = OpenOptions::new().write(true).open(&file).unwrap();
+        f.write_all_at(b"X", len - 10).unwrap();
+        let wal = Wal::open(tmp.path(), None, 1 << 20).unwrap();
+        assert_eq!(read_all(&wal, 0, 100).unwrap(), records(1..12));
+    }
+
+    #[test]
+    fn damage_before_the_tail_is_an_error_never_skipped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 256).unwrap();
+        wal.append(&records(1..40)).unwrap();
+        for start in (40..80).step_by(4) {
+            wal.append(&records(start..start + 4)).unwrap();
+        }
+        drop(wal);
+        let files = segment_files(tmp.path());
+        assert!(files.len() > 2);
+        let f = OpenOptions::new().write(true).open(&files[1]).unwrap();
+        f.write_all_at(b"XY", HEADER_LEN + 14).unwrap();
+        let err = Wal::open(tmp.path(), None, 256)
+            .err()
+            .expect("damage is reported");
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+
+        // A missing segment in the middle is a gap: reported too.
+        let tmp = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 256).unwrap();
+        for start in (1..60).step_by(3) {
+            wal.append(&records(start..start + 3)).unwrap();
+        }
+        drop(wal);
+        fs::remove_file(&segment_files(tmp.path())[1]).unwrap();
+        assert!(matches!(
+            Wal::open(tmp.path(), None, 256),
+            Err(StoreError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn a_truncation_is_kept_and_appends_overwrite_the_cut_entries() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 300).unwrap();
+        for start in (1..100).step_by(3) {
+            wal.append(&records(start..start + 3)).unwrap();
+        }
+        let before = segment_files(tmp.path()).len();
+        // Inside a segment, then at a segment's first entry.
+        wal.truncate(90).unwrap();
+        assert_eq!(wal.last(), Some(89));
+        let first_of_last = wal.segments.last().unwrap().first;
+        wal.truncate(first_of_last).unwrap();
+        assert_eq!(wal.last(), Some(first_of_last - 1));
+        assert!(segment_files(tmp.path()).len() < before);
+        let rewritten: Vec<(u64, Vec<u8>)> = (first_of_last..first_of_last + 5)
+            .map(|i| (i, b"term 2".to_vec()))
+            .collect();
+        wal.append(&rewritten).unwrap();
+        drop(wal);
+
+        let wal = Wal::open(tmp.path(), None, 300).unwrap();
+        let mut expected = records(1..first_of_last);
+        expected.extend(rewritten);
+        assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), expected);
+
+        // Everything.
+        let mut wal = wal;
+        wal.truncate(0).unwrap();
+        assert_eq!(wal.last(), None);
+        assert!(segment_files(tmp.path()).is_empty());
+        wal.append(&records(1..3)).unwrap();
+        assert_eq!(read_all(&wal, 0, 10).unwrap(), records(1..3));
+    }
+
+    #[test]
+    fn a_purge_hides_entries_and_frees_whole_segments() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 300).unwrap();
+        for start in (1..100).step_by(3) {
+            wal.append(&records(start..start + 3)).unwrap();
+        }
+        let files = segment_files(tmp.path()).len();
+        let doomed = wal.purge(50);
+        assert!(!doomed.is_empty() && doomed.len() < files);
+        for path in &doomed {
+            fs::remove_file(path).unwrap();
+        }
+        assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(51..100));
+        assert_eq!(wal.last(), Some(99));
+        drop(wal);
+
+        // The marker is the caller's: reopened with it, the same entries show; a segment that
+        // only holds purged entries and was not deleted yet is deleted now.
+        let mut wal = Wal::open(tmp.path(), Some(50), 300).unwrap();
+        assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(51..100));
+        let left = wal.purge(60);
+        assert!(!left.is_empty());
+        drop(wal);
+        let wal = Wal::open(tmp.path(), Some(70), 300).unwrap();
+        assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(71..100));
+        assert!(left.iter().all(|path| !path.exists()));
+    }
+
+    #[test]
+    fn after_a_purge_past_the_end_the_log_starts_over_where_raft_resumes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 300).unwrap();
+        wal.append(&records(1..20)).unwrap();
+        // A snapshot far ahead of this log was installed.
+        let doomed = wal.purge(5_000);
+        assert_eq!(wal.last(), None);
+        // Entries at or below the purge point are never read.
+        wal.append(&records(4_000..4_002)).unwrap();
+        assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), vec![]);
+        wal.append(&records(5_001..5_004)).unwrap();
+        for path in doomed {
+            let _ = fs::remove_file(path);
+        }
+        assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(5_001..5_004));
+        drop(wal);
+        let wal = Wal::open(tmp.path(), Some(5_000), 300).unwrap();
+        assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(5_001..5_004));
+
+        // A marker past a log that resumes later than right after it means entries are missing.
+        assert!(matches!(
+            Wal::open(tmp.path(), Some(4_000), 300),
+            Err(StoreError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn a_segment_cut_off_while_it_was_created_is_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 1 << 20).unwrap();
+        wal.append(&records(1..4)).unwrap();
+        drop(wal);
+        fs::write(tmp.path().join(format!("{:020}{SUFFIX}", 4)), b"FGR").unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 1 << 20).unwrap();
+        assert_eq!(segment_files(tmp.path()).len(), 1);
+        wal.append(&records(4..6)).unwrap();
+        assert_eq!(read_all(&wal, 0, 10).unwrap(), records(1..6));
+    }
+}
