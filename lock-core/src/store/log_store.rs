@@ -372,11 +372,11 @@ impl LogStore {
     }
 
     fn read_entries(&self, from: u64, to: u64) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
-        // Located under the lock, read and decoded without it.
-        let stretches = lock(&self.wal).locate(from, to);
+        // Read under the lock, decoded without it.
+        let stretches = lock(&self.wal).read(from, to)?;
         let mut entries = Vec::new();
         for stretch in stretches {
-            stretch.read(|index, bytes| {
+            stretch.records(|index, bytes| {
                 let entry: Entry<TypeConfig> = decode("log entry", bytes)?;
                 if entry.log_id.index != index {
                     return Err(StoreError::Corrupt {

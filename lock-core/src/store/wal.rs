@@ -94,32 +94,30 @@ impl Segment {
 /// Records read back: one contiguous stretch of a segment, checked as it is parsed.
 pub(super) struct Stretch {
     path: PathBuf,
-    file: Arc<File>,
+    /// The index of its first record.
     first: u64,
-    bytes: Range<u64>,
+    /// Where it starts in the file.
+    start: u64,
+    bytes: Vec<u8>,
 }
 
 impl Stretch {
-    /// Reads the stretch and hands each record's index and payload to `each`, in order.
-    pub(super) fn read(
+    /// Hands each record's index and payload to `each`, in order.
+    pub(super) fn records(
         &self,
         mut each: impl FnMut(u64, &[u8]) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let mut buf = vec![0u8; (self.bytes.end - self.bytes.start) as usize];
-        self.file
-            .read_exact_at(&mut buf, self.bytes.start)
-            .map_err(io_err(&self.path))?;
         let mut at = 0;
         let mut expect = self.first;
-        while at < buf.len() {
-            match parse_record(&buf[at..], expect) {
+        while at < self.bytes.len() {
+            match parse_record(&self.bytes[at..], expect) {
                 Parsed::Record { payload, len } => {
                     each(expect, payload)?;
                     at += len;
                     expect += 1;
                 }
                 Parsed::Short | Parsed::Damaged(_) => {
-                    let offset = self.bytes.start + at as u64;
+                    let offset = self.start + at as u64;
                     return Err(corrupt(
                         &self.path,
                         format!("record {expect} at byte {offset} does not read back"),
@@ -375,16 +373,19 @@ impl Wal {
         Ok(())
     }
 
-    /// Where the entries `from..to` lie: stretches to [`Stretch::read`] without holding the
-    /// log (purged entries and those past the end are left out).
-    pub(super) fn locate(&self, from: u64, to: u64) -> Vec<Stretch> {
+    /// Reads the entries `from..to` (purged entries and those past the end are left out), one
+    /// stretch per segment, to be parsed with [`Stretch::records`]. The bytes are read while
+    /// the caller holds the log, so that a truncation cannot cut them short meanwhile (a leader
+    /// that steps down may still be reading for replication when the new leader's entries
+    /// replace its own); parsing and decoding can wait until it is let go.
+    pub(super) fn read(&self, from: u64, to: u64) -> Result<Vec<Stretch>, StoreError> {
         let (Some(live), Some(last)) = (self.first_live(), self.last()) else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
         let (from, to) = (from.max(live), to.min(last + 1));
         let mut out = Vec::new();
         if from >= to {
-            return out;
+            return Ok(out);
         }
         for segment in &self.segments {
             let Some(seg_last) = segment.last() else {
@@ -392,15 +393,21 @@ impl Wal {
             };
             let (a, b) = (from.max(segment.first), to.min(seg_last + 1));
             if a < b {
+                let range = segment.bytes(a, b);
+                let mut bytes = vec![0u8; (range.end - range.start) as usize];
+                segment
+                    .file
+                    .read_exact_at(&mut bytes, range.start)
+                    .map_err(io_err(&segment.path))?;
                 out.push(Stretch {
                     path: segment.path.clone(),
-                    file: segment.file.clone(),
                     first: a,
-                    bytes: segment.bytes(a, b),
+                    start: range.start,
+                    bytes,
                 });
             }
         }
-        out
+        Ok(out)
     }
 
     /// Removes the entries from `from` on, durably: the segment holding `from` is cut there and
@@ -534,8 +541,8 @@ mod tests {
 
     fn read_all(wal: &Wal, from: u64, to: u64) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
         let mut out = Vec::new();
-        for stretch in wal.locate(from, to) {
-            stretch.read(|i, p| {
+        for stretch in wal.read(from, to)? {
+            stretch.records(|i, p| {
                 out.push((i, p.to_vec()));
                 Ok(())
             })?;
