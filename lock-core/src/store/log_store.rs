@@ -266,10 +266,7 @@ fn migrate_fjall_log(db: &Db, dir: &Path, purged: Option<u64>) -> Result<(), Sto
     if !target.exists() {
         let staging = dir.join(MIGRATING_DIR);
         if staging.exists() {
-            fs::remove_dir_all(&staging).map_err(|source| StoreError::LogFile {
-                path: staging.clone(),
-                source,
-            })?;
+            fs::remove_dir_all(&staging).map_err(wal::io_err(&staging))?;
         }
         let from = purged.map_or(key_index(&first.key()?)?, |p| p + 1);
         let mut wal = Wal::open(&staging, purged, wal::SEGMENT_BYTES)?;
@@ -286,16 +283,10 @@ fn migrate_fjall_log(db: &Db, dir: &Path, purged: Option<u64>) -> Result<(), Sto
         copied += run.len() as u64;
         wal.append(&run)?;
         if let Some(file) = wal.active_file() {
-            file.sync_data().map_err(|source| StoreError::LogFile {
-                path: staging.clone(),
-                source,
-            })?;
+            file.sync_data().map_err(wal::io_err(&staging))?;
         }
         drop(wal);
-        fs::rename(&staging, &target).map_err(|source| StoreError::LogFile {
-            path: target.clone(),
-            source,
-        })?;
+        fs::rename(&staging, &target).map_err(wal::io_err(&target))?;
         wal::sync_dir(dir)?;
         tracing::info!(
             entries = copied,

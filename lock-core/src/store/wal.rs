@@ -45,7 +45,7 @@ pub(super) const SEGMENT_BYTES: u64 = 64 << 20;
 /// the batcher keeps far below it.
 const MAX_PAYLOAD: usize = 256 << 20;
 
-fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
+pub(super) fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StoreError + '_ {
     move |source| StoreError::LogFile {
         path: path.to_path_buf(),
         source,
@@ -550,6 +550,14 @@ mod tests {
         Ok(out)
     }
 
+    /// Appends runs of `run` entries, one call each, starting at every `run`-th index of
+    /// `starts` (the last run may end past it).
+    fn append_in_runs(wal: &mut Wal, starts: Range<u64>, run: u64) {
+        for start in starts.step_by(run as usize) {
+            wal.append(&records(start..start + run)).unwrap();
+        }
+    }
+
     fn segment_files(dir: &Path) -> Vec<PathBuf> {
         let mut files: Vec<PathBuf> = fs::read_dir(dir)
             .unwrap()
@@ -565,9 +573,7 @@ mod tests {
         let dir = tmp.path().join("log");
         let mut wal = Wal::open(&dir, None, 512).unwrap();
         assert_eq!(wal.last(), None);
-        for start in (1..200).step_by(9) {
-            wal.append(&records(start..start + 9)).unwrap();
-        }
+        append_in_runs(&mut wal, 1..200, 9);
         assert!(wal.segment_count() > 5, "small segments roll over");
         assert_eq!(wal.last(), Some(207));
         assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(1..208));
@@ -627,9 +633,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mut wal = Wal::open(tmp.path(), None, 256).unwrap();
         wal.append(&records(1..40)).unwrap();
-        for start in (40..80).step_by(4) {
-            wal.append(&records(start..start + 4)).unwrap();
-        }
+        append_in_runs(&mut wal, 40..80, 4);
         drop(wal);
         let files = segment_files(tmp.path());
         assert!(files.len() > 2);
@@ -643,9 +647,7 @@ mod tests {
         // A missing segment in the middle is a gap: reported too.
         let tmp = tempfile::tempdir().unwrap();
         let mut wal = Wal::open(tmp.path(), None, 256).unwrap();
-        for start in (1..60).step_by(3) {
-            wal.append(&records(start..start + 3)).unwrap();
-        }
+        append_in_runs(&mut wal, 1..60, 3);
         drop(wal);
         fs::remove_file(&segment_files(tmp.path())[1]).unwrap();
         assert!(matches!(
@@ -658,9 +660,7 @@ mod tests {
     fn a_truncation_is_kept_and_appends_overwrite_the_cut_entries() {
         let tmp = tempfile::tempdir().unwrap();
         let mut wal = Wal::open(tmp.path(), None, 300).unwrap();
-        for start in (1..100).step_by(3) {
-            wal.append(&records(start..start + 3)).unwrap();
-        }
+        append_in_runs(&mut wal, 1..100, 3);
         let before = segment_files(tmp.path()).len();
         // Inside a segment, then at a segment's first entry.
         wal.truncate(90).unwrap();
@@ -693,9 +693,7 @@ mod tests {
     fn a_purge_hides_entries_and_frees_whole_segments() {
         let tmp = tempfile::tempdir().unwrap();
         let mut wal = Wal::open(tmp.path(), None, 300).unwrap();
-        for start in (1..100).step_by(3) {
-            wal.append(&records(start..start + 3)).unwrap();
-        }
+        append_in_runs(&mut wal, 1..100, 3);
         let files = segment_files(tmp.path()).len();
         let doomed = wal.purge(50);
         assert!(!doomed.is_empty() && doomed.len() < files);
