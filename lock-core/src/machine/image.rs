@@ -1,41 +1,95 @@
 //! Snapshots: the machine as a plain image, and back (rebuilding the derived indexes).
 
-use serde::ser::{SerializeSeq, SerializeStruct};
+use std::cell::RefCell;
+
+use imbl::OrdMap;
+use serde::ser::{Error as _, SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
 
 use super::dedup::DedupTable;
+use super::keys::ApiKeyRecord;
 use super::lock_machine::{count_up, LockMachine};
 use super::name::ResName;
-use super::state::{dedup_key, DedupEntry, MachineImage};
+use super::quota::QuotaLedger;
+use super::state::{dedup_key, DedupEntry, MachineImage, ResourceState};
 
-/// The machine serialised exactly as its [`MachineImage`] would be, but straight from its
-/// collections: a snapshot of the seed state (a hundred thousand resources, a million dedup
-/// records) is encoded into its file without first building a second copy of the state in
-/// memory. Decode it as a `MachineImage`.
-pub struct ImageRef<'a>(pub &'a LockMachine);
+/// What a snapshot is written from: the parts of the machine its [`MachineImage`] holds,
+/// taken in O(1) (the collections are persistent and share their nodes with the live
+/// machine), without the derived indexes, which a restore rebuilds.
+///
+/// While the image shares a node with the machine, apply must copy that node before it changes
+/// it. A snapshot of the seed state is written over a few seconds, and an image that held the
+/// whole machine for that long made apply copy most of the resource map and every index once
+/// per snapshot: tens of megabytes a node allocated and freed every few seconds, which the
+/// allocator then kept. So this image holds no index at all, and writes the resources from a
+/// consuming iterator that lets go of each node of the map as soon as its records are written;
+/// apply changes such a node in place. (The dedup table's frozen chunks are immutable and
+/// shared whole; apply never copies them.)
+///
+/// Serialised exactly as its `MachineImage` would be, straight from the collections: no second
+/// copy of the state is built in memory. Decode it as a `MachineImage`. It can be serialised
+/// once; a second attempt is an error.
+pub struct SnapshotImage {
+    now_ms: u64,
+    term: u64,
+    last_token: u64,
+    gc_floor: u64,
+    commands: u64,
+    resources: RefCell<Option<OrdMap<ResName, ResourceState>>>,
+    dedup: DedupTable,
+    quotas: QuotaLedger,
+    keys: OrdMap<String, ApiKeyRecord>,
+}
 
-impl Serialize for ImageRef<'_> {
+impl SnapshotImage {
+    /// Commands applied up to the state this image shows.
+    pub fn commands(&self) -> u64 {
+        self.commands
+    }
+}
+
+impl Serialize for SnapshotImage {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let m = self.0;
         // Field names, order and count as `MachineImage` derives them; `dedup` (read from
         // images of earlier versions only) is skipped there too when empty, as it always is.
         let mut image = serializer.serialize_struct("MachineImage", 9)?;
-        image.serialize_field("now_ms", &m.now_ms)?;
-        image.serialize_field("term", &m.term)?;
-        image.serialize_field("last_token", &m.last_token)?;
-        image.serialize_field("gc_floor", &m.gc_floor)?;
-        image.serialize_field("resources", &Seq(m.resources.len(), || m.resources.iter()))?;
+        image.serialize_field("now_ms", &self.now_ms)?;
+        image.serialize_field("term", &self.term)?;
+        image.serialize_field("last_token", &self.last_token)?;
+        image.serialize_field("gc_floor", &self.gc_floor)?;
+        image.serialize_field("resources", &Consumed(&self.resources))?;
         image.serialize_field(
             "dedup_records",
-            &Seq(m.dedup.len(), || {
-                m.dedup.iter().map(|(key, rec)| DedupEntry::of(key, &rec))
+            &Seq(self.dedup.len(), || {
+                self.dedup
+                    .iter()
+                    .map(|(key, rec)| DedupEntry::of(key, &rec))
             }),
         )?;
         image.skip_field("dedup")?;
-        image.serialize_field("quotas", &m.quotas)?;
-        image.serialize_field("keys", &Seq(m.keys.len(), || m.keys.values()))?;
-        image.serialize_field("commands", &m.commands)?;
+        image.serialize_field("quotas", &self.quotas)?;
+        image.serialize_field("keys", &Seq(self.keys.len(), || self.keys.values()))?;
+        image.serialize_field("commands", &self.commands)?;
         image.end()
+    }
+}
+
+/// A map serialised as a sequence of its entries, taken out of its cell and consumed as it is
+/// written (see [`SnapshotImage`]).
+struct Consumed<'a>(&'a RefCell<Option<OrdMap<ResName, ResourceState>>>);
+
+impl Serialize for Consumed<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let map = self
+            .0
+            .borrow_mut()
+            .take()
+            .ok_or_else(|| S::Error::custom("a snapshot image can be written only once"))?;
+        let mut seq = serializer.serialize_seq(Some(map.len()))?;
+        for entry in map {
+            seq.serialize_element(&entry)?;
+        }
+        seq.end()
     }
 }
 
@@ -58,6 +112,21 @@ where
 }
 
 impl LockMachine {
+    /// The image a snapshot is written from (see [`SnapshotImage`]).
+    pub fn snapshot_image(&self) -> SnapshotImage {
+        SnapshotImage {
+            now_ms: self.now_ms,
+            term: self.term,
+            last_token: self.last_token,
+            gc_floor: self.gc_floor,
+            commands: self.commands,
+            resources: RefCell::new(Some(self.resources.clone())),
+            dedup: self.dedup.clone(),
+            quotas: self.quotas.clone(),
+            keys: self.keys.clone(),
+        }
+    }
+
     pub fn image(&self) -> MachineImage {
         // In (expiry, key) order, so every replica writes byte-identical snapshots.
         let dedup_records: Vec<_> = self

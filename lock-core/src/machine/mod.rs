@@ -17,7 +17,7 @@ pub use idempotency::{
     Completion, Finding, IdemCommand, IdemOutcome, IdemRecord, IdemScope, IdemState,
     IdempotencyMachine, RecordWrite, StoredAnswer, StoredBody,
 };
-pub use image::ImageRef;
+pub use image::SnapshotImage;
 pub use keys::ApiKeyRecord;
 pub use lock_machine::LockMachine;
 pub use quota::{

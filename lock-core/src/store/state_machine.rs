@@ -20,7 +20,7 @@ use super::idempotency::{slot, IdemEntry, IdemStore, UnknownPage};
 use super::snapshot_file::{Meta, SnapshotFiles, SnapshotReader};
 use super::{blocking, encode_into, Db, EffectSink, StoreError};
 use crate::machine::{
-    Command, Effect, IdemRecord, IdemScope, ImageRef, LockMachine, MachineImage, Response,
+    Command, Effect, IdemRecord, IdemScope, LockMachine, MachineImage, Response, SnapshotImage,
 };
 use crate::raft::{NodeInfo, SnapshotStream, TypeConfig};
 
@@ -133,7 +133,7 @@ pub(super) struct SnapshotPayload {
 struct PayloadRef<'a> {
     last_applied: Option<LogId<u64>>,
     last_membership: &'a Membership,
-    image: ImageRef<'a>,
+    image: SnapshotImage,
     idempotency: &'a [IdemEntry],
     idempotency_index: Option<u64>,
 }
@@ -506,17 +506,18 @@ pub struct SnapshotBuilder {
 
 impl SnapshotBuilder {
     fn build(&self) -> Result<(Meta, std::fs::File), StoreError> {
-        // Clone under the read lock (O(1): the machine's collections are persistent) and
-        // encode outside it, straight into the file, so apply is never blocked by a snapshot
-        // and no second copy of the state is built in memory.
-        let (last_applied, last_membership, machine) = {
+        // Take the image under the read lock (O(1): the machine's collections are persistent)
+        // and encode it outside, straight into the file, so apply is never blocked by a
+        // snapshot and no second copy of the state is built in memory.
+        let (last_applied, last_membership, image) = {
             let st = self.shared.inner.read().map_err(|_| StoreError::Poisoned)?;
             (
                 st.last_applied,
                 st.last_membership.clone(),
-                st.machine.clone(),
+                st.machine.snapshot_image(),
             )
         };
+        let commands = image.commands();
         let seq = self.snapshots.next_seq();
         let (term, index) = last_applied.map_or((0, 0), |id| (id.leader_id.term, id.index));
         let meta = Meta {
@@ -527,17 +528,18 @@ impl SnapshotBuilder {
         let payload = PayloadRef {
             last_applied,
             last_membership: &last_membership,
-            image: ImageRef(&machine),
+            image,
             idempotency: &[],
             idempotency_index: None,
         };
-        let (_, file) = self
-            .snapshots
-            .persist_built(&meta, seq, |out| encode_into("snapshot", &payload, out))?;
+        // The image goes as soon as it is written, before the file is synced and made current.
+        let (_, file) = self.snapshots.persist_built(&meta, seq, move |out| {
+            encode_into("snapshot", &payload, out)
+        })?;
         self.shared
             .counts
             .at_snapshot
-            .fetch_max(machine.commands(), Ordering::Relaxed);
+            .fetch_max(commands, Ordering::Relaxed);
         Ok((meta, file))
     }
 }

@@ -3,9 +3,7 @@
 //! with that stamp would do. Dedup of retried acquires works inside a batch and across
 //! batches.
 
-use lock_core::machine::{
-    Acquire, Batch, Command, ImageRef, LeaseId, LockMachine, Proposal, Response,
-};
+use lock_core::machine::{Acquire, Batch, Command, LeaseId, LockMachine, Proposal, Response};
 use proptest::prelude::*;
 
 const GRACE: u64 = 1_000;
@@ -106,6 +104,43 @@ fn every_command_of_a_batch_sees_the_batch_stamp() {
     }
 }
 
+/// A snapshot is written while apply goes on: its image shows the machine as it was when it
+/// was taken, whatever apply changes afterwards (including in the resources the image has
+/// already let go of), and it can be written only once.
+#[test]
+fn a_snapshot_image_shows_the_state_it_was_taken_at() {
+    let mut m = LockMachine::new();
+    let first: Vec<_> = (0..200u128)
+        .map(|i| acquire(&format!("r{i:03}"), &format!("a{i}"), i, 0))
+        .collect();
+    m.apply_batch(&Batch::new(5_000, GRACE, first), TERM);
+    let expected = serde_json::to_vec(&m.image()).expect("image");
+    let snapshot = m.snapshot_image();
+    let mut before_written = m.clone();
+    // Changes to resources the image holds, and to new ones, before it is written...
+    let more: Vec<_> = (100..300u128)
+        .map(|i| acquire(&format!("r{i:03}"), &format!("b{i}"), 1_000 + i, 0))
+        .collect();
+    before_written.apply_batch(&Batch::new(5_001, GRACE, more.clone()), TERM);
+    m.apply_batch(&Batch::new(5_001, GRACE, more), TERM);
+    assert_eq!(serde_json::to_vec(&snapshot).expect("written"), expected);
+    // ...and after: the machine is whole and goes on.
+    m.apply_batch(
+        &Batch::new(5_002, GRACE, vec![Command::Tick { max_items: 10 }]),
+        TERM,
+    );
+    before_written.apply_batch(
+        &Batch::new(5_002, GRACE, vec![Command::Tick { max_items: 10 }]),
+        TERM,
+    );
+    assert_eq!(m.image(), before_written.image());
+    assert!(m.check_indexes().is_ok(), "{:?}", m.check_indexes());
+    let restored = LockMachine::from_image(serde_json::from_slice(&expected).expect("decode"));
+    assert_eq!(restored.stats().resources, 200);
+    let again = serde_json::to_vec(&snapshot).expect_err("written twice");
+    assert!(again.to_string().contains("only once"), "{again}");
+}
+
 /// Nodes space their snapshots by the commands applied, so the count must be the same on
 /// every replica: each command of a batch counts once, one-by-one or batched, and a restored
 /// snapshot goes on counting from where it was taken.
@@ -133,7 +168,7 @@ fn every_command_counts_once_and_the_count_survives_a_snapshot() {
         TERM,
     );
     assert_eq!(m.commands(), 4);
-    let encoded = serde_json::to_vec(&ImageRef(&m)).expect("encode");
+    let encoded = serde_json::to_vec(&m.snapshot_image()).expect("encode");
     let mut restored = LockMachine::from_image(serde_json::from_slice(&encoded).expect("decode"));
     assert_eq!(restored.commands(), 4);
     restored.apply_batch(
@@ -230,7 +265,7 @@ proptest! {
             prop_assert_eq!(batched.image(), single.image());
             // Snapshots serialise the machine in place; the bytes must be the image's.
             prop_assert_eq!(
-                serde_json::to_vec(&ImageRef(&batched)).expect("in place"),
+                serde_json::to_vec(&batched.snapshot_image()).expect("in place"),
                 serde_json::to_vec(&batched.image()).expect("image")
             );
             prop_assert!(batched.check_indexes().is_ok(), "{:?}", batched.check_indexes());
