@@ -169,7 +169,7 @@ impl LockMachine {
                 m.lease_expiry.insert((l.expires_at_ms, name.clone()));
                 count_up(&mut m.tenant_leases, &name);
             }
-            for w in &res.waiters {
+            for w in res.waiters.iter() {
                 count_up(&mut m.tenant_waiters, &name);
                 m.waiter_deadlines
                     .insert((w.deadline_ms, name.clone(), w.request_id.clone()));

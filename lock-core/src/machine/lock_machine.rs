@@ -586,11 +586,11 @@ impl LockMachine {
         // Capped at the lease's expiry, so an expiring lease never delays the next holder.
         let until = now.saturating_add(grant_ms).min(expires);
         res.grants.retain(|g| g.until_ms > now);
-        match res
+        let same = res
             .grants
             .iter_mut()
-            .find(|g| g.proxy == proxy && g.fencing_token == token)
-        {
+            .find(|g| g.proxy == proxy && g.fencing_token == token);
+        match same {
             Some(g) => g.until_ms = g.until_ms.max(until),
             None => res.grants.push(FenceGrant {
                 proxy,

@@ -8,6 +8,7 @@ mod keys;
 mod lock_machine;
 mod name;
 mod quota;
+mod rare;
 mod reads;
 mod state;
 mod types;
@@ -24,6 +25,7 @@ pub use quota::{
     DemandReport, QuotaGrant, QuotaLease, QuotaLedger, QuotaOutcome, QuotaPolicy, QuotaRequest,
     QuotaSpec, MILLI,
 };
+pub use rare::Rare;
 pub use state::{
     dedup_key, DedupEntry, DedupGrant, DedupKey, DedupRecord, DedupState, FenceGrant, Lease,
     MachineImage, ResourceState, Waiter, DEFAULT_IDLE_RETAIN_MS,

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::keys::ApiKeyRecord;
 use super::quota::QuotaLedger;
+use super::rare::Rare;
 use super::types::Grant;
 use crate::wire::LeaseId;
 
@@ -40,7 +41,8 @@ pub struct ResourceState {
     /// Boxed: most records at the seed workload are idle (four in five), and an inline lease
     /// would cost each of them 80 bytes; snapshots encode it exactly as an inline one.
     pub lease: Option<Box<Lease>>,
-    pub waiters: VecDeque<Waiter>,
+    /// Like the grants below, one pointer while empty, as it nearly always is.
+    pub waiters: Rare<VecDeque<Waiter>>,
     /// Highest fencing token ever issued for this resource.
     pub last_token: u64,
     /// Highest token a fencing proxy was admitted to forward writes with.
@@ -48,7 +50,7 @@ pub struct ResourceState {
     pub admitted: u64,
     /// Live proxy admission grants for the current token (see `Command::Admit`).
     #[serde(default)]
-    pub grants: Vec<FenceGrant>,
+    pub grants: Rare<Vec<FenceGrant>>,
     /// Set when the lease ended while proxy grants were live: no new token is issued for the
     /// resource before this time, so writes already admitted under the old token have
     /// completed or timed out before a newer token can exist (the epoch barrier).
@@ -57,6 +59,10 @@ pub struct ResourceState {
     /// When the record became idle (no lease, no waiters) and when it may be dropped.
     pub idle_until_ms: Option<u64>,
 }
+
+// A hundred thousand of these live in the nodes of a persistent map that apply copies while a
+// snapshot is written: keep them small.
+const _: () = assert!(std::mem::size_of::<ResourceState>() == 72);
 
 /// A proxy's permission to forward writes with `fencing_token` until `until_ms` (log time).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -169,7 +169,7 @@ pub fn waiting(m: &LockMachine, resource: &str) -> Vec<String> {
 /// The proxies' admission grants recorded on `resource`.
 pub fn grants(m: &LockMachine, resource: &str) -> Vec<FenceGrant> {
     m.resource(resource)
-        .map(|r| r.grants.clone())
+        .map(|r| r.grants.to_vec())
         .unwrap_or_default()
 }
 
