@@ -17,6 +17,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::state::Waiter;
 
+/// A `Vec` or `VecDeque` as one pointer, null exactly when the collection is empty.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rare<C>(Option<Box<C>>);
 
