@@ -139,9 +139,12 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         Some(idx) if sut.local.is_some() => {
             match replica_down::restart_and_catch_up(&sut, &http, idx).await {
                 Ok(c) => {
+                    let rss = c.rss_mib.map_or(String::new(), |(now, peak)| {
+                        format!(", RSS {now:.0} MiB (peak {peak:.0})")
+                    });
                     eprintln!(
                         "node {} restarted: answering after {:.2} s, caught up with index {} \
-                         ({} resources, {} dedup records) after {:.2} s",
+                         ({} resources, {} dedup records) after {:.2} s{rss}",
                         c.node_id,
                         c.start_s,
                         c.target_index,

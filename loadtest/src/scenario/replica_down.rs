@@ -56,6 +56,9 @@ pub struct CatchUp {
     pub start_s: f64,
     /// From the restart until its last applied index reached the target.
     pub caught_up_s: f64,
+    /// The restarted node's RSS in MiB once caught up, and its peak since the restart (the
+    /// snapshot install included), if /proc could be read.
+    pub rss_mib: Option<(f64, f64)>,
 }
 
 /// Restarts the follower `stop_one` stopped (fencegate only) and measures how long it takes to
@@ -89,7 +92,14 @@ pub async fn restart_and_catch_up(
         if let Ok(s) = status::fetch(http, &sut.bases[idx], Duration::from_millis(500)).await {
             start_s.get_or_insert(started.elapsed().as_secs_f64());
             if s.last_applied >= target_index {
+                let pid = cluster
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pids()
+                    .get(&idx)
+                    .copied();
                 return Ok(CatchUp {
+                    rss_mib: pid.and_then(crate::cluster::process::rss_mib),
                     node_id,
                     target_index,
                     resources_on_leader,
