@@ -295,42 +295,70 @@ impl DedupTable {
     }
 
     /// This (empty) table filled with `records`, whole chunks frozen at once.
+    ///
+    /// A snapshot lists its records in (expiry, key) order, so each run of `chunk_len` is
+    /// frozen as soon as it is complete: a restore never holds all the records unpacked next to
+    /// the image it reads them from (at the seed workload's full retry window, ~75 MB more at
+    /// the peak of an install). Records out of that order (images of earlier versions list them
+    /// by key) thaw what was frozen, and all of them are sorted at the end instead.
     fn rebuilt_with(mut self, records: impl IntoIterator<Item = (DedupKey, DedupRecord)>) -> Self {
         let records = records.into_iter();
-        // Sized once: a snapshot's million records, doubled into place, were a third of the
-        // rebuild. They arrive in (expiry, key) order, so the sort below only checks that.
-        let mut kept = Vec::with_capacity(records.size_hint().0);
+        let mut run: Vec<Kept> = Vec::with_capacity(self.chunk_len.min(records.size_hint().0));
+        let mut in_order = true;
         for (key, rec) in records {
-            match rec.state {
+            let kept = match rec.state {
                 DedupState::Waiting => {
                     self.waiting.insert(key);
+                    continue;
                 }
-                DedupState::Granted(grant) => kept.push(Kept {
+                DedupState::Granted(grant) => Kept {
                     expires_at_ms: rec.expires_at_ms,
                     key,
                     grant,
-                }),
+                },
+            };
+            if in_order && run.last().is_some_and(|last| kept.order() < last.order()) {
+                in_order = false;
+                let mut all: Vec<Kept> = Vec::with_capacity(self.frozen_len + run.len());
+                for chunk in self.chunks.drain(..) {
+                    all.extend(chunk.live());
+                }
+                self.frozen_len = 0;
+                all.append(&mut run);
+                run = all;
+            }
+            run.push(kept);
+            if in_order && run.len() == self.chunk_len {
+                let full = std::mem::replace(&mut run, Vec::with_capacity(self.chunk_len));
+                self.append_frozen(full);
             }
         }
-        kept.sort_unstable_by_key(Kept::order);
-        let whole = kept.len() - kept.len() % self.chunk_len;
-        for k in kept.drain(whole..) {
+        if !in_order {
+            run.sort_unstable_by_key(Kept::order);
+        }
+        let whole = run.len() - run.len() % self.chunk_len;
+        for k in run.drain(whole..) {
             self.open.insert((k.expires_at_ms, k.key), k.grant);
             self.open_keys.insert(k.key, k.expires_at_ms);
         }
         // Front to back, each chunk moved out once (splitting the rest off the front each
         // time would copy the whole remainder per chunk).
-        let mut rest = kept.into_iter();
+        let mut rest = run.into_iter();
         loop {
             let chunk: Vec<Kept> = rest.by_ref().take(self.chunk_len).collect();
             if chunk.is_empty() {
                 break;
             }
-            self.frozen_len += chunk.len();
-            self.chunks
-                .extend(Frozen::build(chunk).into_iter().map(Chunk::new));
+            self.append_frozen(chunk);
         }
         self
+    }
+
+    /// Appends `records` (in (expiry, key) order, after every frozen record) as frozen chunks.
+    fn append_frozen(&mut self, records: Vec<Kept>) {
+        self.frozen_len += records.len();
+        self.chunks
+            .extend(Frozen::build(records).into_iter().map(Chunk::new));
     }
 
     pub fn len(&self) -> usize {
@@ -561,9 +589,7 @@ impl DedupTable {
                 grant,
             })
             .collect();
-        self.frozen_len += records.len();
-        self.chunks
-            .extend(Frozen::build(records).into_iter().map(Chunk::new));
+        self.append_frozen(records);
         self.open = OrdMap::new();
         self.open_keys = OrdMap::new();
     }
@@ -825,6 +851,31 @@ mod tests {
         let rebuilt = DedupTable::from_records(by_key);
         rebuilt.check().expect("consistent");
         assert_eq!(rebuilt.iter().collect::<Vec<_>>(), listed);
+    }
+
+    /// A restore freezes chunks while the records come in order; one out of order after some
+    /// chunks were frozen thaws them, and the table is still the one the records describe.
+    #[test]
+    fn records_out_of_order_after_frozen_chunks_rebuild_the_same_table() {
+        let records = |ns: &[u64]| -> Vec<(DedupKey, DedupRecord)> {
+            ns.iter()
+                .map(|&n| (key(n as u8), granted(100 + n, &grant(n))))
+                .collect()
+        };
+        let in_order: Vec<u64> = (0..11).collect();
+        let table = DedupTable::with_chunk_len(4).rebuilt_with(records(&in_order));
+        table.check().expect("consistent");
+        assert_eq!((table.chunks.len(), table.open.len()), (2, 3));
+        assert_eq!(table.iter().collect::<Vec<_>>(), records(&in_order));
+        // 0..9 in order (two chunks frozen on the way), then 9, 10 and 11 before them.
+        let mut late: Vec<u64> = (0..9).collect();
+        late.extend([11, 10, 9]);
+        let rebuilt = DedupTable::with_chunk_len(4).rebuilt_with(records(&late));
+        rebuilt.check().expect("consistent");
+        let all: Vec<u64> = (0..12).collect();
+        assert_eq!(rebuilt.iter().collect::<Vec<_>>(), records(&all));
+        assert_eq!((rebuilt.chunks.len(), rebuilt.open.len()), (3, 0));
+        assert_eq!(rebuilt.len(), 12);
     }
 
     /// A clone (a snapshot's) shares the frozen chunks and is unaffected by what the table
