@@ -294,64 +294,13 @@ impl DedupTable {
         DedupTable::default().rebuilt_with(records)
     }
 
-    /// This (empty) table filled with `records`, whole chunks frozen at once.
-    ///
-    /// A snapshot lists its records in (expiry, key) order, so each run of `chunk_len` is
-    /// frozen as soon as it is complete: a restore never holds all the records unpacked next to
-    /// the image it reads them from (at the seed workload's full retry window, ~75 MB more at
-    /// the peak of an install). Records out of that order (images of earlier versions list them
-    /// by key) thaw what was frozen, and all of them are sorted at the end instead.
-    fn rebuilt_with(mut self, records: impl IntoIterator<Item = (DedupKey, DedupRecord)>) -> Self {
-        let records = records.into_iter();
-        let mut run: Vec<Kept> = Vec::with_capacity(self.chunk_len.min(records.size_hint().0));
-        let mut in_order = true;
+    /// This (empty) table filled with `records` (see [`DedupBuilder`]).
+    fn rebuilt_with(self, records: impl IntoIterator<Item = (DedupKey, DedupRecord)>) -> Self {
+        let mut builder = DedupBuilder::new(self);
         for (key, rec) in records {
-            let kept = match rec.state {
-                DedupState::Waiting => {
-                    self.waiting.insert(key);
-                    continue;
-                }
-                DedupState::Granted(grant) => Kept {
-                    expires_at_ms: rec.expires_at_ms,
-                    key,
-                    grant,
-                },
-            };
-            if in_order && run.last().is_some_and(|last| kept.order() < last.order()) {
-                in_order = false;
-                let mut all: Vec<Kept> = Vec::with_capacity(self.frozen_len + run.len());
-                for chunk in self.chunks.drain(..) {
-                    all.extend(chunk.live());
-                }
-                self.frozen_len = 0;
-                all.append(&mut run);
-                run = all;
-            }
-            run.push(kept);
-            if in_order && run.len() == self.chunk_len {
-                let full = std::mem::replace(&mut run, Vec::with_capacity(self.chunk_len));
-                self.append_frozen(full);
-            }
+            builder.push(key, rec);
         }
-        if !in_order {
-            run.sort_unstable_by_key(Kept::order);
-        }
-        let whole = run.len() - run.len() % self.chunk_len;
-        for k in run.drain(whole..) {
-            self.open.insert((k.expires_at_ms, k.key), k.grant);
-            self.open_keys.insert(k.key, k.expires_at_ms);
-        }
-        // Front to back, each chunk moved out once (splitting the rest off the front each
-        // time would copy the whole remainder per chunk).
-        let mut rest = run.into_iter();
-        loop {
-            let chunk: Vec<Kept> = rest.by_ref().take(self.chunk_len).collect();
-            if chunk.is_empty() {
-                break;
-            }
-            self.append_frozen(chunk);
-        }
-        self
+        builder.finish()
     }
 
     /// Appends `records` (in (expiry, key) order, after every frozen record) as frozen chunks.
@@ -592,6 +541,95 @@ impl DedupTable {
         self.append_frozen(records);
         self.open = OrdMap::new();
         self.open_keys = OrdMap::new();
+    }
+}
+
+/// Fills an empty table with records as a snapshot lists them, whole chunks frozen at once.
+///
+/// A snapshot lists its records in (expiry, key) order, so each run of `chunk_len` is frozen as
+/// soon as it is complete, and a restore that decodes the records straight into a builder never
+/// holds them in any other form. Records out of that order (images of earlier versions list
+/// them by key) thaw what was frozen, and all of them are sorted at the end instead.
+pub struct DedupBuilder {
+    table: DedupTable,
+    /// Granted records not frozen yet (all of them once out of order).
+    run: Vec<Kept>,
+    in_order: bool,
+}
+
+impl DedupBuilder {
+    /// A builder filling `table`, which must be empty.
+    pub fn new(table: DedupTable) -> Self {
+        debug_assert_eq!(table.len(), 0, "a builder fills an empty table");
+        let run = Vec::with_capacity(table.chunk_len);
+        DedupBuilder {
+            table,
+            run,
+            in_order: true,
+        }
+    }
+
+    pub fn push(&mut self, key: DedupKey, rec: DedupRecord) {
+        let kept = match rec.state {
+            DedupState::Waiting => {
+                self.table.waiting.insert(key);
+                return;
+            }
+            DedupState::Granted(grant) => Kept {
+                expires_at_ms: rec.expires_at_ms,
+                key,
+                grant,
+            },
+        };
+        let table = &mut self.table;
+        if self.in_order
+            && self
+                .run
+                .last()
+                .is_some_and(|last| kept.order() < last.order())
+        {
+            self.in_order = false;
+            let mut all: Vec<Kept> = Vec::with_capacity(table.frozen_len + self.run.len());
+            for chunk in table.chunks.drain(..) {
+                all.extend(chunk.live());
+            }
+            table.frozen_len = 0;
+            all.append(&mut self.run);
+            self.run = all;
+        }
+        self.run.push(kept);
+        if self.in_order && self.run.len() == table.chunk_len {
+            let full = std::mem::replace(&mut self.run, Vec::with_capacity(table.chunk_len));
+            table.append_frozen(full);
+        }
+    }
+
+    /// The table: what did not fill a chunk is its open chunk.
+    pub fn finish(self) -> DedupTable {
+        let DedupBuilder {
+            mut table,
+            mut run,
+            in_order,
+        } = self;
+        if !in_order {
+            run.sort_unstable_by_key(Kept::order);
+        }
+        let whole = run.len() - run.len() % table.chunk_len;
+        for k in run.drain(whole..) {
+            table.open.insert((k.expires_at_ms, k.key), k.grant);
+            table.open_keys.insert(k.key, k.expires_at_ms);
+        }
+        // Front to back, each chunk moved out once (splitting the rest off the front each
+        // time would copy the whole remainder per chunk).
+        let mut rest = run.into_iter();
+        loop {
+            let chunk: Vec<Kept> = rest.by_ref().take(table.chunk_len).collect();
+            if chunk.is_empty() {
+                break;
+            }
+            table.append_frozen(chunk);
+        }
+        table
     }
 }
 

@@ -11,7 +11,9 @@ use super::keys::ApiKeyRecord;
 use super::lock_machine::{count_up, LockMachine};
 use super::name::ResName;
 use super::quota::QuotaLedger;
-use super::state::{dedup_key, DedupEntry, MachineImage, ResourceState};
+use super::state::{
+    dedup_key, DedupEntry, MachineImage, ResourceState, RestoredDedup, RestoredImage,
+};
 
 /// What a snapshot is written from: the parts of the machine its [`MachineImage`] holds,
 /// taken in O(1) (the collections are persistent and share their nodes with the live
@@ -153,6 +155,27 @@ impl LockMachine {
     }
 
     pub fn from_image(image: MachineImage) -> Self {
+        let legacy = image
+            .dedup
+            .into_iter()
+            .map(|(resource, request_id, rec)| (dedup_key(&resource, &request_id), rec));
+        let current = image.dedup_records.into_iter().map(DedupEntry::into_record);
+        LockMachine::from_restored(RestoredImage {
+            now_ms: image.now_ms,
+            term: image.term,
+            last_token: image.last_token,
+            gc_floor: image.gc_floor,
+            resources: image.resources,
+            dedup_records: RestoredDedup(DedupTable::from_records(current.chain(legacy))),
+            dedup: Vec::new(),
+            quotas: image.quotas,
+            keys: image.keys,
+            commands: image.commands,
+        })
+    }
+
+    /// The machine a snapshot's image describes, its indexes rebuilt.
+    pub fn from_restored(image: RestoredImage) -> Self {
         let mut m = LockMachine {
             now_ms: image.now_ms,
             term: image.term,
@@ -183,12 +206,17 @@ impl LockMachine {
             }
             m.resources.insert(name, res);
         }
-        let legacy = image
-            .dedup
-            .into_iter()
-            .map(|(resource, request_id, rec)| (dedup_key(&resource, &request_id), rec));
-        let current = image.dedup_records.into_iter().map(DedupEntry::into_record);
-        m.dedup = DedupTable::from_records(current.chain(legacy));
+        let table = image.dedup_records.0;
+        m.dedup = if image.dedup.is_empty() {
+            table
+        } else {
+            // Images of earlier versions: records by resource and request id, merged in.
+            let legacy = image
+                .dedup
+                .into_iter()
+                .map(|(resource, request_id, rec)| (dedup_key(&resource, &request_id), rec));
+            DedupTable::from_records(table.iter().collect::<Vec<_>>().into_iter().chain(legacy))
+        };
         m
     }
 

@@ -28,7 +28,7 @@ pub use quota::{
 pub use rare::Rare;
 pub use state::{
     dedup_key, DedupEntry, DedupGrant, DedupKey, DedupRecord, DedupState, FenceGrant, Lease,
-    MachineImage, ResourceState, Waiter, DEFAULT_IDLE_RETAIN_MS,
+    MachineImage, ResourceState, RestoredDedup, RestoredImage, Waiter, DEFAULT_IDLE_RETAIN_MS,
 };
 pub use types::{
     Acquire, AdmitOutcome, Batch, Command, Effect, Grant, LeaseId, Proposal, Response,

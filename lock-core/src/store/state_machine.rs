@@ -20,7 +20,7 @@ use super::idempotency::{slot, IdemEntry, IdemStore, UnknownPage};
 use super::snapshot_file::{Meta, SnapshotFiles, SnapshotReader};
 use super::{blocking, encode_into, Db, EffectSink, StoreError};
 use crate::machine::{
-    Command, Effect, IdemRecord, IdemScope, LockMachine, MachineImage, Response, SnapshotImage,
+    Command, Effect, IdemRecord, IdemScope, LockMachine, Response, RestoredImage, SnapshotImage,
 };
 use crate::raft::{NodeInfo, SnapshotStream, TypeConfig};
 
@@ -114,12 +114,12 @@ impl SharedMachine {
     }
 }
 
-/// What a snapshot's payload contains.
-#[derive(Serialize, Deserialize)]
+/// What a snapshot's payload contains, as a node reads it (written by [`PayloadRef`]).
+#[derive(Deserialize)]
 pub(super) struct SnapshotPayload {
     last_applied: Option<LogId<u64>>,
     last_membership: Membership,
-    image: MachineImage,
+    image: RestoredImage,
     /// The proxy's idempotency records, as snapshots sent by earlier versions carried them
     /// (read, never written: they now follow the payload in the snapshot file).
     #[serde(default)]
@@ -281,12 +281,12 @@ impl StateMachineStore {
 
 impl Applied {
     fn restored(
-        image: MachineImage,
+        image: RestoredImage,
         last_applied: Option<LogId<u64>>,
         last_membership: Membership,
     ) -> Self {
         Applied {
-            machine: LockMachine::from_image(image),
+            machine: LockMachine::from_restored(image),
             last_applied,
             last_membership,
         }
