@@ -140,8 +140,9 @@ fn main() {
     let peak = PEAK.load(Ordering::Relaxed) - baseline;
     let stats = machine.stats();
     // What a snapshot costs, step by step: the image and its encoding on the node that builds
-    // it; decoding (from the file, as it is read, as a node does) and rebuilding the machine on
-    // a follower that installs it, with the heap that takes above what was live before.
+    // it; decoding (from the file, as it is read, the dedup records straight into the table, as
+    // a node does) and rebuilding the machine on a follower that installs it, with the heap
+    // that takes above what was live before.
     let timed = std::time::Instant::now();
     let image = machine.image();
     let imaging = timed.elapsed();
@@ -161,12 +162,12 @@ fn main() {
         std::fs::File::open(&file).expect("open the image file"),
     );
     let mut de = rmp_serde::Deserializer::new(input);
-    let decoded: lock_core::machine::MachineImage =
+    let decoded: lock_core::machine::RestoredImage =
         serde::Deserialize::deserialize(&mut de).expect("decode the image");
     let decoding = timed.elapsed();
     let _ = std::fs::remove_file(&file);
     let timed = std::time::Instant::now();
-    let restored = LockMachine::from_image(decoded);
+    let restored = LockMachine::from_restored(decoded);
     let restoring = timed.elapsed();
     let install_peak = PEAK.load(Ordering::Relaxed) - before_install;
     assert_eq!(
