@@ -215,7 +215,7 @@ impl LockMachine {
                 .dedup
                 .into_iter()
                 .map(|(resource, request_id, rec)| (dedup_key(&resource, &request_id), rec));
-            DedupTable::from_records(table.iter().collect::<Vec<_>>().into_iter().chain(legacy))
+            DedupTable::from_records(table.iter().chain(legacy))
         };
         m
     }
