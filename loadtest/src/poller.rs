@@ -8,7 +8,9 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::watch;
 
-use crate::cluster::process::{disk_counters, rss_mib, write_bytes, DiskCounters};
+use crate::cluster::process::{
+    cpu_counters, disk_counters, rss_mib, write_bytes, CpuCounters, DiskCounters,
+};
 use crate::cluster::status::{self, READ_TIMEOUT};
 use crate::config::System;
 use crate::stats::Recorder;
@@ -31,6 +33,9 @@ pub struct Sample {
     pub write_bytes: BTreeMap<usize, u64>,
     /// The machine's disk counters, to tell a slow second's disk from its CPU.
     pub disk: Option<DiskCounters>,
+    /// The machine's CPU time, to tell a slow second the servers caused from one in which the
+    /// hypervisor ran other guests on this one's CPUs.
+    pub cpu: Option<CpuCounters>,
     pub active_locks: Option<u64>,
     pub resources: Option<u64>,
     pub dedup_records: Option<u64>,
@@ -174,7 +179,32 @@ async fn sample(
         }
     }
     s.disk = disk_counters();
+    s.cpu = cpu_counters();
     s
+}
+
+/// The share of the machine's CPU time, in %, that the hypervisor gave to something else in
+/// each of the first `seconds` seconds of the run (second `i` is [i, i + 1) s after the
+/// start): the highest share over the sample intervals that overlap it, `None` where no
+/// interval does.
+pub fn steal_by_second(samples: &[Sample], seconds: usize) -> Vec<Option<f64>> {
+    let mut out = vec![None; seconds];
+    for w in samples.windows(2) {
+        let (Some(a), Some(b)) = (w[0].cpu, w[1].cpu) else {
+            continue;
+        };
+        let total = b.total.saturating_sub(a.total);
+        if total == 0 {
+            continue;
+        }
+        let pct = 100.0 * b.steal.saturating_sub(a.steal) as f64 / total as f64;
+        let first = w[0].t_s.max(0.0) as usize;
+        let last = (w[1].t_s.max(0.0) as usize).min(seconds.saturating_sub(1));
+        for slot in out.iter_mut().take(last + 1).skip(first) {
+            *slot = Some(slot.map_or(pct, |p: f64| p.max(pct)));
+        }
+    }
+    out
 }
 
 /// The snapshots nodes took between two samples: (node index, snapshot index). A node's
@@ -289,5 +319,26 @@ mod tests {
         // 0 -> 100, restart (counter back to 0), 0 -> 50.
         let s = vec![mk(0.0, 0.0), mk(1.0, 100.0), mk(2.0, 0.0), mk(3.0, 50.0)];
         assert_eq!(growth(&s, 0.0, 3.0, commits_of, true), 150.0);
+    }
+
+    #[test]
+    fn steal_is_spread_over_the_seconds_its_interval_overlaps() {
+        let mk = |t: f64, total: u64, steal: u64| Sample {
+            t_s: t,
+            cpu: Some(CpuCounters { total, steal }),
+            ..Default::default()
+        };
+        // [0.1, 1.1]: 2 % stolen; [1.1, 2.6]: 30 %; [2.6, 3.1]: none; no samples after 3.1.
+        let s = vec![
+            mk(0.1, 0, 0),
+            mk(1.1, 200, 4),
+            mk(2.6, 500, 94),
+            mk(3.1, 600, 94),
+        ];
+        let steal = steal_by_second(&s, 5);
+        assert_eq!(
+            steal,
+            vec![Some(2.0), Some(30.0), Some(30.0), Some(0.0), None]
+        );
     }
 }

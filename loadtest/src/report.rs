@@ -168,6 +168,30 @@ pub struct ServerSummary {
     pub last_token: Option<u64>,
 }
 
+/// The measured seconds split by whether the hypervisor ran something else on this machine's
+/// CPUs in them ("steal" in /proc/stat). On a shared VM that is the usual cause of a stretch of
+/// slow seconds nothing in the servers explains: the latencies of the other seconds are what
+/// the servers do on the machine when it is theirs.
+#[derive(Clone, Debug, Serialize)]
+pub struct StealSummary {
+    /// A second counts as stolen when more than this share of the CPU, in %, went elsewhere
+    /// in it or in the second before (the queue a stolen second leaves drains in the next).
+    pub threshold_pct: f64,
+    /// Mean share of the CPU, in %, taken over the measured seconds.
+    pub mean_pct: f64,
+    /// Measured seconds with a steal figure, and how many of them count as stolen.
+    pub seconds: u64,
+    pub stolen_seconds: u64,
+    /// Acquires completed in the other seconds, and their latencies.
+    pub quiet_acquires: u64,
+    pub quiet_acquire_p50_ms: f64,
+    pub quiet_acquire_p99_ms: f64,
+    /// Acquires completed in the stolen seconds, and their latencies.
+    pub stolen_acquires: u64,
+    pub stolen_acquire_p50_ms: f64,
+    pub stolen_acquire_p99_ms: f64,
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RssSummary {
     pub last: f64,
@@ -245,6 +269,9 @@ pub struct Summary {
     /// Completed lock cycles (successful releases) per second.
     pub lock_cycles_per_s: f64,
     pub server: ServerSummary,
+    /// How much CPU the hypervisor took from this machine during the run, and the acquire
+    /// latencies of the seconds it took some apart from the others (Linux guests only).
+    pub steal: Option<StealSummary>,
     pub invariants: LedgerReport,
     /// The server's last token is at least the highest token the client saw.
     pub server_token_consistent: Option<bool>,
@@ -343,6 +370,20 @@ pub fn print_table(s: &Summary) {
             .map(|(n, r)| format!("{n} {:.0} MiB (peak {:.0})", r.last, r.peak))
             .collect();
         println!("RSS: {}", rss.join(", "));
+    }
+    if let Some(st) = &s.steal {
+        println!(
+            "hypervisor steal: {:.1} % of the CPU on average; {} of {} s above {:.0} % (or right after one) · acquire p50 / p99 in the other {} s {:.2} / {:.2} ms, in those {:.2} / {:.2} ms",
+            st.mean_pct,
+            st.stolen_seconds,
+            st.seconds,
+            st.threshold_pct,
+            st.seconds - st.stolen_seconds,
+            st.quiet_acquire_p50_ms,
+            st.quiet_acquire_p99_ms,
+            st.stolen_acquire_p50_ms,
+            st.stolen_acquire_p99_ms,
+        );
     }
     let i = &s.invariants;
     println!(

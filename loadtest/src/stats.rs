@@ -49,6 +49,12 @@ fn new_coarse_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 600_000_000, 2).expect("valid histogram bounds")
 }
 
+/// One second's latencies, kept for the whole run: grows only as far as the second's slowest
+/// operation, so a quiet second stays a few KiB.
+fn new_second_hist() -> Histogram<u32> {
+    Histogram::new(2).expect("valid histogram precision")
+}
+
 /// How one operation ended, as seen by the client after its retries.
 #[derive(Clone, Debug)]
 pub enum Outcome {
@@ -143,6 +149,9 @@ pub struct Second {
     pub p99_ms: [f64; 4],
     /// Server-side commits in this second (filled in from the metrics poller).
     pub server_commits: Option<f64>,
+    /// The share of the machine's CPU, in %, that the hypervisor gave to something else in
+    /// this second (filled in from the poller's samples).
+    pub steal_pct: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -157,6 +166,10 @@ struct Inner {
     cur_hist: [Histogram<u64>; 4],
     cur: Second,
     timeline: Vec<Second>,
+    /// Every closed second's acquire latencies, to set the seconds a hypervisor took CPU in
+    /// apart from the others once the poller has seen which ones those were.
+    acquire_seconds: Vec<Histogram<u32>>,
+    cur_acquire: Histogram<u32>,
     events: Vec<Event>,
     /// Completion times of successful ops started after a fault (for recovery time).
     first_ok_after: Vec<(Duration, Option<Duration>)>,
@@ -183,6 +196,8 @@ impl Recorder {
                 ],
                 cur: Second::default(),
                 timeline: Vec::new(),
+                acquire_seconds: Vec::new(),
+                cur_acquire: new_second_hist(),
                 events: Vec::new(),
                 first_ok_after: Vec::new(),
             }),
@@ -294,6 +309,9 @@ impl Recorder {
             Outcome::Ok => {
                 g.cur.ok[op.idx()] += 1;
                 let _ = g.cur_hist[op.idx()].record(latency_us);
+                if op == Op::Acquire {
+                    let _ = g.cur_acquire.record(latency_us);
+                }
             }
             Outcome::Conflict(_) => {}
             Outcome::Failed(_) => g.cur.errors += 1,
@@ -312,6 +330,8 @@ impl Recorder {
             }
             h.reset();
         }
+        let acquire = std::mem::replace(&mut g.cur_acquire, new_second_hist());
+        g.acquire_seconds.push(acquire);
         g.timeline.push(s);
         g.cur_sec += 1;
     }
@@ -335,6 +355,24 @@ impl Recorder {
 
     pub fn events(&self) -> Vec<Event> {
         self.lock().events.clone()
+    }
+
+    /// The acquire latencies of the closed seconds `[from, to)` whose `keep` is true, merged.
+    pub fn acquires_in_seconds(
+        &self,
+        from: u64,
+        to: u64,
+        keep: impl Fn(u64) -> bool,
+    ) -> Histogram<u32> {
+        let g = self.lock();
+        let mut merged = new_second_hist();
+        for (t, h) in g.acquire_seconds.iter().enumerate() {
+            let t = t as u64;
+            if (from..to).contains(&t) && keep(t) {
+                let _ = merged.add(h);
+            }
+        }
+        merged
     }
 
     /// The timeline up to now (the current second closed).

@@ -198,6 +198,36 @@ pub fn disk_counters() -> Option<DiskCounters> {
     Some(total)
 }
 
+/// The machine's CPU time since boot, in clock ticks, from the first line of /proc/stat: all
+/// of it, and the part in which a hypervisor ran something else on this guest's CPUs
+/// ("steal"). Guest time is already counted in user time, so it is left out of the total.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct CpuCounters {
+    pub total: u64,
+    pub steal: u64,
+}
+
+pub fn cpu_counters() -> Option<CpuCounters> {
+    let s = std::fs::read_to_string("/proc/stat").ok()?;
+    parse_cpu_line(s.lines().next()?)
+}
+
+/// `cpu  user nice system idle iowait irq softirq steal [guest guest_nice]`.
+fn parse_cpu_line(line: &str) -> Option<CpuCounters> {
+    let mut fields = line.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    let ticks: Vec<u64> = fields
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    Some(CpuCounters {
+        total: ticks.iter().sum(),
+        steal: *ticks.get(7)?,
+    })
+}
+
 /// User + system CPU seconds of this process so far.
 pub fn process_cpu_s() -> f64 {
     // SAFETY: getrusage only writes into the struct we pass.
@@ -221,4 +251,18 @@ pub fn cpu_s(pid: u32) -> Option<f64> {
     // SAFETY: sysconf has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     (ticks > 0).then(|| (utime + stime) / ticks as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_cpu_line;
+
+    #[test]
+    fn cpu_line_sums_the_eight_counters_and_keeps_steal() {
+        let c = parse_cpu_line("cpu  100 5 50 800 20 1 4 20 7 0").expect("a cpu line");
+        assert_eq!((c.total, c.steal), (1000, 20));
+        // A kernel too old to count steal, or a per-CPU line, is not read as one.
+        assert!(parse_cpu_line("cpu  100 5 50 800 20 1 4").is_none());
+        assert!(parse_cpu_line("cpu0 100 5 50 800 20 1 4 20").is_none());
+    }
 }

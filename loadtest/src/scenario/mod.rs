@@ -171,7 +171,19 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         (win.start.as_secs_f64(), win.end.as_secs_f64())
     });
     let server = summary::server(system, &driven.samples, from, to);
-    let timeline = rec.timeline();
+    let mut timeline = rec.timeline();
+    let steal = summary::steal(&driven.samples, &rec, &mut timeline, from, to);
+    if let Some(st) = steal
+        .as_ref()
+        .filter(|st| st.stolen_seconds * 10 > st.seconds)
+    {
+        warnings.push(format!(
+            "the hypervisor ran something else on this machine's CPUs in {} of {} s \
+             ({:.1} % of the CPU on average), which slows every process on it; the acquire p99 \
+             over the other seconds was {:.2} ms",
+            st.stolen_seconds, st.seconds, st.mean_pct, st.quiet_acquire_p99_ms
+        ));
+    }
     let mut leader_kill = leader_kill;
     if let Some(k) = leader_kill.as_mut() {
         leader_kill::finish(k, &timeline, &rec);
@@ -195,6 +207,7 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         harness_wait: client.harness_wait,
         lock_cycles_per_s: client.lock_cycles_per_s,
         server,
+        steal,
         invariants,
         server_token_consistent,
         dropped_arrivals: driven.dropped_arrivals,

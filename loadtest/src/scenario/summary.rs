@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use crate::config::System;
 use crate::plot::Series;
 use crate::poller::{self, Sample};
-use crate::report::{self, HarnessWait, OpSummary, RssSummary, ServerSummary};
-use crate::stats::{Op, Window};
+use crate::report::{self, HarnessWait, OpSummary, RssSummary, ServerSummary, StealSummary};
+use crate::stats::{Op, Recorder, Second, Window};
 
 /// The client's view of one window.
 pub struct ClientSide {
@@ -68,5 +68,142 @@ pub fn server(system: System, samples: &[Sample], from: f64, to: f64) -> ServerS
         resources_last: last_leader.and_then(|s| s.resources),
         dedup_records_last: last_leader.and_then(|s| s.dedup_records),
         last_token: last_leader.and_then(|s| s.last_token),
+    }
+}
+
+/// A second with more than this share of the CPU, in %, taken by the hypervisor (or the
+/// second after one) counts as stolen. Quiet seconds on this project's VMs show 0–1 %.
+const STEAL_THRESHOLD_PCT: f64 = 2.0;
+
+/// Fills in each second's steal share and splits the measured seconds `[from, to)` by it;
+/// `None` where the machine reports no steal figures.
+pub fn steal(
+    samples: &[Sample],
+    rec: &Recorder,
+    timeline: &mut [Second],
+    from: f64,
+    to: f64,
+) -> Option<StealSummary> {
+    let per_second = poller::steal_by_second(samples, timeline.len());
+    for (sec, pct) in timeline.iter_mut().zip(&per_second) {
+        sec.steal_pct = *pct;
+    }
+    let (from, to) = (from.ceil() as u64, to.floor() as u64);
+    let measured: Vec<u64> = (from..to)
+        .filter(|t| per_second.get(*t as usize).copied().flatten().is_some())
+        .collect();
+    if measured.is_empty() {
+        return None;
+    }
+    let over = |t: u64| {
+        per_second
+            .get(t as usize)
+            .copied()
+            .flatten()
+            .is_some_and(|p| p > STEAL_THRESHOLD_PCT)
+    };
+    let stolen = |t: u64| over(t) || (t > 0 && over(t - 1));
+    let in_measured = |t: u64| per_second.get(t as usize).copied().flatten().is_some();
+    let quiet = rec.acquires_in_seconds(from, to, |t| in_measured(t) && !stolen(t));
+    let taken = rec.acquires_in_seconds(from, to, |t| in_measured(t) && stolen(t));
+    let ms = |h: &hdrhistogram::Histogram<u32>, q: f64| {
+        if h.is_empty() {
+            0.0
+        } else {
+            h.value_at_quantile(q) as f64 / 1000.0
+        }
+    };
+    let mean_pct = measured
+        .iter()
+        .filter_map(|t| per_second[*t as usize])
+        .sum::<f64>()
+        / measured.len() as f64;
+    Some(StealSummary {
+        threshold_pct: STEAL_THRESHOLD_PCT,
+        mean_pct,
+        seconds: measured.len() as u64,
+        stolen_seconds: measured.iter().filter(|t| stolen(**t)).count() as u64,
+        quiet_acquires: quiet.len(),
+        quiet_acquire_p50_ms: ms(&quiet, 0.5),
+        quiet_acquire_p99_ms: ms(&quiet, 0.99),
+        stolen_acquires: taken.len(),
+        stolen_acquire_p50_ms: ms(&taken, 0.5),
+        stolen_acquire_p99_ms: ms(&taken, 0.99),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::cluster::process::CpuCounters;
+    use crate::stats::Outcome;
+
+    /// A recorder with three acquires of >= 20 ms finished in second 5 and that second closed
+    /// (its clock waits into second 6), and samples a second apart in which the hypervisor
+    /// took `steal[i]` % of second `i`.
+    fn run_with(steal: &[u64]) -> (Recorder, Vec<Sample>, Vec<Second>) {
+        let rec = Recorder::new(Instant::now() - Duration::from_millis(5_400));
+        for _ in 0..3 {
+            let intended = Instant::now() - Duration::from_millis(20);
+            rec.finish(
+                Op::Acquire,
+                intended,
+                (intended, Duration::ZERO),
+                &Outcome::Ok,
+                &[],
+            );
+        }
+        let mut cpu = CpuCounters::default();
+        let mut samples = vec![Sample {
+            t_s: 0.0,
+            cpu: Some(cpu),
+            ..Default::default()
+        }];
+        for (i, pct) in steal.iter().enumerate() {
+            cpu.total += 100;
+            cpu.steal += pct;
+            samples.push(Sample {
+                t_s: i as f64 + 0.99,
+                cpu: Some(cpu),
+                ..Default::default()
+            });
+        }
+        std::thread::sleep(Duration::from_millis(700));
+        let timeline = rec.timeline();
+        (rec, samples, timeline)
+    }
+
+    #[test]
+    fn seconds_with_steal_and_the_one_after_are_set_apart() {
+        // Nothing taken: every acquire is in the quiet part.
+        let (rec, samples, mut timeline) = run_with(&[0, 0, 0, 0, 0, 0]);
+        let s = steal(&samples, &rec, &mut timeline, 0.0, 6.0).expect("steal figures");
+        assert_eq!((s.seconds, s.stolen_seconds), (6, 0));
+        assert_eq!((s.quiet_acquires, s.stolen_acquires), (3, 0));
+        assert!(s.quiet_acquire_p99_ms >= 20.0, "{}", s.quiet_acquire_p99_ms);
+
+        // 30 % taken in the sample interval [3.99, 4.99] s: the two seconds it overlaps and
+        // the one after count as stolen, and the acquires that finished in second 5 with them.
+        let (rec, samples, mut timeline) = run_with(&[0, 0, 0, 0, 30, 0]);
+        let s = steal(&samples, &rec, &mut timeline, 0.0, 6.0).expect("steal figures");
+        assert_eq!((s.seconds, s.stolen_seconds), (6, 3));
+        assert_eq!((s.quiet_acquires, s.stolen_acquires), (0, 3));
+        assert!(
+            s.stolen_acquire_p99_ms >= 20.0,
+            "{}",
+            s.stolen_acquire_p99_ms
+        );
+        assert!((s.mean_pct - 10.0).abs() < 1e-9, "{}", s.mean_pct);
+        let by_second: Vec<_> = timeline.iter().map(|sec| sec.steal_pct).collect();
+        let (quiet, taken) = (Some(0.0), Some(30.0));
+        assert_eq!(by_second, vec![quiet, quiet, quiet, taken, taken, quiet]);
+    }
+
+    #[test]
+    fn no_steal_figures_no_split() {
+        let (rec, _, mut timeline) = run_with(&[]);
+        assert!(steal(&[], &rec, &mut timeline, 0.0, 6.0).is_none());
     }
 }
