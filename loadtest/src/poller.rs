@@ -241,6 +241,29 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
     found
 }
 
+/// Commits in each of the first `seconds` seconds of the run: between consecutive samples,
+/// each node's counter growth (a restarted node's counter starts again at zero), summed or
+/// taken at its highest across nodes as for [`growth`], counted in the second the later
+/// sample was taken in.
+pub fn commits_by_second(samples: &[Sample], seconds: usize, sum: bool) -> Vec<Option<f64>> {
+    let mut out = vec![None; seconds];
+    for w in samples.windows(2) {
+        let deltas = w[1].commits.iter().filter_map(|(node, b)| {
+            let a = w[0].commits.get(node)?;
+            Some(if b >= a { b - a } else { *b })
+        });
+        let delta = if sum {
+            deltas.sum()
+        } else {
+            deltas.fold(0.0, f64::max)
+        };
+        if let Some(slot) = out.get_mut(w[1].t_s.max(0.0) as usize) {
+            *slot = Some(slot.unwrap_or(0.0) + delta);
+        }
+    }
+    out
+}
+
 /// Counter growth over [from, to] seconds: per node, the sum of positive deltas between
 /// consecutive samples (a restarted node's counter starts again at zero); across nodes
 /// `sum` (fencegate counts commits on the leader only) or `max` (etcd: every member reports
@@ -339,6 +362,31 @@ mod tests {
         assert_eq!(
             steal,
             vec![Some(2.0), Some(30.0), Some(30.0), Some(0.0), None]
+        );
+    }
+
+    #[test]
+    fn commits_land_in_the_second_of_the_later_sample() {
+        let mk = |t: f64, c: &[(usize, f64)]| Sample {
+            t_s: t,
+            commits: c.iter().copied().collect(),
+            ..Default::default()
+        };
+        // Node 0 commits 100 then restarts (counter back to 0) and commits 30; node 1 starts
+        // reporting late.
+        let s = vec![
+            mk(0.2, &[(0, 0.0)]),
+            mk(1.2, &[(0, 100.0)]),
+            mk(2.2, &[(0, 0.0), (1, 5.0)]),
+            mk(2.9, &[(0, 30.0), (1, 15.0)]),
+        ];
+        assert_eq!(
+            commits_by_second(&s, 4, true),
+            vec![None, Some(100.0), Some(40.0), None]
+        );
+        assert_eq!(
+            commits_by_second(&s, 4, false),
+            vec![None, Some(100.0), Some(30.0), None]
         );
     }
 }

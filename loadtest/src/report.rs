@@ -372,8 +372,16 @@ pub fn print_table(s: &Summary) {
         println!("RSS: {}", rss.join(", "));
     }
     if let Some(st) = &s.steal {
+        let stolen = if st.stolen_acquires > 0 {
+            format!(
+                ", in those {:.2} / {:.2} ms",
+                st.stolen_acquire_p50_ms, st.stolen_acquire_p99_ms
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "hypervisor steal: {:.1} % of the CPU on average; {} of {} s above {:.0} % (or right after one) · acquire p50 / p99 in the other {} s {:.2} / {:.2} ms, in those {:.2} / {:.2} ms",
+            "hypervisor steal: {:.1} % of the CPU on average; {} of {} s above {:.0} % (or right after one) · acquire p50 / p99 in the other {} s {:.2} / {:.2} ms{stolen}",
             st.mean_pct,
             st.stolen_seconds,
             st.seconds,
@@ -381,8 +389,6 @@ pub fn print_table(s: &Summary) {
             st.seconds - st.stolen_seconds,
             st.quiet_acquire_p50_ms,
             st.quiet_acquire_p99_ms,
-            st.stolen_acquire_p50_ms,
-            st.stolen_acquire_p99_ms,
         );
     }
     let i = &s.invariants;

@@ -28,7 +28,7 @@ use anyhow::bail;
 use clap::ValueEnum;
 
 use crate::config::{RunArgs, Scenario, System, Workload};
-use crate::poller::Sample;
+use crate::poller::{self, Sample};
 use crate::report::{self, Artifacts, Machine, Summary};
 use crate::stats::Second;
 use drive::Drive;
@@ -172,6 +172,11 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     });
     let server = summary::server(system, &driven.samples, from, to);
     let mut timeline = rec.timeline();
+    let commits =
+        poller::commits_by_second(&driven.samples, timeline.len(), system == System::Fencegate);
+    for (sec, c) in timeline.iter_mut().zip(commits) {
+        sec.server_commits = c;
+    }
     let steal = summary::steal(&driven.samples, &rec, &mut timeline, from, to);
     if let Some(st) = steal
         .as_ref()
