@@ -45,12 +45,8 @@ pub fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 600_000_000, 3).expect("valid histogram bounds")
 }
 
-fn new_coarse_hist() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 600_000_000, 2).expect("valid histogram bounds")
-}
-
-/// One second's latencies, kept for the whole run: grows only as far as the second's slowest
-/// operation, so a quiet second stays a few KiB.
+/// One second's latencies (two significant digits; the acquires' are kept for the whole run):
+/// grows only as far as the second's slowest operation, so a quiet second stays a few KiB.
 fn new_second_hist() -> Histogram<u32> {
     Histogram::new(2).expect("valid histogram precision")
 }
@@ -163,13 +159,12 @@ pub struct Event {
 struct Inner {
     windows: Vec<Window>,
     cur_sec: u64,
-    cur_hist: [Histogram<u64>; 4],
+    cur_hist: [Histogram<u32>; 4],
     cur: Second,
     timeline: Vec<Second>,
     /// Every closed second's acquire latencies, to set the seconds a hypervisor took CPU in
     /// apart from the others once the poller has seen which ones those were.
     acquire_seconds: Vec<Histogram<u32>>,
-    cur_acquire: Histogram<u32>,
     events: Vec<Event>,
     /// Completion times of successful ops started after a fault (for recovery time).
     first_ok_after: Vec<(Duration, Option<Duration>)>,
@@ -189,15 +184,14 @@ impl Recorder {
                 windows: Vec::new(),
                 cur_sec: 0,
                 cur_hist: [
-                    new_coarse_hist(),
-                    new_coarse_hist(),
-                    new_coarse_hist(),
-                    new_coarse_hist(),
+                    new_second_hist(),
+                    new_second_hist(),
+                    new_second_hist(),
+                    new_second_hist(),
                 ],
                 cur: Second::default(),
                 timeline: Vec::new(),
                 acquire_seconds: Vec::new(),
-                cur_acquire: new_second_hist(),
                 events: Vec::new(),
                 first_ok_after: Vec::new(),
             }),
@@ -309,9 +303,6 @@ impl Recorder {
             Outcome::Ok => {
                 g.cur.ok[op.idx()] += 1;
                 let _ = g.cur_hist[op.idx()].record(latency_us);
-                if op == Op::Acquire {
-                    let _ = g.cur_acquire.record(latency_us);
-                }
             }
             Outcome::Conflict(_) => {}
             Outcome::Failed(_) => g.cur.errors += 1,
@@ -328,10 +319,13 @@ impl Recorder {
             if !h.is_empty() {
                 s.p99_ms[i] = h.value_at_quantile(0.99) as f64 / 1000.0;
             }
-            h.reset();
+            if i == Op::Acquire.idx() {
+                g.acquire_seconds
+                    .push(std::mem::replace(h, new_second_hist()));
+            } else {
+                h.reset();
+            }
         }
-        let acquire = std::mem::replace(&mut g.cur_acquire, new_second_hist());
-        g.acquire_seconds.push(acquire);
         g.timeline.push(s);
         g.cur_sec += 1;
     }
@@ -387,7 +381,7 @@ impl Recorder {
 }
 
 /// p50/p95/p99/max of a histogram in ms.
-pub fn quantiles_ms(h: &Histogram<u64>) -> [f64; 4] {
+pub fn quantiles_ms<T: hdrhistogram::Counter>(h: &Histogram<T>) -> [f64; 4] {
     if h.is_empty() {
         return [0.0; 4];
     }

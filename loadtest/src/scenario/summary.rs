@@ -7,7 +7,7 @@ use crate::config::System;
 use crate::plot::Series;
 use crate::poller::{self, Sample};
 use crate::report::{self, HarnessWait, OpSummary, RssSummary, ServerSummary, StealSummary};
-use crate::stats::{Op, Recorder, Second, Window};
+use crate::stats::{self, Op, Recorder, Second, Window};
 
 /// The client's view of one window.
 pub struct ClientSide {
@@ -88,47 +88,29 @@ pub fn steal(
     for (sec, pct) in timeline.iter_mut().zip(&per_second) {
         sec.steal_pct = *pct;
     }
+    let pct = |t: u64| per_second.get(t as usize).copied().flatten();
     let (from, to) = (from.ceil() as u64, to.floor() as u64);
-    let measured: Vec<u64> = (from..to)
-        .filter(|t| per_second.get(*t as usize).copied().flatten().is_some())
-        .collect();
+    let measured: Vec<(u64, f64)> = (from..to).filter_map(|t| Some((t, pct(t)?))).collect();
     if measured.is_empty() {
         return None;
     }
-    let over = |t: u64| {
-        per_second
-            .get(t as usize)
-            .copied()
-            .flatten()
-            .is_some_and(|p| p > STEAL_THRESHOLD_PCT)
-    };
+    let over = |t: u64| pct(t).is_some_and(|p| p > STEAL_THRESHOLD_PCT);
     let stolen = |t: u64| over(t) || (t > 0 && over(t - 1));
-    let in_measured = |t: u64| per_second.get(t as usize).copied().flatten().is_some();
-    let quiet = rec.acquires_in_seconds(from, to, |t| in_measured(t) && !stolen(t));
-    let taken = rec.acquires_in_seconds(from, to, |t| in_measured(t) && stolen(t));
-    let ms = |h: &hdrhistogram::Histogram<u32>, q: f64| {
-        if h.is_empty() {
-            0.0
-        } else {
-            h.value_at_quantile(q) as f64 / 1000.0
-        }
-    };
-    let mean_pct = measured
-        .iter()
-        .filter_map(|t| per_second[*t as usize])
-        .sum::<f64>()
-        / measured.len() as f64;
+    let quiet = rec.acquires_in_seconds(from, to, |t| pct(t).is_some() && !stolen(t));
+    let taken = rec.acquires_in_seconds(from, to, |t| pct(t).is_some() && stolen(t));
+    let [quiet_p50, _, quiet_p99, _] = stats::quantiles_ms(&quiet);
+    let [taken_p50, _, taken_p99, _] = stats::quantiles_ms(&taken);
     Some(StealSummary {
         threshold_pct: STEAL_THRESHOLD_PCT,
-        mean_pct,
+        mean_pct: measured.iter().map(|(_, p)| p).sum::<f64>() / measured.len() as f64,
         seconds: measured.len() as u64,
-        stolen_seconds: measured.iter().filter(|t| stolen(**t)).count() as u64,
+        stolen_seconds: measured.iter().filter(|(t, _)| stolen(*t)).count() as u64,
         quiet_acquires: quiet.len(),
-        quiet_acquire_p50_ms: ms(&quiet, 0.5),
-        quiet_acquire_p99_ms: ms(&quiet, 0.99),
+        quiet_acquire_p50_ms: quiet_p50,
+        quiet_acquire_p99_ms: quiet_p99,
         stolen_acquires: taken.len(),
-        stolen_acquire_p50_ms: ms(&taken, 0.5),
-        stolen_acquire_p99_ms: ms(&taken, 0.99),
+        stolen_acquire_p50_ms: taken_p50,
+        stolen_acquire_p99_ms: taken_p99,
     })
 }
 
