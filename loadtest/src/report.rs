@@ -182,14 +182,28 @@ pub struct StealSummary {
     /// Measured seconds with a steal figure, and how many of them count as stolen.
     pub seconds: u64,
     pub stolen_seconds: u64,
-    /// Acquires completed in the other seconds, and their latencies.
+    /// Acquires completed in the other seconds, and their latencies (none without acquires).
     pub quiet_acquires: u64,
-    pub quiet_acquire_p50_ms: f64,
-    pub quiet_acquire_p99_ms: f64,
-    /// Acquires completed in the stolen seconds, and their latencies.
+    pub quiet_acquire_p50_ms: Option<f64>,
+    pub quiet_acquire_p99_ms: Option<f64>,
+    /// Acquires completed in the stolen seconds, and their latencies (none without acquires).
     pub stolen_acquires: u64,
-    pub stolen_acquire_p50_ms: f64,
-    pub stolen_acquire_p99_ms: f64,
+    pub stolen_acquire_p50_ms: Option<f64>,
+    pub stolen_acquire_p99_ms: Option<f64>,
+}
+
+impl StealSummary {
+    /// "acquire p50 / p99 in the other N s …", or that no second was free of steal.
+    pub fn quiet_part(&self) -> String {
+        let quiet = self.seconds - self.stolen_seconds;
+        match (self.quiet_acquire_p50_ms, self.quiet_acquire_p99_ms) {
+            (Some(p50), Some(p99)) => {
+                format!("acquire p50 / p99 in the other {quiet} s {p50:.2} / {p99:.2} ms")
+            }
+            _ if quiet == 0 => "no second without it".to_string(),
+            _ => format!("no acquire finished in the other {quiet} s"),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -372,23 +386,17 @@ pub fn print_table(s: &Summary) {
         println!("RSS: {}", rss.join(", "));
     }
     if let Some(st) = &s.steal {
-        let stolen = if st.stolen_acquires > 0 {
-            format!(
-                ", in those {:.2} / {:.2} ms",
-                st.stolen_acquire_p50_ms, st.stolen_acquire_p99_ms
-            )
-        } else {
-            String::new()
+        let stolen = match (st.stolen_acquire_p50_ms, st.stolen_acquire_p99_ms) {
+            (Some(p50), Some(p99)) => format!(", in those {p50:.2} / {p99:.2} ms"),
+            _ => String::new(),
         };
         println!(
-            "hypervisor steal: {:.1} % of the CPU on average; {} of {} s above {:.0} % (or right after one) · acquire p50 / p99 in the other {} s {:.2} / {:.2} ms{stolen}",
+            "hypervisor steal: {:.1} % of the CPU on average; {} of {} s above {:.0} % (or right after one) · {}{stolen}",
             st.mean_pct,
             st.stolen_seconds,
             st.seconds,
             st.threshold_pct,
-            st.seconds - st.stolen_seconds,
-            st.quiet_acquire_p50_ms,
-            st.quiet_acquire_p99_ms,
+            st.quiet_part(),
         );
     }
     let i = &s.invariants;

@@ -184,9 +184,11 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     {
         warnings.push(format!(
             "the hypervisor ran something else on this machine's CPUs in {} of {} s \
-             ({:.1} % of the CPU on average), which slows every process on it; the acquire p99 \
-             over the other seconds was {:.2} ms",
-            st.stolen_seconds, st.seconds, st.mean_pct, st.quiet_acquire_p99_ms
+             ({:.1} % of the CPU on average), which slows every process on it; {}",
+            st.stolen_seconds,
+            st.seconds,
+            st.mean_pct,
+            st.quiet_part()
         ));
     }
     let mut leader_kill = leader_kill;

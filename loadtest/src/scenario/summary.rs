@@ -98,8 +98,17 @@ pub fn steal(
     let stolen = |t: u64| over(t) || (t > 0 && over(t - 1));
     let quiet = rec.acquires_in_seconds(from, to, |t| pct(t).is_some() && !stolen(t));
     let taken = rec.acquires_in_seconds(from, to, |t| pct(t).is_some() && stolen(t));
-    let [quiet_p50, _, quiet_p99, _] = stats::quantiles_ms(&quiet);
-    let [taken_p50, _, taken_p99, _] = stats::quantiles_ms(&taken);
+    // p50 and p99 of a part, none when no acquire finished in it.
+    let p50_p99 = |h: &hdrhistogram::Histogram<u32>| {
+        let [p50, _, p99, _] = stats::quantiles_ms(h);
+        if h.is_empty() {
+            (None, None)
+        } else {
+            (Some(p50), Some(p99))
+        }
+    };
+    let (quiet_p50, quiet_p99) = p50_p99(&quiet);
+    let (taken_p50, taken_p99) = p50_p99(&taken);
     Some(StealSummary {
         threshold_pct: STEAL_THRESHOLD_PCT,
         mean_pct: measured.iter().map(|(_, p)| p).sum::<f64>() / measured.len() as f64,
@@ -164,7 +173,13 @@ mod tests {
         let s = steal(&samples, &rec, &mut timeline, 0.0, 6.0).expect("steal figures");
         assert_eq!((s.seconds, s.stolen_seconds), (6, 0));
         assert_eq!((s.quiet_acquires, s.stolen_acquires), (3, 0));
-        assert!(s.quiet_acquire_p99_ms >= 20.0, "{}", s.quiet_acquire_p99_ms);
+        assert!(s.quiet_acquire_p99_ms >= Some(20.0), "{s:?}");
+        assert_eq!(s.stolen_acquire_p99_ms, None);
+        assert_eq!(
+            s.quiet_part().split(" in the other 6 s ").count(),
+            2,
+            "{s:?}"
+        );
 
         // 30 % taken in the sample interval [3.99, 4.99] s: the two seconds it overlaps and
         // the one after count as stolen, and the acquires that finished in second 5 with them.
@@ -172,11 +187,9 @@ mod tests {
         let s = steal(&samples, &rec, &mut timeline, 0.0, 6.0).expect("steal figures");
         assert_eq!((s.seconds, s.stolen_seconds), (6, 3));
         assert_eq!((s.quiet_acquires, s.stolen_acquires), (0, 3));
-        assert!(
-            s.stolen_acquire_p99_ms >= 20.0,
-            "{}",
-            s.stolen_acquire_p99_ms
-        );
+        assert!(s.stolen_acquire_p99_ms >= Some(20.0), "{s:?}");
+        assert_eq!(s.quiet_acquire_p99_ms, None);
+        assert_eq!(s.quiet_part(), "no acquire finished in the other 3 s");
         assert!((s.mean_pct - 10.0).abs() < 1e-9, "{}", s.mean_pct);
         let by_second: Vec<_> = timeline.iter().map(|sec| sec.steal_pct).collect();
         let (quiet, taken) = (Some(0.0), Some(30.0));
