@@ -12,7 +12,7 @@ use super::lock_machine::{count_up, LockMachine};
 use super::name::ResName;
 use super::quota::QuotaLedger;
 use super::state::{
-    dedup_key, DedupEntry, MachineImage, ResourceState, RestoredDedup, RestoredImage,
+    dedup_key, DedupEntry, ImageDedup, MachineImage, ResourceState, RestoredImage,
 };
 
 /// What a snapshot is written from: the parts of the machine its [`MachineImage`] holds,
@@ -154,28 +154,17 @@ impl LockMachine {
         }
     }
 
+    /// The machine an image describes, its indexes rebuilt.
     pub fn from_image(image: MachineImage) -> Self {
-        let legacy = image
-            .dedup
-            .into_iter()
-            .map(|(resource, request_id, rec)| (dedup_key(&resource, &request_id), rec));
-        let current = image.dedup_records.into_iter().map(DedupEntry::into_record);
-        LockMachine::from_restored(RestoredImage {
-            now_ms: image.now_ms,
-            term: image.term,
-            last_token: image.last_token,
-            gc_floor: image.gc_floor,
-            resources: image.resources,
-            dedup_records: RestoredDedup(DedupTable::from_records(current.chain(legacy))),
-            dedup: Vec::new(),
-            quotas: image.quotas,
-            keys: image.keys,
-            commands: image.commands,
-        })
+        Self::from_parts(image)
     }
 
-    /// The machine a snapshot's image describes, its indexes rebuilt.
+    /// The machine a snapshot decoded for restoring describes, its indexes rebuilt.
     pub fn from_restored(image: RestoredImage) -> Self {
+        Self::from_parts(image)
+    }
+
+    fn from_parts<D: ImageDedup>(image: MachineImage<D>) -> Self {
         let mut m = LockMachine {
             now_ms: image.now_ms,
             term: image.term,
@@ -206,7 +195,7 @@ impl LockMachine {
             }
             m.resources.insert(name, res);
         }
-        let table = image.dedup_records.0;
+        let table = image.dedup_records.into_table();
         m.dedup = if image.dedup.is_empty() {
             table
         } else {

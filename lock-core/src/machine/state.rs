@@ -335,9 +335,11 @@ pub fn dedup_key(resource: &str, request_id: &str) -> DedupKey {
     [word(0), word(1)]
 }
 
-/// The persistent part of the machine, as written into snapshots.
+/// The persistent part of the machine, as written into snapshots. `D` is how its dedup records
+/// are held: a vector of them as written ([`MachineImage`]), or, as a node restores a snapshot,
+/// the table built while they are decoded ([`RestoredImage`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MachineImage {
+pub struct MachineImage<D = Vec<DedupEntry>> {
     pub now_ms: u64,
     pub term: u64,
     pub last_token: u64,
@@ -346,8 +348,8 @@ pub struct MachineImage {
     #[serde(deserialize_with = "presized")]
     pub resources: Vec<(String, ResourceState)>,
     /// Dedup records, in (expiry, key) order (images of earlier versions: in key order).
-    #[serde(default, deserialize_with = "presized")]
-    pub dedup_records: Vec<DedupEntry>,
+    #[serde(default)]
+    pub dedup_records: D,
     /// Dedup records as images of earlier versions stored them (by resource and request id);
     /// read on load, never written.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -366,29 +368,27 @@ pub struct MachineImage {
     pub commands: u64,
 }
 
-/// A snapshot's image as a node restores it: the fields of [`MachineImage`], with its dedup
-/// records decoded straight into the table's chunks. Decoded into a `MachineImage` first, a
-/// million records were a 70 MiB vector next to the chunks built from it, the largest part of a
-/// follower's memory while it installed a snapshot.
-#[derive(Default, Deserialize)]
-pub struct RestoredImage {
-    pub now_ms: u64,
-    pub term: u64,
-    pub last_token: u64,
-    #[serde(default)]
-    pub gc_floor: u64,
-    #[serde(deserialize_with = "presized")]
-    pub resources: Vec<(String, ResourceState)>,
-    #[serde(default)]
-    pub dedup_records: RestoredDedup,
-    #[serde(default)]
-    pub dedup: Vec<(String, String, DedupRecord)>,
-    #[serde(default)]
-    pub quotas: QuotaLedger,
-    #[serde(default)]
-    pub keys: Vec<ApiKeyRecord>,
-    #[serde(default)]
-    pub commands: u64,
+/// A snapshot's image as a node restores it, its dedup records decoded straight into the
+/// table's chunks. Decoded into a `MachineImage` first, a million records were a 70 MiB vector
+/// next to the chunks built from it, the largest part of a follower's memory while it
+/// installed a snapshot.
+pub type RestoredImage = MachineImage<RestoredDedup>;
+
+/// How an image holds its dedup records, and the machine's table made of them.
+pub trait ImageDedup {
+    fn into_table(self) -> DedupTable;
+}
+
+impl ImageDedup for Vec<DedupEntry> {
+    fn into_table(self) -> DedupTable {
+        DedupTable::from_records(self.into_iter().map(DedupEntry::into_record))
+    }
+}
+
+impl ImageDedup for RestoredDedup {
+    fn into_table(self) -> DedupTable {
+        self.0
+    }
 }
 
 /// The dedup table, built as a snapshot's sequence of [`DedupEntry`] is decoded.
