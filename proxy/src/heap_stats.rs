@@ -1,6 +1,7 @@
 //! A diagnostics build's live-heap counter (`--features heap-stats`): the global allocator is
 //! wrapped so that every allocation and free adjusts one counter, and a thread logs the live
-//! heap and its peak since the last line every ten seconds (target `fencegate::heap`, at info).
+//! heap and its peak since the last line every ten seconds (target `fencegate::heap`, at info;
+//! `FENCEGATE_HEAP_STATS_MS` sets another interval, e.g. 250 to follow a snapshot install).
 //!
 //! It answers one question a resident-set figure cannot: how much of a node's memory is live
 //! data and how much the allocator holds without using it. It costs two atomic additions per
@@ -65,12 +66,27 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     }
 }
 
-/// Starts the thread that logs the live heap every ten seconds.
+/// How often the heap is logged unless `FENCEGATE_HEAP_STATS_MS` says otherwise.
+const EVERY: Duration = Duration::from_secs(10);
+
+/// Starts the thread that logs the live heap every [`EVERY`] (or `FENCEGATE_HEAP_STATS_MS`).
 pub fn report() {
+    let every = match std::env::var("FENCEGATE_HEAP_STATS_MS").map(|v| v.parse::<u64>()) {
+        Ok(Ok(ms)) if ms > 0 => Duration::from_millis(ms),
+        Ok(_) => {
+            tracing::warn!(
+                target: "fencegate::heap",
+                "FENCEGATE_HEAP_STATS_MS is not a positive number of milliseconds; logging every {} s",
+                EVERY.as_secs()
+            );
+            EVERY
+        }
+        Err(_) => EVERY,
+    };
     let spawned = std::thread::Builder::new()
         .name("heap-stats".into())
-        .spawn(|| loop {
-            std::thread::sleep(Duration::from_secs(10));
+        .spawn(move || loop {
+            std::thread::sleep(every);
             let live = LIVE.load(Ordering::Relaxed);
             let peak = PEAK.swap(live, Ordering::Relaxed);
             tracing::info!(
