@@ -11,13 +11,10 @@
 //! bucket on this node. The authenticated [`Caller`] goes to the handlers as a request
 //! extension; they keep it to the caller's tenant namespace.
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::header;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 
 use super::ApiError;
 use crate::node::{Caller, Denied, Node};
@@ -50,27 +47,28 @@ pub(crate) fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
-/// The middleware: passes every request through unchanged when keys are off.
-pub async fn authenticate(State(node): State<Arc<Node>>, mut req: Request, next: Next) -> Response {
+/// Checks the API key of `req` against what its path needs, and with keys on hands the
+/// authenticated [`Caller`] to the handler (as a request extension); or the refusal. With keys
+/// off every request passes unchanged.
+pub(crate) fn admit(node: &Node, mut req: Request) -> Result<Request, ApiError> {
     if !node.auth_on() {
-        return next.run(req).await;
+        return Ok(req);
     }
-    let path = req.uri().path().to_string();
-    let needs = needs(&path);
+    let path = req.uri().path();
+    let needs = needs(path);
     if needs == Needs::Nothing {
-        return next.run(req).await;
+        return Ok(req);
     }
-    let presented = bearer(req.headers()).map(str::to_string);
-    let method = req.method().to_string();
-    let caller = match node.authenticate(presented.as_deref()) {
+    let presented = bearer(req.headers());
+    let caller = match node.authenticate(presented) {
         Ok(c) if needs == Needs::Admin && c.role != KeyRole::Admin => Err(Denied::Role),
         other => other,
     };
     let caller = match caller {
         Ok(c) => c,
         Err(denied) => {
-            node.record_denied(denied, &method, &path, presented.as_deref());
-            return refusal(denied).into_response();
+            node.record_denied(denied, req.method().as_str(), path, presented);
+            return Err(refusal(denied));
         }
     };
     if path.starts_with("/v1/locks") {
@@ -82,17 +80,16 @@ pub async fn authenticate(State(node): State<Arc<Node>>, mut req: Request, next:
                 .tenant_limited
                 .with_label_values(&["rate"])
                 .inc();
-            return ApiError::new(
+            return Err(ApiError::new(
                 ErrorCode::TenantRateLimited,
                 "Your tenant sent more lock calls to this node than its rate allows; retry \
                  after retry_after_ms.",
             )
-            .with_retry_after(retry_after_ms)
-            .into_response();
+            .with_retry_after(retry_after_ms));
         }
     }
     req.extensions_mut().insert(caller);
-    next.run(req).await
+    Ok(req)
 }
 
 pub(crate) fn refusal(denied: Denied) -> ApiError {

@@ -117,9 +117,9 @@ pub fn tls_acceptor(files: &TlsFiles) -> io::Result<TlsAcceptor> {
 
 /// Serves `router` on `listener` under the connection and header limits of `limits` (over TLS
 /// with `tls`) until `shutdown` completes; then stops accepting and lets the connections in
-/// flight finish their calls. Body limits are the router's (see [`limit_bodies`]), so that a
-/// gate in front of them (the peer port's authentication) can refuse a request before its body
-/// is read.
+/// flight finish their calls. Body limits are the router's (see [`limit_bodies`] and
+/// [`with_whole_body`]), so that a gate in front of them (the peer port's authentication) can
+/// refuse a request before its body is read.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -306,14 +306,17 @@ impl From<&HttpLimits> for BodyLimits {
 /// Reads the whole body under the size and time limits before the handler runs, so no handler
 /// ever waits on a slow client or holds more than `max_bytes` of one.
 async fn read_body(State(limits): State<BodyLimits>, req: Request, next: Next) -> Response {
-    let (parts, body) = req.into_parts();
-    match read_limited(&parts, body, limits).await {
-        Ok(bytes) => {
-            next.run(Request::from_parts(parts, Body::from(bytes)))
-                .await
-        }
+    match with_whole_body(req, limits).await {
+        Ok(req) => next.run(req).await,
         Err(refused) => refused,
     }
+}
+
+/// `req` with its body read whole under `limits` (see [`read_limited`]), or the error answer.
+pub(crate) async fn with_whole_body(req: Request, limits: BodyLimits) -> Result<Request, Response> {
+    let (parts, body) = req.into_parts();
+    let bytes = read_limited(&parts, body, limits).await?;
+    Ok(Request::from_parts(parts, Body::from(bytes)))
 }
 
 /// After refusing a body as too large, read and drop up to this much more of it before

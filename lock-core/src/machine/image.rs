@@ -11,9 +11,7 @@ use super::keys::ApiKeyRecord;
 use super::lock_machine::{count_up, LockMachine};
 use super::name::ResName;
 use super::quota::QuotaLedger;
-use super::state::{
-    dedup_key, DedupEntry, ImageDedup, MachineImage, ResourceState, RestoredImage,
-};
+use super::state::{dedup_key, DedupEntry, ImageDedup, MachineImage, ResourceState, RestoredImage};
 
 /// What a snapshot is written from: the parts of the machine its [`MachineImage`] holds,
 /// taken in O(1) (the collections are persistent and share their nodes with the live
