@@ -2,7 +2,8 @@
 //! 20k active leases, dedup records for the retry window).
 //!
 //! `apply` is what every replica runs for every committed entry, so it bounds the commit rate
-//! no matter how fast the log is; `image`/`from_image` bound snapshot build and install.
+//! no matter how fast the log is; `image`/`from_image` bound snapshot build and install;
+//! `lease_of_100k_resources` is the lookup the API makes beside apply, under the same lock.
 //! Proposals are built outside the timed section: on a node they arrive already decoded from
 //! the log.
 //!
@@ -217,5 +218,37 @@ fn bench_image(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_acquire_release, bench_renew, bench_image);
+/// Reads of one resource's lease, as the API makes them beside apply (a renewal's and a
+/// release's audit line, a release waiting for its proxies): 100k records, names visited in a
+/// scattered order so that the map's nodes are not all in cache.
+fn bench_lease_read(c: &mut Criterion) {
+    const READS: u64 = 4_096;
+    let mut m = LockMachine::new();
+    for i in 0..RESOURCES {
+        m.apply(&at(T0, acquire(i, i, 600_000)), TERM);
+    }
+    // 7919 is prime and does not divide RESOURCES: every name, in a scattered order.
+    let names: Vec<String> = (0..RESOURCES)
+        .map(|i| resource(i * 7_919 % RESOURCES))
+        .collect();
+    let mut next = names.iter().cycle();
+    let mut g = c.benchmark_group("reads");
+    g.throughput(Throughput::Elements(READS));
+    g.bench_function("lease_of_100k_resources", |b| {
+        b.iter(|| {
+            for name in next.by_ref().take(READS as usize) {
+                black_box(m.lease(name));
+            }
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_acquire_release,
+    bench_renew,
+    bench_image,
+    bench_lease_read
+);
 criterion_main!(benches);

@@ -16,7 +16,7 @@ impl LockMachine {
     /// When the resource's ended lease's proxy grants run out at the latest, while the next
     /// lease waits for the proxies to confirm they stopped (see `Command::RevokeAck`).
     pub fn revoking_until(&self, resource: &str) -> Option<u64> {
-        let res = self.resources.get(resource)?;
+        let res = self.record(resource)?;
         if res.lease.is_some() {
             return None;
         }
@@ -45,7 +45,7 @@ impl LockMachine {
     /// The resource as a reader should see it at log time `now_ms` (a lease whose time is up
     /// but that no command has expired yet is shown as not held).
     pub fn view(&self, resource: &str, now_ms: u64) -> LockView {
-        let res = self.resources.get(resource);
+        let res = self.record(resource);
         let live = res
             .and_then(|r| r.lease.as_ref())
             .filter(|l| l.expires_at_ms > now_ms.max(self.now_ms));
@@ -214,13 +214,21 @@ impl LockMachine {
         deep
     }
 
+    /// The record of one resource. Looked up by a `ResName`, the search compares the names'
+    /// first bytes, kept in the map's keys; by `&str`, every comparison would read another
+    /// name's allocation, a cache miss each at 100k resources (the API makes this lookup beside
+    /// apply, e.g. for every renewal's audit line).
+    fn record(&self, resource: &str) -> Option<&ResourceState> {
+        self.resources.get(&ResName::new(resource))
+    }
+
     /// The lease currently recorded for a resource (expired or not), for tests and checks.
     pub fn lease(&self, resource: &str) -> Option<&Lease> {
-        self.resources.get(resource)?.lease.as_deref()
+        self.record(resource)?.lease.as_deref()
     }
 
     pub fn resource(&self, resource: &str) -> Option<&ResourceState> {
-        self.resources.get(resource)
+        self.record(resource)
     }
 
     /// The earliest moment at which a `Tick` would change something, if any.
