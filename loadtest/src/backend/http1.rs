@@ -12,7 +12,7 @@
 //! that are safe to send again (the harness retries every uncertain outcome with the same ids).
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -23,6 +23,12 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 type Conn = SendRequest<Full<Bytes>>;
+
+/// A connection idle this long is closed rather than used again: half the 10 s after which a
+/// fencegate node closes an idle keep-alive connection. Used near that moment, a request can
+/// cross the server's close on the wire and come back as a transport error (in a steal
+/// stretch, when the pool's oldest connections are reached, ~20 at once).
+const IDLE_MAX: Duration = Duration::from_secs(5);
 
 /// Why a request got no answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +54,9 @@ pub struct ConnPool {
     /// `host:port`, as connected to and sent in `Host`.
     authority: String,
     host: HeaderValue,
-    idle: Mutex<Vec<Conn>>,
+    /// Idle connections and when each was last answered, oldest first.
+    idle: Mutex<Vec<(Conn, Instant)>>,
+    idle_max: Duration,
     connect_timeout: Duration,
     timeout: Duration,
 }
@@ -69,6 +77,7 @@ impl ConnPool {
             host: HeaderValue::from_str(&authority)?,
             authority,
             idle: Mutex::new(Vec::new()),
+            idle_max: IDLE_MAX,
             connect_timeout,
             timeout,
         })
@@ -153,8 +162,16 @@ impl ConnPool {
         Ok((self.connect().await?, false))
     }
 
+    /// The most recently used idle connection, unless it has been idle too long (see
+    /// [`IDLE_MAX`]); then it and every older one are closed.
     fn checkout(&self) -> Option<Conn> {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop()
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let (conn, since) = idle.pop()?;
+        if since.elapsed() > self.idle_max {
+            idle.clear();
+            return None;
+        }
+        Some(conn)
     }
 
     fn checkin(&self, conn: Conn) {
@@ -164,7 +181,7 @@ impl ConnPool {
             self.idle
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .push(conn);
+                .push((conn, Instant::now()));
         }
     }
 
@@ -302,11 +319,30 @@ mod tests {
             // The server drops the kept-alive connection, and the pooled connection's task
             // sees it; the next request must not fail on it.
             close.notify_one();
-            while !pool.idle.lock().unwrap()[0].is_closed() {
+            while !pool.idle.lock().unwrap()[0].0.is_closed() {
                 tokio::task::yield_now().await;
             }
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 5);
+    }
+
+    #[tokio::test]
+    async fn a_connection_idle_too_long_is_not_used_again() {
+        let (base, accepted) = server(After::KeepAlive).await;
+        let mut pool = short_pool(&base);
+        pool.idle_max = Duration::from_millis(200);
+        let req = || pool.post_json("/x", Bytes::from_static(b"{}")).unwrap();
+        pool.send(req()).await.unwrap();
+        pool.send(req()).await.unwrap();
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "a fresh one is used again"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        pool.send(req()).await.unwrap();
+        assert_eq!(accepted.load(Ordering::SeqCst), 2, "an old one is replaced");
+        assert_eq!(pool.idle.lock().unwrap().len(), 1, "and not kept");
     }
 
     #[tokio::test]
