@@ -24,6 +24,10 @@ pub struct Sample {
     /// Applied log index per node (fencegate: `fencegate_raft_last_applied`; includes the
     /// leader's sweeper ticks and blank entries).
     pub applied: BTreeMap<usize, f64>,
+    /// Syncs of the raft log to disk that took longer than [`SLOW_SYNC_MS`], so far, per node
+    /// (fencegate: `fencegate_raft_log_sync_seconds`; etcd: its WAL's
+    /// `etcd_disk_wal_fsync_duration_seconds`).
+    pub slow_syncs: BTreeMap<usize, f64>,
     pub snapshot_index: BTreeMap<usize, u64>,
     pub purged_index: BTreeMap<usize, u64>,
     pub leader: Option<u64>,
@@ -131,14 +135,16 @@ async fn sample(
         t_s: rec.t0.elapsed().as_secs_f64(),
         ..Default::default()
     };
-    let (commit_metric, applied_metric) = match system {
+    let (commit_metric, applied_metric, sync_metric) = match system {
         System::Fencegate => (
             "fencegate_raft_commit_seconds_count",
             "fencegate_raft_last_applied",
+            "fencegate_raft_log_sync_seconds",
         ),
         System::Etcd => (
             "etcd_server_proposals_committed_total",
             "etcd_server_proposals_applied_total",
+            "etcd_disk_wal_fsync_duration_seconds",
         ),
     };
     for (i, b) in bases.iter().enumerate() {
@@ -149,6 +155,9 @@ async fn sample(
                 }
                 if let Some(v) = metric_value(&text, applied_metric) {
                     s.applied.insert(i, v);
+                }
+                if let Some(v) = slow_syncs(&text, sync_metric) {
+                    s.slow_syncs.insert(i, v);
                 }
             }
         }
@@ -241,15 +250,39 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
     found
 }
 
-/// Commits in each of the first `seconds` seconds of the run: between consecutive samples,
-/// each node's counter growth (a restarted node's counter starts again at zero), summed or
+/// A sync of the log slower than this, in ms, counts as slow: at a commit bound of 10 ms one
+/// such sync alone puts the commands waiting on it over the bound. Both systems' histograms
+/// have a bucket boundary here ([`SYNC_BUCKET_LE`]).
+pub const SLOW_SYNC_MS: f64 = 8.0;
+const SYNC_BUCKET_LE: &str = "le=\"0.008\"";
+
+/// How many observations of the histogram `name` are above [`SLOW_SYNC_MS`]: its count minus
+/// its bucket at that bound. `None` if the text lacks either.
+fn slow_syncs(text: &str, name: &str) -> Option<f64> {
+    let count = metric_value(text, &format!("{name}_count"))?;
+    let bucket = format!("{name}_bucket{{");
+    let within = text
+        .lines()
+        .filter(|l| l.starts_with(&bucket) && l.contains(SYNC_BUCKET_LE))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .reduce(|a, b| a + b)?;
+    Some((count - within).max(0.0))
+}
+
+/// A counter's growth in each of the first `seconds` seconds of the run: between consecutive
+/// samples, each node's growth (a restarted node's counter starts again at zero), summed or
 /// taken at its highest across nodes as for [`growth`], counted in the second the later
 /// sample was taken in.
-pub fn commits_by_second(samples: &[Sample], seconds: usize, sum: bool) -> Vec<Option<f64>> {
+pub fn counter_by_second(
+    samples: &[Sample],
+    seconds: usize,
+    pick: fn(&Sample) -> &BTreeMap<usize, f64>,
+    sum: bool,
+) -> Vec<Option<f64>> {
     let mut out = vec![None; seconds];
     for w in samples.windows(2) {
-        let deltas = w[1].commits.iter().filter_map(|(node, b)| {
-            let a = w[0].commits.get(node)?;
+        let deltas = pick(&w[1]).iter().filter_map(|(node, b)| {
+            let a = pick(&w[0]).get(node)?;
             Some(if b >= a { b - a } else { *b })
         });
         let delta = if sum {
@@ -333,6 +366,32 @@ mod tests {
     }
 
     #[test]
+    fn slow_syncs_are_the_count_above_the_8_ms_bucket() {
+        let fencegate = "\
+# TYPE fencegate_raft_log_sync_seconds histogram
+fencegate_raft_log_sync_seconds_bucket{node=\"2\",le=\"0.004\"} 950
+fencegate_raft_log_sync_seconds_bucket{node=\"2\",le=\"0.008\"} 990
+fencegate_raft_log_sync_seconds_bucket{node=\"2\",le=\"0.016\"} 997
+fencegate_raft_log_sync_seconds_bucket{node=\"2\",le=\"+Inf\"} 1000
+fencegate_raft_log_sync_seconds_sum{node=\"2\"} 0.9
+fencegate_raft_log_sync_seconds_count{node=\"2\"} 1000
+";
+        let name = "fencegate_raft_log_sync_seconds";
+        assert_eq!(slow_syncs(fencegate, name), Some(10.0));
+        // etcd's WAL histogram has no node label and more buckets.
+        let etcd = "\
+etcd_disk_wal_fsync_duration_seconds_bucket{le=\"0.004\"} 70
+etcd_disk_wal_fsync_duration_seconds_bucket{le=\"0.008\"} 75
+etcd_disk_wal_fsync_duration_seconds_bucket{le=\"+Inf\"} 77
+etcd_disk_wal_fsync_duration_seconds_count 77
+";
+        let name = "etcd_disk_wal_fsync_duration_seconds";
+        assert_eq!(slow_syncs(etcd, name), Some(2.0));
+        // A server without the histogram (an older fencegate) reports nothing.
+        assert_eq!(slow_syncs("foo 1\n", name), None);
+    }
+
+    #[test]
     fn growth_survives_restarts() {
         let mk = |t: f64, v: f64| Sample {
             t_s: t,
@@ -381,11 +440,11 @@ mod tests {
             mk(2.9, &[(0, 30.0), (1, 15.0)]),
         ];
         assert_eq!(
-            commits_by_second(&s, 4, true),
+            counter_by_second(&s, 4, commits_of, true),
             vec![None, Some(100.0), Some(40.0), None]
         );
         assert_eq!(
-            commits_by_second(&s, 4, false),
+            counter_by_second(&s, 4, commits_of, false),
             vec![None, Some(100.0), Some(30.0), None]
         );
     }

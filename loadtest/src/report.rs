@@ -206,6 +206,26 @@ impl StealSummary {
     }
 }
 
+/// The measured seconds split by whether a server's log sync to disk took longer than
+/// `threshold_ms` in them (or in the second before). A slow sync holds up every command
+/// waiting on it; the calm seconds, with neither a slow sync nor steal, show what the servers
+/// do when the machine's CPUs and disk are theirs.
+#[derive(Clone, Debug, Serialize)]
+pub struct SlowSyncSummary {
+    pub threshold_ms: f64,
+    /// Syncs over the threshold in the measured seconds, all nodes together.
+    pub slow_syncs: u64,
+    /// Measured seconds with sync figures, those with a slow sync (or right after one), and
+    /// those with neither a slow sync nor steal.
+    pub seconds: u64,
+    pub slowed_seconds: u64,
+    pub calm_seconds: u64,
+    /// Acquires completed in the calm seconds, and their latencies (none without acquires).
+    pub calm_acquires: u64,
+    pub calm_acquire_p50_ms: Option<f64>,
+    pub calm_acquire_p99_ms: Option<f64>,
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RssSummary {
     pub last: f64,
@@ -286,6 +306,7 @@ pub struct Summary {
     /// How much CPU the hypervisor took from this machine during the run, and the acquire
     /// latencies of the seconds it took some apart from the others (Linux guests only).
     pub steal: Option<StealSummary>,
+    pub slow_syncs: Option<SlowSyncSummary>,
     pub invariants: LedgerReport,
     /// The server's last token is at least the highest token the client saw.
     pub server_token_consistent: Option<bool>,
@@ -397,6 +418,16 @@ pub fn print_table(s: &Summary) {
             st.seconds,
             st.threshold_pct,
             st.quiet_part(),
+        );
+    }
+    if let Some(d) = &s.slow_syncs {
+        let calm = match (d.calm_acquire_p50_ms, d.calm_acquire_p99_ms) {
+            (Some(p50), Some(p99)) => format!("acquire p50 / p99 {p50:.2} / {p99:.2} ms"),
+            _ => "no acquire".to_string(),
+        };
+        println!(
+            "log syncs over {:.0} ms: {} in {} of {} s (or right after one) · in the {} s with neither such a sync nor steal {calm}",
+            d.threshold_ms, d.slow_syncs, d.slowed_seconds, d.seconds, d.calm_seconds,
         );
     }
     let i = &s.invariants;

@@ -148,6 +148,9 @@ pub struct Second {
     /// The share of the machine's CPU, in %, that the hypervisor gave to something else in
     /// this second (filled in from the poller's samples).
     pub steal_pct: Option<f64>,
+    /// Syncs of the servers' logs to disk that finished in this second and took longer than
+    /// 8 ms, summed over the nodes (filled in from the poller's samples).
+    pub slow_syncs: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]

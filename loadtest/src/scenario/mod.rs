@@ -172,12 +172,20 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     });
     let server = summary::server(system, &driven.samples, from, to);
     let mut timeline = rec.timeline();
-    let commits =
-        poller::commits_by_second(&driven.samples, timeline.len(), system == System::Fencegate);
-    for (sec, c) in timeline.iter_mut().zip(commits) {
+    let commits = poller::counter_by_second(
+        &driven.samples,
+        timeline.len(),
+        poller::commits_of,
+        system == System::Fencegate,
+    );
+    let slow_syncs =
+        poller::counter_by_second(&driven.samples, timeline.len(), |s| &s.slow_syncs, true);
+    for ((sec, c), slow) in timeline.iter_mut().zip(commits).zip(slow_syncs) {
         sec.server_commits = c;
+        sec.slow_syncs = slow;
     }
     let steal = summary::steal(&driven.samples, &rec, &mut timeline, from, to);
+    let slow_syncs = summary::slow_syncs(&rec, &timeline, from, to);
     if let Some(st) = steal
         .as_ref()
         .filter(|st| st.stolen_seconds * 10 > st.seconds)
@@ -215,6 +223,7 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         lock_cycles_per_s: client.lock_cycles_per_s,
         server,
         steal,
+        slow_syncs,
         invariants,
         server_token_consistent,
         dropped_arrivals: driven.dropped_arrivals,

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use crate::config::System;
 use crate::plot::Series;
 use crate::poller::{self, Sample};
-use crate::report::{self, HarnessWait, OpSummary, RssSummary, ServerSummary, StealSummary};
+use crate::report::{
+    self, HarnessWait, OpSummary, RssSummary, ServerSummary, SlowSyncSummary, StealSummary,
+};
 use crate::stats::{self, Op, Recorder, Second, Window};
 
 /// The client's view of one window.
@@ -98,15 +100,6 @@ pub fn steal(
     let stolen = |t: u64| over(t) || (t > 0 && over(t - 1));
     let quiet = rec.acquires_in_seconds(from, to, |t| pct(t).is_some() && !stolen(t));
     let taken = rec.acquires_in_seconds(from, to, |t| pct(t).is_some() && stolen(t));
-    // p50 and p99 of a part, none when no acquire finished in it.
-    let p50_p99 = |h: &hdrhistogram::Histogram<u32>| {
-        let [p50, _, p99, _] = stats::quantiles_ms(h);
-        if h.is_empty() {
-            (None, None)
-        } else {
-            (Some(p50), Some(p99))
-        }
-    };
     let (quiet_p50, quiet_p99) = p50_p99(&quiet);
     let (taken_p50, taken_p99) = p50_p99(&taken);
     Some(StealSummary {
@@ -121,6 +114,52 @@ pub fn steal(
         stolen_acquire_p50_ms: taken_p50,
         stolen_acquire_p99_ms: taken_p99,
     })
+}
+
+/// Splits the measured seconds `[from, to)` by whether a server's log sync took longer than
+/// [`poller::SLOW_SYNC_MS`] in them; the calm part is what is left once the stolen seconds
+/// (see [`steal`], which fills in the timeline's steal first) are set apart too. `None` where
+/// the servers report no sync times.
+pub fn slow_syncs(
+    rec: &Recorder,
+    timeline: &[Second],
+    from: f64,
+    to: f64,
+) -> Option<SlowSyncSummary> {
+    let sec = |t: u64| timeline.get(t as usize);
+    let (from, to) = (from.ceil() as u64, to.floor() as u64);
+    let measured: Vec<u64> = (from..to)
+        .filter(|t| sec(*t).is_some_and(|s| s.slow_syncs.is_some()))
+        .collect();
+    if measured.is_empty() {
+        return None;
+    }
+    let slow = |t: u64| sec(t).and_then(|s| s.slow_syncs).unwrap_or(0.0);
+    let stolen = |t: u64| sec(t).and_then(|s| s.steal_pct).unwrap_or(0.0) > STEAL_THRESHOLD_PCT;
+    let slowed = |t: u64| slow(t) > 0.0 || (t > 0 && slow(t - 1) > 0.0);
+    let disturbed = |t: u64| slowed(t) || stolen(t) || (t > 0 && stolen(t - 1));
+    let calm = rec.acquires_in_seconds(from, to, |t| measured.contains(&t) && !disturbed(t));
+    let (calm_p50, calm_p99) = p50_p99(&calm);
+    Some(SlowSyncSummary {
+        threshold_ms: poller::SLOW_SYNC_MS,
+        slow_syncs: measured.iter().map(|t| slow(*t)).sum::<f64>() as u64,
+        seconds: measured.len() as u64,
+        slowed_seconds: measured.iter().filter(|t| slowed(**t)).count() as u64,
+        calm_seconds: measured.iter().filter(|t| !disturbed(**t)).count() as u64,
+        calm_acquires: calm.len(),
+        calm_acquire_p50_ms: calm_p50,
+        calm_acquire_p99_ms: calm_p99,
+    })
+}
+
+/// p50 and p99 of a part, none when no acquire finished in it.
+fn p50_p99(h: &hdrhistogram::Histogram<u32>) -> (Option<f64>, Option<f64>) {
+    let [p50, _, p99, _] = stats::quantiles_ms(h);
+    if h.is_empty() {
+        (None, None)
+    } else {
+        (Some(p50), Some(p99))
+    }
 }
 
 #[cfg(test)]
@@ -194,6 +233,46 @@ mod tests {
         let by_second: Vec<_> = timeline.iter().map(|sec| sec.steal_pct).collect();
         let (quiet, taken) = (Some(0.0), Some(30.0));
         assert_eq!(by_second, vec![quiet, quiet, quiet, taken, taken, quiet]);
+    }
+
+    #[test]
+    fn seconds_with_a_slow_sync_or_steal_are_not_calm() {
+        let with_syncs = |timeline: &mut [Second], slow: &[f64]| {
+            for (sec, n) in timeline.iter_mut().zip(slow) {
+                sec.slow_syncs = Some(*n);
+            }
+        };
+        // No slow sync, no steal: every second is calm, with the three acquires of second 5.
+        let (rec, samples, mut timeline) = run_with(&[0, 0, 0, 0, 0, 0]);
+        steal(&samples, &rec, &mut timeline, 0.0, 6.0);
+        with_syncs(&mut timeline, &[0.0; 6]);
+        let d = slow_syncs(&rec, &timeline, 0.0, 6.0).expect("sync figures");
+        assert_eq!((d.slow_syncs, d.seconds, d.slowed_seconds), (0, 6, 0));
+        assert_eq!((d.calm_seconds, d.calm_acquires), (6, 3));
+        assert!(d.calm_acquire_p99_ms >= Some(20.0), "{d:?}");
+
+        // Two slow syncs in second 4: it and second 5 are slowed, its acquires leave the
+        // calm part.
+        with_syncs(&mut timeline, &[0.0, 0.0, 0.0, 0.0, 2.0, 0.0]);
+        let d = slow_syncs(&rec, &timeline, 0.0, 6.0).expect("sync figures");
+        assert_eq!((d.slow_syncs, d.slowed_seconds), (2, 2));
+        assert_eq!((d.calm_seconds, d.calm_acquires), (4, 0));
+        assert_eq!(d.calm_acquire_p99_ms, None);
+
+        // Steal over seconds 1-2 (and so 3) without a slow sync: those are not calm either,
+        // while second 5 is.
+        let (rec, samples, mut timeline) = run_with(&[0, 0, 30, 0, 0, 0]);
+        steal(&samples, &rec, &mut timeline, 0.0, 6.0);
+        with_syncs(&mut timeline, &[0.0; 6]);
+        let d = slow_syncs(&rec, &timeline, 0.0, 6.0).expect("sync figures");
+        assert_eq!(
+            (d.slowed_seconds, d.calm_seconds, d.calm_acquires),
+            (0, 3, 3)
+        );
+
+        // Servers that report no sync times: no split.
+        let (rec, _, timeline) = run_with(&[0; 6]);
+        assert!(slow_syncs(&rec, &timeline, 0.0, 6.0).is_none());
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub struct Metrics {
     /// `codec`, `dropped`, `count`): their commands are retried, and may have been applied.
     pub forward_failures: IntCounterVec,
     pub apply_seconds: Histogram,
+    /// How long one sync of the raft log to disk takes (one sync covers every append queued
+    /// while the previous one ran). A slow disk shows here first.
+    pub log_sync_seconds: Histogram,
     pub expirations: IntCounter,
     pub handoffs: IntCounter,
     pub waiter_timeouts: IntCounter,
@@ -112,6 +115,10 @@ impl Metrics {
                 &["reason"],
             ),
             apply_seconds: hist("raft_apply_seconds", "Time to apply one batch of entries"),
+            log_sync_seconds: hist(
+                "raft_log_sync_seconds",
+                "Time to sync the raft log to disk (one sync covers every append queued meanwhile)",
+            ),
             expirations: counter("lease_expirations_total", "Leases that expired unrenewed"),
             handoffs: counter("lease_handoffs_total", "Locks handed to a queued waiter"),
             waiter_timeouts: counter("waiter_timeouts_total", "Waiters that timed out"),
@@ -162,6 +169,7 @@ impl Metrics {
         register(Box::new(m.read_index_reads.clone()));
         register(Box::new(m.forward_failures.clone()));
         register(Box::new(m.apply_seconds.clone()));
+        register(Box::new(m.log_sync_seconds.clone()));
         register(Box::new(m.expirations.clone()));
         register(Box::new(m.handoffs.clone()));
         register(Box::new(m.waiter_timeouts.clone()));

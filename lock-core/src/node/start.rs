@@ -89,6 +89,7 @@ pub async fn start(
         })
     };
     let (log_store, mut sm_store) = store::open(&config.data_dir, sink)?;
+    log_store.observe_sync_with(metrics.log_sync_seconds.clone());
     sm_store.observe_apply_with(metrics.apply_seconds.clone());
     sm_store.observe_idem_forgotten_with(metrics.idem_forgotten.clone());
     let machine = sm_store.shared();

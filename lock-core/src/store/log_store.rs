@@ -7,7 +7,7 @@ use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::RecvTimeoutError;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use fjall::PersistMode;
@@ -44,7 +44,12 @@ pub struct LogStore {
     /// The committed log id: read at open, then the one saved last, which the flusher may not
     /// have written yet.
     committed: Arc<Mutex<Option<LogId<u64>>>>,
+    /// Where the flusher records how long each sync of the log took, once a node sets it.
+    sync_seconds: SyncTimer,
 }
+
+/// A histogram the flusher thread, started before the node's metrics exist, observes once set.
+type SyncTimer = Arc<OnceLock<prometheus::Histogram>>;
 
 fn lock(wal: &Mutex<Wal>) -> MutexGuard<'_, Wal> {
     // The log's state is only changed by calls that finish their file work before they touch
@@ -80,7 +85,11 @@ const META_WRITES_PER_FLUSH: u32 = 1_000;
 /// write there sat on every commit's path, on every node. It is written after the sync that
 /// covers the entries below it (they were appended before raft saved it, and jobs are taken in
 /// order), so the disk never holds a committed id without those entries.
-fn spawn_flusher(db: Arc<Db>, wal: Arc<Mutex<Wal>>) -> std::sync::mpsc::Sender<FlushJob> {
+fn spawn_flusher(
+    db: Arc<Db>,
+    wal: Arc<Mutex<Wal>>,
+    sync_seconds: SyncTimer,
+) -> std::sync::mpsc::Sender<FlushJob> {
     let (tx, rx) = std::sync::mpsc::channel::<FlushJob>();
     let spawned = std::thread::Builder::new()
         .name("raft-log-flusher".into())
@@ -112,11 +121,17 @@ fn spawn_flusher(db: Arc<Db>, wal: Arc<Mutex<Wal>>) -> std::sync::mpsc::Sender<F
                     Ok(())
                 } else {
                     // Syncing the segment appends go to covers every append so far: a finished
-                    // segment was synced when the next one was started.
-                    match lock(&wal).active_file() {
-                        Some(file) => file.sync_data(),
-                        None => Ok(()),
+                    // segment was synced when the next one was started. The log's lock is let
+                    // go first: raft's core appends the next entries meanwhile instead of
+                    // waiting out the disk (their callbacks are queued after this round's, so
+                    // the next sync covers them).
+                    let file = lock(&wal).active_file();
+                    let started = Instant::now();
+                    let synced = file.map_or(Ok(()), |file| file.sync_data());
+                    if let Some(histogram) = sync_seconds.get() {
+                        histogram.observe(started.elapsed().as_secs_f64());
                     }
+                    synced
                 };
                 if synced.is_ok() {
                     committed.write_if_due();
@@ -320,13 +335,20 @@ impl LogStore {
         // Stored as `Option<LogId>`, so a saved `None` reads back as `None` too.
         let committed =
             read_meta::<Option<LogId<u64>>>(&db, COMMITTED_KEY, "committed log id")?.flatten();
+        let sync_seconds = SyncTimer::default();
         Ok(LogStore {
-            flusher: spawn_flusher(db.clone(), wal.clone()),
+            flusher: spawn_flusher(db.clone(), wal.clone(), sync_seconds.clone()),
+            sync_seconds,
             purger: spawn_purger(),
             db,
             wal,
             committed: Arc::new(Mutex::new(committed)),
         })
+    }
+
+    /// Records how long each sync of the log takes in `histogram` (the first one set stays).
+    pub fn observe_sync_with(&self, histogram: prometheus::Histogram) {
+        let _ = self.sync_seconds.set(histogram);
     }
 
     fn read_meta<T: serde::de::DeserializeOwned>(
@@ -553,6 +575,27 @@ mod tests {
             "the keyspace is emptied"
         );
         assert!(!dir.join(MIGRATING_DIR).exists());
+    }
+
+    /// Every append raft hears is durable was covered by a sync the histogram timed; the
+    /// first histogram set stays.
+    #[tokio::test]
+    async fn syncs_that_acknowledge_appends_are_timed() {
+        use openraft::storage::RaftLogStorageExt;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let db = Arc::new(Db::open(tmp.path()).expect("open"));
+        let mut store = LogStore::open(db, tmp.path()).expect("log store");
+        let hist = || prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("s", "s"));
+        let (timed, ignored) = (hist().expect("histogram"), hist().expect("histogram"));
+        store.observe_sync_with(timed.clone());
+        store.observe_sync_with(ignored.clone());
+        for index in 1..=3 {
+            store.blocking_append([blank(index)]).await.expect("append");
+        }
+        // One sync per acknowledged append here: each waited for its own.
+        assert_eq!(timed.get_sample_count(), 3);
+        assert!(timed.get_sample_sum() > 0.0);
+        assert_eq!(ignored.get_sample_count(), 0);
     }
 
     /// Committed ids saved faster than they are written: the newest one reaches the disk once
