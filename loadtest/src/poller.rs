@@ -272,7 +272,7 @@ fn slow_syncs(text: &str, name: &str) -> Option<f64> {
 /// A counter's growth in each of the first `seconds` seconds of the run: between consecutive
 /// samples, each node's growth (a restarted node's counter starts again at zero), summed or
 /// taken at its highest across nodes as for [`growth`], counted in the second the later
-/// sample was taken in.
+/// sample was taken in. A second stays `None` when no node reported the counter around it.
 pub fn counter_by_second(
     samples: &[Sample],
     seconds: usize,
@@ -281,14 +281,21 @@ pub fn counter_by_second(
 ) -> Vec<Option<f64>> {
     let mut out = vec![None; seconds];
     for w in samples.windows(2) {
-        let deltas = pick(&w[1]).iter().filter_map(|(node, b)| {
-            let a = pick(&w[0]).get(node)?;
-            Some(if b >= a { b - a } else { *b })
-        });
+        let deltas: Vec<f64> = pick(&w[1])
+            .iter()
+            .filter_map(|(node, b)| {
+                let a = pick(&w[0]).get(node)?;
+                Some(if b >= a { b - a } else { *b })
+            })
+            .collect();
+        // No node reported the counter in both samples: nothing is known of that interval.
+        if deltas.is_empty() {
+            continue;
+        }
         let delta = if sum {
-            deltas.sum()
+            deltas.iter().sum()
         } else {
-            deltas.fold(0.0, f64::max)
+            deltas.iter().copied().fold(0.0, f64::max)
         };
         if let Some(slot) = out.get_mut(w[1].t_s.max(0.0) as usize) {
             *slot = Some(slot.unwrap_or(0.0) + delta);
@@ -447,5 +454,8 @@ etcd_disk_wal_fsync_duration_seconds_count 77
             counter_by_second(&s, 4, commits_of, false),
             vec![None, Some(100.0), Some(30.0), None]
         );
+        // Servers that do not report a counter (an older build without the sync histogram)
+        // leave every second unknown rather than zero.
+        assert_eq!(counter_by_second(&s, 4, |s| &s.slow_syncs, true), [None; 4]);
     }
 }
