@@ -96,8 +96,7 @@ pub fn steal(
     if measured.is_empty() {
         return None;
     }
-    let over = |t: u64| pct(t).is_some_and(|p| p > STEAL_THRESHOLD_PCT);
-    let stolen = |t: u64| over(t) || (t > 0 && over(t - 1));
+    let stolen = |t: u64| or_after(t, |t| over_threshold(pct(t)));
     let quiet = rec.acquires_in_seconds(from, to, |t| pct(t).is_some() && !stolen(t));
     let taken = rec.acquires_in_seconds(from, to, |t| pct(t).is_some() && stolen(t));
     let (quiet_p50, quiet_p99) = p50_p99(&quiet);
@@ -128,17 +127,16 @@ pub fn slow_syncs(
 ) -> Option<SlowSyncSummary> {
     let sec = |t: u64| timeline.get(t as usize);
     let (from, to) = (from.ceil() as u64, to.floor() as u64);
-    let measured: Vec<u64> = (from..to)
-        .filter(|t| sec(*t).is_some_and(|s| s.slow_syncs.is_some()))
-        .collect();
+    let has_figure = |t: u64| sec(t).is_some_and(|s| s.slow_syncs.is_some());
+    let measured: Vec<u64> = (from..to).filter(|t| has_figure(*t)).collect();
     if measured.is_empty() {
         return None;
     }
     let slow = |t: u64| sec(t).and_then(|s| s.slow_syncs).unwrap_or(0.0);
-    let stolen = |t: u64| sec(t).and_then(|s| s.steal_pct).unwrap_or(0.0) > STEAL_THRESHOLD_PCT;
-    let slowed = |t: u64| slow(t) > 0.0 || (t > 0 && slow(t - 1) > 0.0);
-    let disturbed = |t: u64| slowed(t) || stolen(t) || (t > 0 && stolen(t - 1));
-    let calm = rec.acquires_in_seconds(from, to, |t| measured.contains(&t) && !disturbed(t));
+    let slowed = |t: u64| or_after(t, |t| slow(t) > 0.0);
+    let stolen = |t: u64| or_after(t, |t| over_threshold(sec(t).and_then(|s| s.steal_pct)));
+    let disturbed = |t: u64| slowed(t) || stolen(t);
+    let calm = rec.acquires_in_seconds(from, to, |t| has_figure(t) && !disturbed(t));
     let (calm_p50, calm_p99) = p50_p99(&calm);
     Some(SlowSyncSummary {
         threshold_ms: poller::SLOW_SYNC_MS,
@@ -150,6 +148,17 @@ pub fn slow_syncs(
         calm_acquire_p50_ms: calm_p50,
         calm_acquire_p99_ms: calm_p99,
     })
+}
+
+/// Whether a second's steal share counts as stolen.
+fn over_threshold(steal_pct: Option<f64>) -> bool {
+    steal_pct.is_some_and(|p| p > STEAL_THRESHOLD_PCT)
+}
+
+/// Whether `hit` holds for second `t` or the one before it: a disturbed second leaves a queue
+/// that drains in the next.
+fn or_after(t: u64, hit: impl Fn(u64) -> bool) -> bool {
+    hit(t) || (t > 0 && hit(t - 1))
 }
 
 /// p50 and p99 of a part, none when no acquire finished in it.

@@ -126,12 +126,17 @@ fn spawn_flusher(
                     // waiting out the disk (their callbacks are queued after this round's, so
                     // the next sync covers them).
                     let file = lock(&wal).active_file();
-                    let started = Instant::now();
-                    let synced = file.map_or(Ok(()), |file| file.sync_data());
-                    if let Some(histogram) = sync_seconds.get() {
-                        histogram.observe(started.elapsed().as_secs_f64());
+                    match file {
+                        Some(file) => {
+                            let started = Instant::now();
+                            let synced = file.sync_data();
+                            if let Some(histogram) = sync_seconds.get() {
+                                histogram.observe(started.elapsed().as_secs_f64());
+                            }
+                            synced
+                        }
+                        None => Ok(()),
                     }
-                    synced
                 };
                 if synced.is_ok() {
                     committed.write_if_due();
