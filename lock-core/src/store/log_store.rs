@@ -14,7 +14,7 @@ use fjall::PersistMode;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 
-use super::wal::{self, Wal};
+use super::wal::{self, Preallocate, Wal};
 use super::{blocking, decode, encode, encode_compressed, Db, StoreError};
 use crate::raft::TypeConfig;
 
@@ -289,7 +289,7 @@ fn migrate_fjall_log(db: &Db, dir: &Path, purged: Option<u64>) -> Result<(), Sto
             fs::remove_dir_all(&staging).map_err(wal::io_err(&staging))?;
         }
         let from = purged.map_or(key_index(&first.key()?)?, |p| p + 1);
-        let mut wal = Wal::open(&staging, purged, wal::SEGMENT_BYTES)?;
+        let mut wal = Wal::open(&staging, purged, wal::SEGMENT_BYTES, Preallocate::No)?;
         let mut run = Vec::new();
         let mut copied = 0u64;
         for guard in db.log.range::<[u8; 8], _>(from.to_be_bytes()..) {
@@ -335,6 +335,7 @@ impl LogStore {
             &dir.join(LOG_DIR),
             purged.map(|p| p.index),
             wal::SEGMENT_BYTES,
+            Preallocate::Spares,
         )?;
         let wal = Arc::new(Mutex::new(wal));
         // Stored as `Option<LogId>`, so a saved `None` reads back as `None` too.

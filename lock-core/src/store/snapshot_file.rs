@@ -543,14 +543,31 @@ const SYNC_EVERY: u64 = 1 << 20;
 /// inside the time between snapshots.
 const BACKGROUND_BYTES_PER_SEC: u64 = 32 << 20;
 
-/// Forces writeback every [`SYNC_EVERY`] bytes, so the disk never has the whole snapshot
-/// queued at once, and optionally paces the writes (see [`BACKGROUND_BYTES_PER_SEC`]).
-struct SyncedWriter {
+/// Forces writeback every [`SYNC_EVERY`] bytes, so the disk never has the whole file queued at
+/// once, and optionally paces the writes (see [`BACKGROUND_BYTES_PER_SEC`]). Also fills the raft
+/// log's spare segments.
+pub(super) struct SyncedWriter {
     file: File,
     written: u64,
     unsynced: u64,
     /// When writing started, if the writes are paced.
     paced_since: Option<std::time::Instant>,
+}
+
+impl SyncedWriter {
+    /// Writes to `file` from its current position; `paced` at the background rate.
+    pub(super) fn new(file: File, paced: bool) -> Self {
+        SyncedWriter {
+            file,
+            written: 0,
+            unsynced: 0,
+            paced_since: paced.then(std::time::Instant::now),
+        }
+    }
+
+    pub(super) fn into_file(self) -> File {
+        self.file
+    }
 }
 
 impl Write for SyncedWriter {
@@ -607,15 +624,8 @@ fn write_file(
         .create_new(true)
         .open(path)
         .map_err(io_err(path))?;
-    let mut out = BufWriter::with_capacity(
-        1 << 18,
-        SyncedWriter {
-            file,
-            written: 0,
-            unsynced: 0,
-            paced_since: (pace == Pace::Background).then(std::time::Instant::now),
-        },
-    );
+    let mut out =
+        BufWriter::with_capacity(1 << 18, SyncedWriter::new(file, pace == Pace::Background));
     out.write_all(MAGIC)
         .and_then(|()| out.write_all(&header_len.to_be_bytes()))
         .and_then(|()| out.write_all(&encoded))
@@ -640,7 +650,7 @@ fn write_file(
     let mut file = out
         .into_inner()
         .map_err(|e| io_err(path)(e.into_error()))?
-        .file;
+        .into_file();
     file.seek(SeekFrom::Start(payload_at - 8))
         .and_then(|_| file.write_all(&payload_len.to_be_bytes()))
         .and_then(|()| file.sync_all())

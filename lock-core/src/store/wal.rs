@@ -21,16 +21,29 @@
 //! finished, synced). At open, a damaged or half-written tail of the last segment is what a
 //! crash during a write leaves: it is cut off (those records were never acknowledged). Damage
 //! anywhere else is reported, never skipped.
+//!
+//! Segments are made from spare files that a background thread zero-fills to the segment's
+//! size and syncs ahead of time (`<n>.spare`, renamed once the header is in). An append then
+//! overwrites blocks the file already has, so its sync writes only data: on ext4 a sync of a
+//! file that grew also commits the filesystem's journal, which is one for the whole disk and
+//! waits for whatever else is being written (snapshots, compaction, the other replicas' logs on
+//! a shared disk). So a segment ends at its last record *or where only zeros follow*: a record
+//! never starts with zeros (its length and checksum are not all zero). When no spare is ready,
+//! a segment is created empty and grows as before; a cut (a torn tail at open, a truncation)
+//! shortens the file, so that no old record can follow new ones.
 
 use std::fs::{self, File, OpenOptions};
-use std::io;
+use std::io::{self, Write};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::snapshot_file::SyncedWriter;
 use super::StoreError;
 
 const MAGIC: &[u8; 8] = b"FGRLOG01";
@@ -39,6 +52,11 @@ const HEADER_LEN: u64 = 16;
 const RECORD_HEAD: usize = 12;
 const RECORD_TAIL: usize = 8;
 const SUFFIX: &str = ".seg";
+/// A spare segment file being filled or waiting to become a segment; any found at open are
+/// left over from an earlier process and deleted.
+const SPARE_SUFFIX: &str = ".spare";
+/// Zeros are written to a spare in steps of this many bytes.
+const FILL_STEP: usize = 1 << 20;
 /// A segment is finished and a new one started once it holds this many bytes.
 pub(super) const SEGMENT_BYTES: u64 = 64 << 20;
 /// A larger length than this in a record is damage: an entry is one batch of commands, which
@@ -186,15 +204,147 @@ pub(super) struct Wal {
     /// Entries at or below this are purged: never read, whatever a file still holds.
     purged: Option<u64>,
     segment_bytes: u64,
+    /// Zero-filled files for the next segments, if the log makes them.
+    spares: Option<Spares>,
+}
+
+/// Whether a log makes its segments from zero-filled spare files.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Preallocate {
+    /// A spare is filled in the background while the current segment fills up.
+    Spares,
+    /// Segments are created empty and grow (a log written once, as a migration does).
+    No,
+}
+
+/// A spare file, zero-filled to the segment size and synced.
+struct Spare {
+    path: PathBuf,
+    file: File,
+}
+
+/// The thread that fills spare files, one at a time: it hands over each one when the log takes
+/// it (a rendezvous), then fills the next.
+struct Spares {
+    /// Let go first when the log closes: a thread waiting to hand over a spare then stops.
+    ready: Option<Receiver<Spare>>,
+    /// A spare taken for a test, used before asking the thread.
+    #[cfg(test)]
+    held: Option<Spare>,
+    /// Tells the thread to stop filling once the log is closed.
+    closed: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Spares {
+    fn start(dir: &Path, bytes: u64) -> Option<Spares> {
+        let (tx, ready) = std::sync::mpsc::sync_channel(0);
+        let closed = Arc::new(AtomicBool::new(false));
+        let (dir, stop) = (dir.to_path_buf(), closed.clone());
+        let spawned = std::thread::Builder::new()
+            .name("raft-log-spares".into())
+            .spawn(move || fill_spares(&dir, bytes, &tx, &stop));
+        match spawned {
+            Ok(thread) => Some(Spares {
+                ready: Some(ready),
+                #[cfg(test)]
+                held: None,
+                closed,
+                thread: Some(thread),
+            }),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not start the thread that prepares raft log segments; segments grow as they are written");
+                None
+            }
+        }
+    }
+
+    /// A spare if one is ready; never waits.
+    fn take(&mut self) -> Option<Spare> {
+        #[cfg(test)]
+        if let Some(spare) = self.held.take() {
+            return Some(spare);
+        }
+        self.ready.as_ref()?.try_recv().ok()
+    }
+}
+
+impl Drop for Spares {
+    /// Stops the thread, which deletes its spare, so that a log reopened in the same directory
+    /// does not meet files still being filled (it deletes the spares it finds).
+    fn drop(&mut self) {
+        self.closed.store(true, Ordering::Relaxed);
+        self.ready = None;
+        #[cfg(test)]
+        if let Some(spare) = self.held.take() {
+            let _ = fs::remove_file(&spare.path);
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Fills spare files in `dir` until the log is closed or a fill fails (segments then grow as
+/// they are written, as without spares). A fill is paced like a background snapshot write, so
+/// that the log's own syncs do not queue behind 64 MiB of zeros.
+fn fill_spares(dir: &Path, bytes: u64, ready: &SyncSender<Spare>, closed: &AtomicBool) {
+    for n in 0u64.. {
+        let path = dir.join(format!("{n}{SPARE_SUFFIX}"));
+        let filled = fill_spare(&path, bytes, closed);
+        let spare = match filled {
+            Ok(Some(file)) => Spare { path, file },
+            Ok(None) => {
+                let _ = fs::remove_file(&path);
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not prepare a raft log segment; segments grow as they are written from now on");
+                let _ = fs::remove_file(&path);
+                return;
+            }
+        };
+        // Waits until the log takes it; fails once the log is gone.
+        if let Err(unsent) = ready.send(spare) {
+            let _ = fs::remove_file(&unsent.0.path);
+            return;
+        }
+    }
+}
+
+/// Writes `bytes` zeros to a new file at `path` and syncs them (size included); `None` if the
+/// log was closed meanwhile.
+fn fill_spare(path: &Path, bytes: u64, closed: &AtomicBool) -> io::Result<Option<File>> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    let mut out = SyncedWriter::new(file, true);
+    let zeros = vec![0u8; FILL_STEP];
+    let mut left = bytes;
+    while left > 0 {
+        if closed.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let step = left.min(FILL_STEP as u64);
+        out.write_all(&zeros[..step as usize])?;
+        left -= step;
+    }
+    let file = out.into_file();
+    file.sync_data()?;
+    Ok(Some(file))
 }
 
 impl Wal {
     /// Opens the segments in `dir` (created if missing), cutting off a torn tail of the last
-    /// one and deleting segments that hold only entries at or below `purged`.
+    /// one and deleting segments that hold only entries at or below `purged` (and spare files
+    /// an earlier process left).
     pub(super) fn open(
         dir: &Path,
         purged: Option<u64>,
         segment_bytes: u64,
+        preallocate: Preallocate,
     ) -> Result<Self, StoreError> {
         if !dir.exists() {
             fs::create_dir_all(dir).map_err(io_err(dir))?;
@@ -206,6 +356,14 @@ impl Wal {
         for item in fs::read_dir(dir).map_err(io_err(dir))? {
             let item = item.map_err(io_err(dir))?;
             let name = item.file_name();
+            if name.to_str().is_some_and(|n| n.ends_with(SPARE_SUFFIX)) {
+                match fs::remove_file(item.path()) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                        return Err(io_err(&item.path())(e));
+                    }
+                    _ => continue,
+                }
+            }
             let Some(first) = name
                 .to_str()
                 .and_then(|n| n.strip_suffix(SUFFIX))
@@ -247,11 +405,16 @@ impl Wal {
                 ));
             }
         }
+        let spares = match preallocate {
+            Preallocate::Spares => Spares::start(dir, segment_bytes),
+            Preallocate::No => None,
+        };
         let wal = Wal {
             dir: dir.to_path_buf(),
             segments,
             purged,
             segment_bytes,
+            spares,
         };
         Ok(wal)
     }
@@ -344,24 +507,44 @@ impl Wal {
         Ok(())
     }
 
-    /// Finishes the current segment (synced) and starts a new one at `first`: its header is
-    /// synced and so is the directory entry, so that entries acknowledged in it are found.
+    /// Finishes the current segment (synced) and starts a new one at `first`, from a spare if
+    /// one is ready: its header is synced and so is the directory entry, so that entries
+    /// acknowledged in it are found.
     fn start_segment(&mut self, first: u64) -> Result<(), StoreError> {
         if let Some(done) = self.segments.last() {
             done.file.sync_data().map_err(io_err(&done.path))?;
         }
         let path = self.dir.join(format!("{first:020}{SUFFIX}"));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(io_err(&path))?;
         let mut header = MAGIC.to_vec();
         header.extend_from_slice(&first.to_le_bytes());
-        file.write_all_at(&header, 0)
-            .and_then(|()| file.sync_data())
-            .map_err(io_err(&path))?;
+        let file = match self.spares.as_mut().and_then(Spares::take) {
+            Some(spare) => {
+                // A rename would replace a file of that name where creating one refuses to.
+                if path.exists() {
+                    let _ = fs::remove_file(&spare.path);
+                    return Err(io_err(&path)(io::ErrorKind::AlreadyExists.into()));
+                }
+                spare
+                    .file
+                    .write_all_at(&header, 0)
+                    .and_then(|()| spare.file.sync_data())
+                    .and_then(|()| fs::rename(&spare.path, &path))
+                    .map_err(io_err(&path))?;
+                spare.file
+            }
+            None => {
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)
+                    .map_err(io_err(&path))?;
+                file.write_all_at(&header, 0)
+                    .and_then(|()| file.sync_data())
+                    .map_err(io_err(&path))?;
+                file
+            }
+        };
         sync_dir(&self.dir)?;
         self.segments.push(Segment {
             first,
@@ -459,11 +642,22 @@ impl Wal {
     fn segment_count(&self) -> usize {
         self.segments.len()
     }
+
+    /// Waits until a spare is filled, so that the next segment is made from it.
+    #[cfg(test)]
+    fn wait_for_spare(&mut self) {
+        let spares = self.spares.as_mut().expect("this log makes spares");
+        if spares.held.is_none() {
+            let ready = spares.ready.as_ref().expect("open");
+            spares.held = Some(ready.recv().expect("the spare thread hands one over"));
+        }
+    }
 }
 
-/// Reads a segment's records. A torn or damaged tail of the `last` segment is cut off (and the
-/// cut synced); anywhere else it is an error. A last segment too short for its header (a crash
-/// while it was being created) is deleted: `None`.
+/// Reads a segment's records, which end where the file does or where only zeros follow (the
+/// unused part of a segment made from a spare). A torn or damaged tail of the `last` segment is
+/// cut off (and the cut synced); anywhere else it is an error. A last segment too short for its
+/// header (a crash while it was being created) is deleted: `None`.
 fn scan(first: u64, path: PathBuf, last: bool) -> Result<Option<Segment>, StoreError> {
     let bytes = fs::read(&path).map_err(io_err(&path))?;
     let Some(header) = bytes.first_chunk::<{ HEADER_LEN as usize }>() else {
@@ -479,12 +673,17 @@ fn scan(first: u64, path: PathBuf, last: bool) -> Result<Option<Segment>, StoreE
     }
     let mut offsets = Vec::new();
     let mut at = HEADER_LEN as usize;
-    while at < bytes.len() {
+    let mut end = bytes.len();
+    let mut file_cut = false;
+    while at < end {
         let index = first + offsets.len() as u64;
         match parse_record(&bytes[at..], index) {
             Parsed::Record { len, .. } => {
                 offsets.push(at as u64);
                 at += len;
+            }
+            Parsed::Short | Parsed::Damaged(_) if bytes[at..].iter().all(|&b| b == 0) => {
+                end = at;
             }
             Parsed::Short | Parsed::Damaged(_) if last => {
                 tracing::warn!(
@@ -493,6 +692,7 @@ fn scan(first: u64, path: PathBuf, last: bool) -> Result<Option<Segment>, StoreE
                     bytes = bytes.len() - at,
                     "cutting off an unfinished write at the end of the raft log"
                 );
+                file_cut = true;
                 break;
             }
             Parsed::Short => {
@@ -511,7 +711,7 @@ fn scan(first: u64, path: PathBuf, last: bool) -> Result<Option<Segment>, StoreE
         .write(true)
         .open(&path)
         .map_err(io_err(&path))?;
-    if at < bytes.len() {
+    if file_cut {
         file.set_len(at as u64)
             .and_then(|()| file.sync_data())
             .map_err(io_err(&path))?;
@@ -562,6 +762,7 @@ mod tests {
         let mut files: Vec<PathBuf> = fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == &SUFFIX[1..]))
             .collect();
         files.sort();
         files
@@ -571,7 +772,7 @@ mod tests {
     fn appends_read_back_across_segments_and_after_reopening() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("log");
-        let mut wal = Wal::open(&dir, None, 512).unwrap();
+        let mut wal = Wal::open(&dir, None, 512, Preallocate::Spares).unwrap();
         assert_eq!(wal.last(), None);
         append_in_runs(&mut wal, 1..200, 9);
         assert!(wal.segment_count() > 5, "small segments roll over");
@@ -580,7 +781,7 @@ mod tests {
         assert_eq!(read_all(&wal, 50, 61).unwrap(), records(50..61));
         drop(wal);
 
-        let wal = Wal::open(&dir, None, 512).unwrap();
+        let wal = Wal::open(&dir, None, 512, Preallocate::Spares).unwrap();
         assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(1..208));
         assert_eq!(read_all(&wal, 300, 400).unwrap(), vec![]);
     }
@@ -588,7 +789,7 @@ mod tests {
     #[test]
     fn appends_that_do_not_continue_the_log_are_refused() {
         let tmp = tempfile::tempdir().unwrap();
-        let mut wal = Wal::open(tmp.path(), None, 4096).unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 4096, Preallocate::Spares).unwrap();
         wal.append(&records(1..5)).unwrap();
         for bad in [
             records(6..8),
@@ -603,7 +804,8 @@ mod tests {
     #[test]
     fn a_torn_tail_is_cut_off_and_appends_continue_after_it() {
         let tmp = tempfile::tempdir().unwrap();
-        let mut wal = Wal::open(tmp.path(), None, 1 << 20).unwrap();
+        // Segments that grow: the file's length is where the records end.
+        let mut wal = Wal::open(tmp.path(), None, 1 << 20, Preallocate::No).unwrap();
         wal.append(&records(1..11)).unwrap();
         drop(wal);
         let file = segment_files(tmp.path()).pop().unwrap();
@@ -615,7 +817,7 @@ mod tests {
             .unwrap()
             .set_len(len - 5)
             .unwrap();
-        let mut wal = Wal::open(tmp.path(), None, 1 << 20).unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 1 << 20, Preallocate::No).unwrap();
         assert_eq!(read_all(&wal, 0, 100).unwrap(), records(1..10));
         wal.append(&records(10..13)).unwrap();
         drop(wal);
@@ -624,14 +826,14 @@ mod tests {
         let len = fs::metadata(&file).unwrap().len();
         let f = OpenOptions::new().write(true).open(&file).unwrap();
         f.write_all_at(b"X", len - 10).unwrap();
-        let wal = Wal::open(tmp.path(), None, 1 << 20).unwrap();
+        let wal = Wal::open(tmp.path(), None, 1 << 20, Preallocate::No).unwrap();
         assert_eq!(read_all(&wal, 0, 100).unwrap(), records(1..12));
     }
 
     #[test]
     fn damage_before_the_tail_is_an_error_never_skipped() {
         let tmp = tempfile::tempdir().unwrap();
-        let mut wal = Wal::open(tmp.path(), None, 256).unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 256, Preallocate::Spares).unwrap();
         wal.append(&records(1..40)).unwrap();
         append_in_runs(&mut wal, 40..80, 4);
         drop(wal);
@@ -639,19 +841,19 @@ mod tests {
         assert!(files.len() > 2);
         let f = OpenOptions::new().write(true).open(&files[1]).unwrap();
         f.write_all_at(b"XY", HEADER_LEN + 14).unwrap();
-        let err = Wal::open(tmp.path(), None, 256)
+        let err = Wal::open(tmp.path(), None, 256, Preallocate::Spares)
             .err()
             .expect("damage is reported");
         assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
 
         // A missing segment in the middle is a gap: reported too.
         let tmp = tempfile::tempdir().unwrap();
-        let mut wal = Wal::open(tmp.path(), None, 256).unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 256, Preallocate::Spares).unwrap();
         append_in_runs(&mut wal, 1..60, 3);
         drop(wal);
         fs::remove_file(&segment_files(tmp.path())[1]).unwrap();
         assert!(matches!(
-            Wal::open(tmp.path(), None, 256),
+            Wal::open(tmp.path(), None, 256, Preallocate::Spares),
             Err(StoreError::Corrupt { .. })
         ));
     }
@@ -659,7 +861,7 @@ mod tests {
     #[test]
     fn a_truncation_is_kept_and_appends_overwrite_the_cut_entries() {
         let tmp = tempfile::tempdir().unwrap();
-        let mut wal = Wal::open(tmp.path(), None, 300).unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 300, Preallocate::Spares).unwrap();
         append_in_runs(&mut wal, 1..100, 3);
         let before = segment_files(tmp.path()).len();
         // Inside a segment, then at a segment's first entry.
@@ -675,7 +877,7 @@ mod tests {
         wal.append(&rewritten).unwrap();
         drop(wal);
 
-        let wal = Wal::open(tmp.path(), None, 300).unwrap();
+        let wal = Wal::open(tmp.path(), None, 300, Preallocate::Spares).unwrap();
         let mut expected = records(1..first_of_last);
         expected.extend(rewritten);
         assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), expected);
@@ -692,7 +894,7 @@ mod tests {
     #[test]
     fn a_purge_hides_entries_and_frees_whole_segments() {
         let tmp = tempfile::tempdir().unwrap();
-        let mut wal = Wal::open(tmp.path(), None, 300).unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 300, Preallocate::Spares).unwrap();
         append_in_runs(&mut wal, 1..100, 3);
         let files = segment_files(tmp.path()).len();
         let doomed = wal.purge(50);
@@ -706,12 +908,12 @@ mod tests {
 
         // The marker is the caller's: reopened with it, the same entries show; a segment that
         // only holds purged entries and was not deleted yet is deleted now.
-        let mut wal = Wal::open(tmp.path(), Some(50), 300).unwrap();
+        let mut wal = Wal::open(tmp.path(), Some(50), 300, Preallocate::Spares).unwrap();
         assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(51..100));
         let left = wal.purge(60);
         assert!(!left.is_empty());
         drop(wal);
-        let wal = Wal::open(tmp.path(), Some(70), 300).unwrap();
+        let wal = Wal::open(tmp.path(), Some(70), 300, Preallocate::Spares).unwrap();
         assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(71..100));
         assert!(left.iter().all(|path| !path.exists()));
     }
@@ -719,7 +921,7 @@ mod tests {
     #[test]
     fn after_a_purge_past_the_end_the_log_starts_over_where_raft_resumes() {
         let tmp = tempfile::tempdir().unwrap();
-        let mut wal = Wal::open(tmp.path(), None, 300).unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 300, Preallocate::Spares).unwrap();
         wal.append(&records(1..20)).unwrap();
         // A snapshot far ahead of this log was installed.
         let doomed = wal.purge(5_000);
@@ -733,12 +935,12 @@ mod tests {
         }
         assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(5_001..5_004));
         drop(wal);
-        let wal = Wal::open(tmp.path(), Some(5_000), 300).unwrap();
+        let wal = Wal::open(tmp.path(), Some(5_000), 300, Preallocate::Spares).unwrap();
         assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(5_001..5_004));
 
         // A marker past a log that resumes later than right after it means entries are missing.
         assert!(matches!(
-            Wal::open(tmp.path(), Some(4_000), 300),
+            Wal::open(tmp.path(), Some(4_000), 300, Preallocate::Spares),
             Err(StoreError::Corrupt { .. })
         ));
     }
@@ -746,13 +948,131 @@ mod tests {
     #[test]
     fn a_segment_cut_off_while_it_was_created_is_removed() {
         let tmp = tempfile::tempdir().unwrap();
-        let mut wal = Wal::open(tmp.path(), None, 1 << 20).unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 1 << 20, Preallocate::Spares).unwrap();
         wal.append(&records(1..4)).unwrap();
         drop(wal);
         fs::write(tmp.path().join(format!("{:020}{SUFFIX}", 4)), b"FGR").unwrap();
-        let mut wal = Wal::open(tmp.path(), None, 1 << 20).unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 1 << 20, Preallocate::Spares).unwrap();
         assert_eq!(segment_files(tmp.path()).len(), 1);
         wal.append(&records(4..6)).unwrap();
         assert_eq!(read_all(&wal, 0, 10).unwrap(), records(1..6));
+    }
+
+    fn file_len(path: &Path) -> u64 {
+        fs::metadata(path).unwrap().len()
+    }
+
+    #[test]
+    fn a_segment_made_from_a_spare_ends_where_only_zeros_follow() {
+        let tmp = tempfile::tempdir().unwrap();
+        let size = 64 << 10;
+        let mut wal = Wal::open(tmp.path(), None, size, Preallocate::Spares).unwrap();
+        wal.wait_for_spare();
+        wal.append(&records(1..50)).unwrap();
+        let file = segment_files(tmp.path()).pop().unwrap();
+        assert_eq!(
+            file_len(&file),
+            size,
+            "the segment is the zero-filled spare"
+        );
+        drop(wal);
+
+        let mut wal = Wal::open(tmp.path(), None, size, Preallocate::Spares).unwrap();
+        assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(1..50));
+        assert_eq!(file_len(&file), size, "reopening keeps the unused part");
+        wal.append(&records(50..60)).unwrap();
+        drop(wal);
+        let mut wal = Wal::open(tmp.path(), None, size, Preallocate::Spares).unwrap();
+        assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(1..60));
+
+        // An append longer than what is left grows the file; the next segment is a spare again.
+        let long: Vec<(u64, Vec<u8>)> = (60..62).map(|i| (i, vec![7u8; 40 << 10])).collect();
+        wal.append(&long).unwrap();
+        assert!(file_len(&file) > size);
+        wal.wait_for_spare();
+        wal.append(&records(62..70)).unwrap();
+        assert_eq!(segment_files(tmp.path()).len(), 2);
+        assert_eq!(file_len(&segment_files(tmp.path())[1]), size);
+        drop(wal);
+        let wal = Wal::open(tmp.path(), None, size, Preallocate::Spares).unwrap();
+        let mut expected = records(1..60);
+        expected.extend(long);
+        expected.extend(records(62..70));
+        assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), expected);
+    }
+
+    #[test]
+    fn a_torn_write_inside_a_spare_is_cut_off() {
+        let tmp = tempfile::tempdir().unwrap();
+        let size = 64 << 10;
+        let mut wal = Wal::open(tmp.path(), None, size, Preallocate::Spares).unwrap();
+        wal.wait_for_spare();
+        wal.append(&records(1..11)).unwrap();
+        let end = wal.segments[0].end;
+        drop(wal);
+        // The first half of record 11 landed, zeros after it.
+        let mut torn = Vec::new();
+        put_record(&mut torn, 11, &payload(11));
+        let file = segment_files(tmp.path()).pop().unwrap();
+        let f = OpenOptions::new().write(true).open(&file).unwrap();
+        f.write_all_at(&torn[..torn.len() / 2], end).unwrap();
+
+        let mut wal = Wal::open(tmp.path(), None, size, Preallocate::Spares).unwrap();
+        assert_eq!(read_all(&wal, 0, 100).unwrap(), records(1..11));
+        assert_eq!(
+            file_len(&file),
+            end,
+            "the torn bytes are cut off with the rest"
+        );
+        wal.append(&records(11..14)).unwrap();
+        drop(wal);
+        let wal = Wal::open(tmp.path(), None, size, Preallocate::Spares).unwrap();
+        assert_eq!(read_all(&wal, 0, 100).unwrap(), records(1..14));
+
+        // Zeros where a record belongs, then bytes again (a later page of a write landed
+        // before an earlier one): damage, not the end of a spare, so cut as well.
+        let end = file_len(&file);
+        let f = OpenOptions::new().write(true).open(&file).unwrap();
+        f.set_len(end + 4096).unwrap();
+        f.write_all_at(&torn[torn.len() / 2..], end + 100).unwrap();
+        drop(wal);
+        let wal = Wal::open(tmp.path(), None, size, Preallocate::Spares).unwrap();
+        assert_eq!(read_all(&wal, 0, 100).unwrap(), records(1..14));
+        assert_eq!(file_len(&file), end);
+    }
+
+    #[test]
+    fn a_truncation_inside_a_spare_never_brings_cut_entries_back() {
+        let tmp = tempfile::tempdir().unwrap();
+        let size = 64 << 10;
+        let mut wal = Wal::open(tmp.path(), None, size, Preallocate::Spares).unwrap();
+        wal.wait_for_spare();
+        let same_length = |range: Range<u64>, fill: u8| -> Vec<(u64, Vec<u8>)> {
+            range.map(|i| (i, vec![fill; 100])).collect()
+        };
+        wal.append(&same_length(1..20, b'a')).unwrap();
+        wal.truncate(10).unwrap();
+        // The new entries 10..15 take exactly the bytes of the old ones: had the old 15..20
+        // stayed in the file, they would read as the log's continuation.
+        wal.append(&same_length(10..15, b'b')).unwrap();
+        drop(wal);
+        let wal = Wal::open(tmp.path(), None, size, Preallocate::Spares).unwrap();
+        let mut expected = same_length(1..10, b'a');
+        expected.extend(same_length(10..15, b'b'));
+        assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), expected);
+    }
+
+    #[test]
+    fn spares_an_earlier_process_left_are_deleted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let left = tmp.path().join(format!("3{SPARE_SUFFIX}"));
+        fs::write(&left, vec![0u8; 1000]).unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 4096, Preallocate::No).unwrap();
+        assert!(!left.exists());
+        wal.append(&records(1..5)).unwrap();
+        drop(wal);
+        let wal = Wal::open(tmp.path(), None, 4096, Preallocate::No).unwrap();
+        assert_eq!(read_all(&wal, 0, 10).unwrap(), records(1..5));
+        assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 1);
     }
 }
