@@ -92,6 +92,9 @@ struct Segment {
     offsets: Vec<u64>,
     /// Where the next record goes.
     end: u64,
+    /// Whether the file grows with each append (not made from a spare, or cut since): such a
+    /// segment is finished as soon as a spare is ready.
+    grows: bool,
 }
 
 impl Segment {
@@ -223,30 +226,42 @@ struct Spare {
     file: File,
 }
 
-/// The thread that fills spare files, one at a time: it hands over each one when the log takes
-/// it (a rendezvous), then fills the next.
+/// The thread that fills spare files, one when asked: the log asks for the next once the
+/// current segment holds [`ASK_AT`] bytes (so a log that stays small, as in a test, never pays
+/// for 64 MiB of zeros) and takes it when the segment is full, or at once if the current one
+/// was not made from a spare.
 struct Spares {
-    /// Let go first when the log closes: a thread waiting to hand over a spare then stops.
-    ready: Option<Receiver<Spare>>,
+    /// Let go first when the log closes: the thread then stops waiting to be asked.
+    ask: Option<SyncSender<()>>,
+    ready: Receiver<Spare>,
+    /// Whether a spare was asked for and not taken yet.
+    asked: bool,
     /// A spare taken for a test, used before asking the thread.
     #[cfg(test)]
     held: Option<Spare>,
-    /// Tells the thread to stop filling once the log is closed.
+    /// Tells the thread to stop a fill once the log is closed.
     closed: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// The next spare is asked for once the current segment holds this many bytes (or half of a
+/// smaller segment size).
+const ASK_AT: u64 = 1 << 20;
+
 impl Spares {
     fn start(dir: &Path, bytes: u64) -> Option<Spares> {
-        let (tx, ready) = std::sync::mpsc::sync_channel(0);
+        let (ask, asked) = std::sync::mpsc::sync_channel(1);
+        let (done, ready) = std::sync::mpsc::sync_channel(1);
         let closed = Arc::new(AtomicBool::new(false));
         let (dir, stop) = (dir.to_path_buf(), closed.clone());
         let spawned = std::thread::Builder::new()
             .name("raft-log-spares".into())
-            .spawn(move || fill_spares(&dir, bytes, &tx, &stop));
+            .spawn(move || fill_spares(&dir, bytes, &asked, &done, &stop));
         match spawned {
             Ok(thread) => Some(Spares {
-                ready: Some(ready),
+                ask: Some(ask),
+                ready,
+                asked: false,
                 #[cfg(test)]
                 held: None,
                 closed,
@@ -259,40 +274,64 @@ impl Spares {
         }
     }
 
+    /// Asks for the next spare, unless one is asked for already. Once the thread is gone
+    /// (a fill failed), nothing is ever ready.
+    fn ask(&mut self) {
+        if !self.asked {
+            if let Some(ask) = &self.ask {
+                let _ = ask.try_send(());
+            }
+            self.asked = true;
+        }
+    }
+
     /// A spare if one is ready; never waits.
     fn take(&mut self) -> Option<Spare> {
         #[cfg(test)]
         if let Some(spare) = self.held.take() {
             return Some(spare);
         }
-        self.ready.as_ref()?.try_recv().ok()
+        let spare = self.ready.try_recv().ok()?;
+        self.asked = false;
+        Some(spare)
     }
 }
 
 impl Drop for Spares {
-    /// Stops the thread, which deletes its spare, so that a log reopened in the same directory
-    /// does not meet files still being filled (it deletes the spares it finds).
+    /// Stops the thread and deletes the spare files, so that a log reopened in the same
+    /// directory does not meet files still being filled (it deletes the spares it finds).
     fn drop(&mut self) {
         self.closed.store(true, Ordering::Relaxed);
-        self.ready = None;
-        #[cfg(test)]
-        if let Some(spare) = self.held.take() {
-            let _ = fs::remove_file(&spare.path);
-        }
+        self.ask = None;
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
+        }
+        #[cfg(test)]
+        let held = self.held.take();
+        #[cfg(not(test))]
+        let held = None;
+        for spare in held.into_iter().chain(self.ready.try_iter()) {
+            let _ = fs::remove_file(&spare.path);
         }
     }
 }
 
-/// Fills spare files in `dir` until the log is closed or a fill fails (segments then grow as
-/// they are written, as without spares). A fill is paced like a background snapshot write, so
-/// that the log's own syncs do not queue behind 64 MiB of zeros.
-fn fill_spares(dir: &Path, bytes: u64, ready: &SyncSender<Spare>, closed: &AtomicBool) {
+/// Fills a spare file in `dir` each time it is asked to, until the log is closed or a fill
+/// fails (segments then grow as they are written, as without spares). A fill is paced like a
+/// background snapshot write, so that the log's own syncs do not queue behind 64 MiB of zeros.
+fn fill_spares(
+    dir: &Path,
+    bytes: u64,
+    asked: &Receiver<()>,
+    done: &SyncSender<Spare>,
+    closed: &AtomicBool,
+) {
     for n in 0u64.. {
+        if asked.recv().is_err() {
+            return;
+        }
         let path = dir.join(format!("{n}{SPARE_SUFFIX}"));
-        let filled = fill_spare(&path, bytes, closed);
-        let spare = match filled {
+        let spare = match fill_spare(&path, bytes, closed) {
             Ok(Some(file)) => Spare { path, file },
             Ok(None) => {
                 let _ = fs::remove_file(&path);
@@ -304,8 +343,8 @@ fn fill_spares(dir: &Path, bytes: u64, ready: &SyncSender<Spare>, closed: &Atomi
                 return;
             }
         };
-        // Waits until the log takes it; fails once the log is gone.
-        if let Err(unsent) = ready.send(spare) {
+        // One spare is asked for at a time, so this never waits.
+        if let Err(unsent) = done.send(spare) {
             let _ = fs::remove_file(&unsent.0.path);
             return;
         }
@@ -475,12 +514,13 @@ impl Wal {
                 fs::remove_file(&segment.path).map_err(io_err(&segment.path))?;
             }
         }
-        if self
-            .segments
-            .last()
-            .is_none_or(|s| s.end >= self.segment_bytes)
-        {
-            self.start_segment(first)?;
+        let current = self.segments.last();
+        let full = current.is_none_or(|s| s.end >= self.segment_bytes);
+        if full || current.is_some_and(|s| s.grows) {
+            let spare = self.spares.as_mut().and_then(Spares::take);
+            if full || spare.is_some() {
+                self.start_segment(first, spare)?;
+            }
         }
         let Some(segment) = self.segments.last_mut() else {
             return Err(StoreError::Task("no segment to append to".into()));
@@ -504,20 +544,26 @@ impl Wal {
         }
         segment.offsets.extend(offsets);
         segment.end += buf.len() as u64;
+        if segment.end >= (self.segment_bytes / 2).min(ASK_AT) {
+            if let Some(spares) = &mut self.spares {
+                spares.ask();
+            }
+        }
         Ok(())
     }
 
-    /// Finishes the current segment (synced) and starts a new one at `first`, from a spare if
-    /// one is ready: its header is synced and so is the directory entry, so that entries
-    /// acknowledged in it are found.
-    fn start_segment(&mut self, first: u64) -> Result<(), StoreError> {
+    /// Finishes the current segment (synced) and starts a new one at `first`, made from
+    /// `spare` if there is one: its header is synced and so is the directory entry, so that
+    /// entries acknowledged in it are found.
+    fn start_segment(&mut self, first: u64, spare: Option<Spare>) -> Result<(), StoreError> {
         if let Some(done) = self.segments.last() {
             done.file.sync_data().map_err(io_err(&done.path))?;
         }
         let path = self.dir.join(format!("{first:020}{SUFFIX}"));
         let mut header = MAGIC.to_vec();
         header.extend_from_slice(&first.to_le_bytes());
-        let file = match self.spares.as_mut().and_then(Spares::take) {
+        let grows = spare.is_none();
+        let file = match spare {
             Some(spare) => {
                 // A rename would replace a file of that name where creating one refuses to.
                 if path.exists() {
@@ -552,6 +598,7 @@ impl Wal {
             file: Arc::new(file),
             offsets: Vec::new(),
             end: HEADER_LEN,
+            grows,
         });
         Ok(())
     }
@@ -614,6 +661,7 @@ impl Wal {
                     .map_err(io_err(&segment.path))?;
                 segment.offsets.truncate(keep);
                 segment.end = end;
+                segment.grows = true;
             }
             break;
         }
@@ -643,13 +691,19 @@ impl Wal {
         self.segments.len()
     }
 
-    /// Waits until a spare is filled, so that the next segment is made from it.
+    /// Asks for a spare and waits until it is filled, so that the next segment is made from
+    /// it.
     #[cfg(test)]
     fn wait_for_spare(&mut self) {
         let spares = self.spares.as_mut().expect("this log makes spares");
         if spares.held.is_none() {
-            let ready = spares.ready.as_ref().expect("open");
-            spares.held = Some(ready.recv().expect("the spare thread hands one over"));
+            spares.ask();
+            let spare = spares
+                .ready
+                .recv()
+                .expect("the spare thread hands one over");
+            spares.asked = false;
+            spares.held = Some(spare);
         }
     }
 }
@@ -722,6 +776,8 @@ fn scan(first: u64, path: PathBuf, last: bool) -> Result<Option<Segment>, StoreE
         file: Arc::new(file),
         offsets,
         end: at as u64,
+        // Unless the records end in a spare's unused space (a cut tail is gone with the cut).
+        grows: end == bytes.len(),
     }))
 }
 
@@ -999,6 +1055,35 @@ mod tests {
         expected.extend(long);
         expected.extend(records(62..70));
         assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), expected);
+    }
+
+    #[test]
+    fn a_segment_that_grows_is_finished_once_a_spare_is_ready() {
+        let tmp = tempfile::tempdir().unwrap();
+        let size = 64 << 10;
+        let mut wal = Wal::open(tmp.path(), None, size, Preallocate::Spares).unwrap();
+        // Nothing is asked for before the first segment holds half its size: it grows.
+        wal.append(&records(1..10)).unwrap();
+        assert!(wal.spares.as_ref().is_some_and(|s| !s.asked));
+        assert!(wal.segments[0].grows);
+        let big: Vec<(u64, Vec<u8>)> = (10..12).map(|i| (i, vec![1u8; 20 << 10])).collect();
+        wal.append(&big).unwrap();
+        assert!(wal.spares.as_ref().is_some_and(|s| s.asked));
+        wal.wait_for_spare();
+        // Far from full, but made without a spare: the next append starts one.
+        wal.append(&records(12..20)).unwrap();
+        let files = segment_files(tmp.path());
+        assert_eq!(files.len(), 2);
+        assert_eq!(file_len(&files[1]), size);
+        assert!(!wal.segments[1].grows);
+        drop(wal);
+
+        let wal = Wal::open(tmp.path(), None, size, Preallocate::Spares).unwrap();
+        let mut expected = records(1..10);
+        expected.extend(big);
+        expected.extend(records(12..20));
+        assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), expected);
+        assert!(wal.segments[0].grows && !wal.segments[1].grows);
     }
 
     #[test]
