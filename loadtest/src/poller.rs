@@ -28,6 +28,10 @@ pub struct Sample {
     /// (fencegate: `fencegate_raft_log_sync_seconds`; etcd: its WAL's
     /// `etcd_disk_wal_fsync_duration_seconds`).
     pub slow_syncs: BTreeMap<usize, f64>,
+    /// Syncs of the raft log so far, and the seconds they took together, per node (the same
+    /// histograms).
+    pub syncs: BTreeMap<usize, f64>,
+    pub sync_seconds: BTreeMap<usize, f64>,
     pub snapshot_index: BTreeMap<usize, u64>,
     pub purged_index: BTreeMap<usize, u64>,
     pub leader: Option<u64>,
@@ -158,6 +162,13 @@ async fn sample(
                 }
                 if let Some(v) = slow_syncs(&text, sync_metric) {
                     s.slow_syncs.insert(i, v);
+                }
+                if let (Some(n), Some(secs)) = (
+                    metric_value(&text, &format!("{sync_metric}_count")),
+                    metric_value(&text, &format!("{sync_metric}_sum")),
+                ) {
+                    s.syncs.insert(i, n);
+                    s.sync_seconds.insert(i, secs);
                 }
             }
         }
@@ -323,9 +334,7 @@ pub fn growth(
     for w in inside.windows(2) {
         for (node, v) in pick(w[1]) {
             if let Some(p) = pick(w[0]).get(node) {
-                if v >= p {
-                    *per_node.entry(*node).or_default() += v - p;
-                }
+                *per_node.entry(*node).or_default() += if v >= p { v - p } else { *v };
             }
         }
     }

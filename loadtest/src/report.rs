@@ -213,6 +213,10 @@ impl StealSummary {
 #[derive(Clone, Debug, Serialize)]
 pub struct SlowSyncSummary {
     pub threshold_ms: f64,
+    /// Syncs in the measured seconds, all nodes together, and how long one took on average
+    /// (none if the servers report no sync times).
+    pub syncs: u64,
+    pub mean_sync_ms: Option<f64>,
     /// Syncs over the threshold in the measured seconds, all nodes together.
     pub slow_syncs: u64,
     /// Measured seconds with sync figures, those with a slow sync (or right after one), and
@@ -425,9 +429,12 @@ pub fn print_table(s: &Summary) {
             (Some(p50), Some(p99)) => format!("acquire p50 / p99 {p50:.2} / {p99:.2} ms"),
             _ => "no acquire".to_string(),
         };
+        let mean = d
+            .mean_sync_ms
+            .map_or(String::new(), |m| format!(" (mean {m:.3} ms)"));
         println!(
-            "log syncs over {:.0} ms: {} in {} of {} s (or right after one) · in the {} s with neither such a sync nor steal {calm}",
-            d.threshold_ms, d.slow_syncs, d.slowed_seconds, d.seconds, d.calm_seconds,
+            "log syncs: {}{mean}; over {:.0} ms: {} in {} of {} s (or right after one) · in the {} s with neither such a sync nor steal {calm}",
+            d.syncs, d.threshold_ms, d.slow_syncs, d.slowed_seconds, d.seconds, d.calm_seconds,
         );
     }
     let i = &s.invariants;

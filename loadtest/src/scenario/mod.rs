@@ -185,7 +185,7 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         sec.slow_syncs = slow;
     }
     let steal = summary::steal(&driven.samples, &rec, &mut timeline, from, to);
-    let slow_syncs = summary::slow_syncs(&rec, &timeline, from, to);
+    let slow_syncs = summary::slow_syncs(&rec, &driven.samples, &timeline, from, to);
     if let Some(st) = steal
         .as_ref()
         .filter(|st| st.stolen_seconds * 10 > st.seconds)

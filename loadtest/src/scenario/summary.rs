@@ -121,6 +121,7 @@ pub fn steal(
 /// the servers report no sync times.
 pub fn slow_syncs(
     rec: &Recorder,
+    samples: &[Sample],
     timeline: &[Second],
     from: f64,
     to: f64,
@@ -138,8 +139,13 @@ pub fn slow_syncs(
     let disturbed = |t: u64| slowed(t) || stolen(t);
     let calm = rec.acquires_in_seconds(from, to, |t| has_figure(t) && !disturbed(t));
     let (calm_p50, calm_p99) = p50_p99(&calm);
+    let (float_from, float_to) = (from as f64, to as f64);
+    let syncs = poller::growth(samples, float_from, float_to, |s| &s.syncs, true);
+    let sync_seconds = poller::growth(samples, float_from, float_to, |s| &s.sync_seconds, true);
     Some(SlowSyncSummary {
         threshold_ms: poller::SLOW_SYNC_MS,
+        syncs: syncs as u64,
+        mean_sync_ms: (syncs > 0.0).then(|| 1000.0 * sync_seconds / syncs),
         slow_syncs: measured.iter().map(|t| slow(*t)).sum::<f64>() as u64,
         seconds: measured.len() as u64,
         slowed_seconds: measured.iter().filter(|t| slowed(**t)).count() as u64,
@@ -255,15 +261,35 @@ mod tests {
         let (rec, samples, mut timeline) = run_with(&[0, 0, 0, 0, 0, 0]);
         steal(&samples, &rec, &mut timeline, 0.0, 6.0);
         with_syncs(&mut timeline, &[0.0; 6]);
-        let d = slow_syncs(&rec, &timeline, 0.0, 6.0).expect("sync figures");
+        let d = slow_syncs(&rec, &[], &timeline, 0.0, 6.0).expect("sync figures");
         assert_eq!((d.slow_syncs, d.seconds, d.slowed_seconds), (0, 6, 0));
         assert_eq!((d.calm_seconds, d.calm_acquires), (6, 3));
         assert!(d.calm_acquire_p99_ms >= Some(20.0), "{d:?}");
+        assert_eq!((d.syncs, d.mean_sync_ms), (0, None));
+
+        // All syncs and their mean come from the samples' histogram totals, across nodes and
+        // across a restart (node 1's counters start again at zero).
+        let totals = |t_s: f64, nodes: &[(usize, f64, f64)]| Sample {
+            t_s,
+            syncs: nodes.iter().map(|&(n, count, _)| (n, count)).collect(),
+            sync_seconds: nodes.iter().map(|&(n, _, secs)| (n, secs)).collect(),
+            ..Default::default()
+        };
+        let samples = [
+            totals(0.0, &[(0, 100.0, 0.1), (1, 50.0, 0.05)]),
+            totals(3.0, &[(0, 400.0, 0.4), (1, 10.0, 0.02)]),
+            totals(6.0, &[(0, 500.0, 0.5), (1, 110.0, 0.12)]),
+        ];
+        let d = slow_syncs(&rec, &samples, &timeline, 0.0, 6.0).expect("sync figures");
+        // Node 0: 400 syncs in 0.4 s; node 1: 10 in 0.02 s, then 100 in 0.1 s.
+        assert_eq!(d.syncs, 510);
+        let mean = d.mean_sync_ms.expect("a mean");
+        assert!((mean - 1000.0 * 0.52 / 510.0).abs() < 1e-9, "{mean}");
 
         // Two slow syncs in second 4: it and second 5 are slowed, its acquires leave the
         // calm part.
         with_syncs(&mut timeline, &[0.0, 0.0, 0.0, 0.0, 2.0, 0.0]);
-        let d = slow_syncs(&rec, &timeline, 0.0, 6.0).expect("sync figures");
+        let d = slow_syncs(&rec, &[], &timeline, 0.0, 6.0).expect("sync figures");
         assert_eq!((d.slow_syncs, d.slowed_seconds), (2, 2));
         assert_eq!((d.calm_seconds, d.calm_acquires), (4, 0));
         assert_eq!(d.calm_acquire_p99_ms, None);
@@ -273,7 +299,7 @@ mod tests {
         let (rec, samples, mut timeline) = run_with(&[0, 0, 30, 0, 0, 0]);
         steal(&samples, &rec, &mut timeline, 0.0, 6.0);
         with_syncs(&mut timeline, &[0.0; 6]);
-        let d = slow_syncs(&rec, &timeline, 0.0, 6.0).expect("sync figures");
+        let d = slow_syncs(&rec, &[], &timeline, 0.0, 6.0).expect("sync figures");
         assert_eq!(
             (d.slowed_seconds, d.calm_seconds, d.calm_acquires),
             (0, 3, 3)
@@ -281,7 +307,7 @@ mod tests {
 
         // Servers that report no sync times: no split.
         let (rec, _, timeline) = run_with(&[0; 6]);
-        assert!(slow_syncs(&rec, &timeline, 0.0, 6.0).is_none());
+        assert!(slow_syncs(&rec, &[], &timeline, 0.0, 6.0).is_none());
     }
 
     #[test]
