@@ -550,18 +550,18 @@ pub(super) struct SyncedWriter {
     file: File,
     written: u64,
     unsynced: u64,
-    /// When writing started, if the writes are paced.
-    paced_since: Option<std::time::Instant>,
+    /// When writing started and at how many bytes a second, if the writes are paced.
+    paced: Option<(std::time::Instant, u64)>,
 }
 
 impl SyncedWriter {
-    /// Writes to `file` from its current position; `paced` at the background rate.
-    pub(super) fn new(file: File, paced: bool) -> Self {
+    /// Writes to `file` from its current position, no faster than `bytes_per_sec` if given.
+    pub(super) fn new(file: File, bytes_per_sec: Option<u64>) -> Self {
         SyncedWriter {
             file,
             written: 0,
             unsynced: 0,
-            paced_since: paced.then(std::time::Instant::now),
+            paced: bytes_per_sec.map(|rate| (std::time::Instant::now(), rate)),
         }
     }
 
@@ -578,10 +578,8 @@ impl Write for SyncedWriter {
         if self.unsynced >= SYNC_EVERY {
             self.file.sync_data()?;
             self.unsynced = 0;
-            if let Some(since) = self.paced_since {
-                let due = std::time::Duration::from_secs_f64(
-                    self.written as f64 / BACKGROUND_BYTES_PER_SEC as f64,
-                );
+            if let Some((since, rate)) = self.paced {
+                let due = std::time::Duration::from_secs_f64(self.written as f64 / rate as f64);
                 if let Some(ahead) = due.checked_sub(since.elapsed()) {
                     std::thread::sleep(ahead);
                 }
@@ -625,7 +623,10 @@ fn write_file(
         .open(path)
         .map_err(io_err(path))?;
     let mut out =
-        BufWriter::with_capacity(1 << 18, SyncedWriter::new(file, pace == Pace::Background));
+        BufWriter::with_capacity(1 << 18, SyncedWriter::new(
+            file,
+            (pace == Pace::Background).then_some(BACKGROUND_BYTES_PER_SEC),
+        ));
     out.write_all(MAGIC)
         .and_then(|()| out.write_all(&header_len.to_be_bytes()))
         .and_then(|()| out.write_all(&encoded))

@@ -55,8 +55,14 @@ const SUFFIX: &str = ".seg";
 /// A spare segment file being filled or waiting to become a segment; any found at open are
 /// left over from an earlier process and deleted.
 const SPARE_SUFFIX: &str = ".spare";
-/// Zeros are written to a spare in steps of this many bytes.
+/// Zeros are written to a spare in steps of this many bytes...
 const FILL_STEP: usize = 1 << 20;
+/// ...and no faster than this: the log's own syncs queue behind whatever the disk has in
+/// flight, and every replica fills its spare at about the same time (their logs roll over at
+/// the same index). At 32 MiB/s, the snapshot writer's pace, runs of the seed workload had more
+/// syncs over 8 ms than without spares. A 64 MiB spare takes 8 s, far less than the ~100 s the
+/// seed workload takes to fill a segment.
+const FILL_BYTES_PER_SEC: u64 = 8 << 20;
 /// A segment is finished and a new one started once it holds this many bytes.
 pub(super) const SEGMENT_BYTES: u64 = 64 << 20;
 /// A larger length than this in a record is damage: an entry is one batch of commands, which
@@ -317,8 +323,8 @@ impl Drop for Spares {
 }
 
 /// Fills a spare file in `dir` each time it is asked to, until the log is closed or a fill
-/// fails (segments then grow as they are written, as without spares). A fill is paced like a
-/// background snapshot write, so that the log's own syncs do not queue behind 64 MiB of zeros.
+/// fails (segments then grow as they are written, as without spares). A fill is paced (see
+/// [`FILL_BYTES_PER_SEC`]).
 fn fill_spares(
     dir: &Path,
     bytes: u64,
@@ -359,7 +365,7 @@ fn fill_spare(path: &Path, bytes: u64, closed: &AtomicBool) -> io::Result<Option
         .write(true)
         .create_new(true)
         .open(path)?;
-    let mut out = SyncedWriter::new(file, true);
+    let mut out = SyncedWriter::new(file, Some(FILL_BYTES_PER_SEC));
     let zeros = vec![0u8; FILL_STEP];
     let mut left = bytes;
     while left > 0 {
