@@ -543,31 +543,14 @@ const SYNC_EVERY: u64 = 1 << 20;
 /// inside the time between snapshots.
 const BACKGROUND_BYTES_PER_SEC: u64 = 32 << 20;
 
-/// Forces writeback every [`SYNC_EVERY`] bytes, so the disk never has the whole file queued at
-/// once, and optionally paces the writes (see [`BACKGROUND_BYTES_PER_SEC`]). Also fills the raft
-/// log's spare segments.
-pub(super) struct SyncedWriter {
+/// Forces writeback every [`SYNC_EVERY`] bytes, so the disk never has the whole snapshot
+/// queued at once, and optionally paces the writes (see [`BACKGROUND_BYTES_PER_SEC`]).
+struct SyncedWriter {
     file: File,
     written: u64,
     unsynced: u64,
-    /// When writing started and at how many bytes a second, if the writes are paced.
-    paced: Option<(std::time::Instant, u64)>,
-}
-
-impl SyncedWriter {
-    /// Writes to `file` from its current position, no faster than `bytes_per_sec` if given.
-    pub(super) fn new(file: File, bytes_per_sec: Option<u64>) -> Self {
-        SyncedWriter {
-            file,
-            written: 0,
-            unsynced: 0,
-            paced: bytes_per_sec.map(|rate| (std::time::Instant::now(), rate)),
-        }
-    }
-
-    pub(super) fn into_file(self) -> File {
-        self.file
-    }
+    /// When writing started, if the writes are paced.
+    paced_since: Option<std::time::Instant>,
 }
 
 impl Write for SyncedWriter {
@@ -578,8 +561,10 @@ impl Write for SyncedWriter {
         if self.unsynced >= SYNC_EVERY {
             self.file.sync_data()?;
             self.unsynced = 0;
-            if let Some((since, rate)) = self.paced {
-                let due = std::time::Duration::from_secs_f64(self.written as f64 / rate as f64);
+            if let Some(since) = self.paced_since {
+                let due = std::time::Duration::from_secs_f64(
+                    self.written as f64 / BACKGROUND_BYTES_PER_SEC as f64,
+                );
                 if let Some(ahead) = due.checked_sub(since.elapsed()) {
                     std::thread::sleep(ahead);
                 }
@@ -622,11 +607,15 @@ fn write_file(
         .create_new(true)
         .open(path)
         .map_err(io_err(path))?;
-    let mut out =
-        BufWriter::with_capacity(1 << 18, SyncedWriter::new(
+    let mut out = BufWriter::with_capacity(
+        1 << 18,
+        SyncedWriter {
             file,
-            (pace == Pace::Background).then_some(BACKGROUND_BYTES_PER_SEC),
-        ));
+            written: 0,
+            unsynced: 0,
+            paced_since: (pace == Pace::Background).then(std::time::Instant::now),
+        },
+    );
     out.write_all(MAGIC)
         .and_then(|()| out.write_all(&header_len.to_be_bytes()))
         .and_then(|()| out.write_all(&encoded))
@@ -651,7 +640,7 @@ fn write_file(
     let mut file = out
         .into_inner()
         .map_err(|e| io_err(path)(e.into_error()))?
-        .into_file();
+        .file;
     file.seek(SeekFrom::Start(payload_at - 8))
         .and_then(|_| file.write_all(&payload_len.to_be_bytes()))
         .and_then(|()| file.sync_all())
