@@ -493,7 +493,10 @@ impl Wal {
         }
         let current = self.segments.last();
         let full = current.is_none_or(|s| s.end >= self.segment_bytes);
-        if full || current.is_some_and(|s| s.grows) {
+        // A growing segment with no record yet (its first append failed, or a crash came
+        // between its header and its first record) is written into: a spare for the same
+        // first index would need its file name.
+        if full || current.is_some_and(|s| s.grows && s.last().is_some()) {
             let spare = self.spares.as_mut().and_then(Spares::take);
             if full || spare.is_some() {
                 self.start_segment(first, spare)?;
@@ -1061,6 +1064,31 @@ mod tests {
         expected.extend(records(12..20));
         assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), expected);
         assert!(wal.segments[0].grows && !wal.segments[1].grows);
+    }
+
+    #[test]
+    fn an_empty_segment_left_by_a_crash_takes_the_next_entries_even_with_a_spare_ready() {
+        let tmp = tempfile::tempdir().unwrap();
+        let size = 64 << 10;
+        let mut wal = Wal::open(tmp.path(), None, size, Preallocate::No).unwrap();
+        wal.append(&records(1..5)).unwrap();
+        // The crash came after the next segment's header was synced, before its first record.
+        let mut header = MAGIC.to_vec();
+        header.extend_from_slice(&5u64.to_le_bytes());
+        fs::write(tmp.path().join(format!("{:020}{SUFFIX}", 5)), header).unwrap();
+        drop(wal);
+
+        let mut wal = Wal::open(tmp.path(), None, size, Preallocate::Spares).unwrap();
+        assert!(wal.segments[1].grows && wal.segments[1].last().is_none());
+        wal.wait_for_spare();
+        wal.append(&records(5..9)).unwrap();
+        assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(1..9));
+        assert_eq!(segment_files(tmp.path()).len(), 2);
+        // The spare is still there for the segment after it.
+        assert!(wal.spares.as_ref().is_some_and(|s| s.held.is_some()));
+        drop(wal);
+        let wal = Wal::open(tmp.path(), None, size, Preallocate::No).unwrap();
+        assert_eq!(read_all(&wal, 0, u64::MAX).unwrap(), records(1..9));
     }
 
     #[test]
