@@ -50,7 +50,7 @@ const HEADER_LEN: u64 = 16;
 const RECORD_HEAD: usize = 12;
 const RECORD_TAIL: usize = 8;
 const SUFFIX: &str = ".seg";
-/// A spare segment file being filled or waiting to become a segment; any found at open are
+/// A spare segment file being allocated or waiting to become a segment; any found at open are
 /// left over from an earlier process and deleted.
 const SPARE_SUFFIX: &str = ".spare";
 /// A segment is finished and a new one started once it holds this many bytes.
@@ -203,14 +203,14 @@ pub(super) struct Wal {
     /// Entries at or below this are purged: never read, whatever a file still holds.
     purged: Option<u64>,
     segment_bytes: u64,
-    /// Zero-filled files for the next segments, if the log makes them.
+    /// Files allocated ahead for the next segments, if the log makes them.
     spares: Option<Spares>,
 }
 
-/// Whether a log makes its segments from zero-filled spare files.
+/// Whether a log makes its segments from spare files allocated ahead.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Preallocate {
-    /// A spare is filled in the background while the current segment fills up.
+    /// A spare is allocated in the background while the current segment fills up.
     Spares,
     /// Segments are created empty and grow (a log written once, as a migration does).
     No,
@@ -1009,7 +1009,7 @@ mod tests {
         assert_eq!(
             file_len(&file),
             size,
-            "the segment is the zero-filled spare"
+            "the segment is the spare, allocated to full size"
         );
         drop(wal);
 
