@@ -539,9 +539,8 @@ impl Wal {
         if let Some(done) = self.segments.last() {
             done.file.sync_data().map_err(io_err(&done.path))?;
         }
-        let path = self.dir.join(format!("{first:020}{SUFFIX}"));
-        let mut header = MAGIC.to_vec();
-        header.extend_from_slice(&first.to_le_bytes());
+        let path = segment_path(&self.dir, first);
+        let header = segment_header(first);
         let grows = spare.is_none();
         let file = match spare {
             Some(spare) => {
@@ -686,6 +685,18 @@ impl Wal {
             spares.held = Some(spare);
         }
     }
+}
+
+/// The file of the segment whose first entry is `first`: names sort in index order.
+fn segment_path(dir: &Path, first: u64) -> PathBuf {
+    dir.join(format!("{first:020}{SUFFIX}"))
+}
+
+/// A segment's header: the magic, then the index of its first entry.
+fn segment_header(first: u64) -> Vec<u8> {
+    let mut header = MAGIC.to_vec();
+    header.extend_from_slice(&first.to_le_bytes());
+    header
 }
 
 /// Reads a segment's records, which end where the file does or where only zeros follow (the
@@ -987,7 +998,7 @@ mod tests {
         let mut wal = Wal::open(tmp.path(), None, 1 << 20, Preallocate::Spares).unwrap();
         wal.append(&records(1..4)).unwrap();
         drop(wal);
-        fs::write(tmp.path().join(format!("{:020}{SUFFIX}", 4)), b"FGR").unwrap();
+        fs::write(segment_path(tmp.path(), 4), b"FGR").unwrap();
         let mut wal = Wal::open(tmp.path(), None, 1 << 20, Preallocate::Spares).unwrap();
         assert_eq!(segment_files(tmp.path()).len(), 1);
         wal.append(&records(4..6)).unwrap();
@@ -1073,9 +1084,7 @@ mod tests {
         let mut wal = Wal::open(tmp.path(), None, size, Preallocate::No).unwrap();
         wal.append(&records(1..5)).unwrap();
         // The crash came after the next segment's header was synced, before its first record.
-        let mut header = MAGIC.to_vec();
-        header.extend_from_slice(&5u64.to_le_bytes());
-        fs::write(tmp.path().join(format!("{:020}{SUFFIX}", 5)), header).unwrap();
+        fs::write(segment_path(tmp.path(), 5), segment_header(5)).unwrap();
         drop(wal);
 
         let mut wal = Wal::open(tmp.path(), None, size, Preallocate::Spares).unwrap();
