@@ -86,6 +86,9 @@ struct NodeFileConfig {
     /// Serve the public API over TLS (`[node.tls]`: `cert_file`, `key_file`).
     #[serde(default)]
     tls: Option<node::TlsFiles>,
+    /// Commands the leader holds for its next raft writes before it answers 503 `overloaded`.
+    #[serde(default)]
+    max_queued_writes: Option<usize>,
 }
 
 /// A parsed, checked config file.
@@ -142,6 +145,12 @@ fn parse(text: &str) -> anyhow::Result<Loaded> {
         config.peer_limits = limits;
     }
     config.tls = file.node.tls;
+    if let Some(max) = file.node.max_queued_writes {
+        if max == 0 {
+            anyhow::bail!("node.max_queued_writes must be at least 1");
+        }
+        config.max_queued_writes = max;
+    }
     if let Some(p) = &file.proxy {
         p.validate().map_err(anyhow::Error::msg)?;
         // Warnings are logged when the proxy starts; contradictions stop the node here.
@@ -290,6 +299,27 @@ mod tests {
         assert!(err.contains("peer_secret"), "{err}");
     }
 
+    #[test]
+    fn the_write_queue_bound_is_read_and_zero_is_refused() {
+        let base =
+            "listen = \"127.0.0.1:7001\"\npeer_listen = \"127.0.0.1:7101\"\n[node]\nid = 1\n\
+                    data_dir = \"/tmp/x\"\npeer_secret = \"0123456789abcdef0123\"\nauth = \"off\"\n";
+        let default = parse(base).expect("loads");
+        assert_eq!(
+            default.config.max_queued_writes,
+            lock_core::node::DEFAULT_MAX_QUEUED_WRITES
+        );
+        let set = parse(&format!("{base}max_queued_writes = 100\n")).expect("loads");
+        assert_eq!(set.config.max_queued_writes, 100);
+        let err = format!(
+            "{:#}",
+            parse(&format!("{base}max_queued_writes = 0\n"))
+                .err()
+                .expect("refused")
+        );
+        assert!(err.contains("max_queued_writes"), "{err}");
+    }
+
     /// A production node never serves an open lock API by omission: the file says which.
     #[test]
     fn auth_must_be_said_and_on_takes_the_bootstrap_token() {
@@ -369,6 +399,7 @@ mod tests {
                 Just("max_header_bytes"),
                 Just("header_timeout_ms"),
                 Just("max_connections"),
+                Just("max_queued_writes"),
                 Just("cert_file"),
             ];
             prop_oneof![

@@ -55,6 +55,18 @@ impl From<ProposeError> for ApiError {
                 "No quorum of the cluster answered in time; nothing was granted. Retry with the \
                  same request_id.",
             ),
+            ProposeError::Overloaded {
+                queued,
+                retry_after_ms,
+            } => ApiError::new(
+                ErrorCode::Overloaded,
+                format!(
+                    "The leader has {queued} commands waiting for the raft log, as many as it \
+                     holds; this call was refused before it was queued, so nothing was done. \
+                     Retry after retry_after_ms."
+                ),
+            )
+            .with_retry_after(retry_after_ms),
             ProposeError::Stopped(why) => ApiError::new(
                 ErrorCode::NodeStopped,
                 format!("This node is shutting down ({why}); use another node."),

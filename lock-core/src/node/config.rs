@@ -66,6 +66,14 @@ pub struct NodeConfig {
     /// Serve the public API over TLS with this certificate (plain HTTP without).
     #[serde(default)]
     pub tls: Option<TlsFiles>,
+    /// Commands the leader holds waiting for its next raft writes; beyond them it refuses new
+    /// ones with 503 `overloaded` (and a `retry_after_ms`) instead of letting them wait.
+    #[serde(default = "default_max_queued_writes")]
+    pub max_queued_writes: usize,
+}
+
+fn default_max_queued_writes() -> usize {
+    super::batcher::DEFAULT_MAX_QUEUED_WRITES
 }
 
 fn default_audit_max_bytes() -> u64 {
@@ -201,6 +209,7 @@ impl NodeConfig {
             limits: HttpLimits::default(),
             peer_limits: HttpLimits::peer(),
             tls: None,
+            max_queued_writes: default_max_queued_writes(),
         }
     }
 }

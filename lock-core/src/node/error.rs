@@ -31,4 +31,8 @@ pub enum ProposeError {
     /// The raft node stopped.
     #[error("raft stopped: {0}")]
     Stopped(String),
+    /// The leader's write queue is full: the command was refused before it was queued, so
+    /// nothing of it happened.
+    #[error("{queued} commands are waiting for the raft log; retry in {retry_after_ms} ms")]
+    Overloaded { queued: usize, retry_after_ms: u64 },
 }

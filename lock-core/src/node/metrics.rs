@@ -22,6 +22,10 @@ pub struct Metrics {
     pub commit_seconds: Histogram,
     /// Commands per raft write on the leader (see `node::batcher`).
     pub batch_commands: Histogram,
+    /// Commands waiting for the leader's next raft write (see `node::batcher`).
+    pub write_queue: IntGauge,
+    /// Commands the leader refused because as many as it holds were waiting already.
+    pub writes_refused: IntCounter,
     /// Commands per message a follower forwards to the leader (see `node::forward`).
     pub forward_commands: Histogram,
     /// Reads served by one read index (see `node::read_rounds`).
@@ -101,6 +105,14 @@ impl Metrics {
                 "Time from proposing a command to its apply",
             ),
             batch_commands: commands("raft_batch_commands", "Commands carried by one raft write"),
+            write_queue: gauge(
+                "raft_write_queue",
+                "Commands waiting for the leader's next raft write",
+            ),
+            writes_refused: counter(
+                "raft_writes_refused_total",
+                "Commands refused with 503 overloaded: the leader's write queue was full",
+            ),
             forward_commands: commands(
                 "raft_forward_commands",
                 "Commands carried by one message a follower forwards to the leader",
@@ -165,6 +177,8 @@ impl Metrics {
         register(Box::new(m.op_outcomes.clone()));
         register(Box::new(m.commit_seconds.clone()));
         register(Box::new(m.batch_commands.clone()));
+        register(Box::new(m.write_queue.clone()));
+        register(Box::new(m.writes_refused.clone()));
         register(Box::new(m.forward_commands.clone()));
         register(Box::new(m.read_index_reads.clone()));
         register(Box::new(m.forward_failures.clone()));

@@ -107,7 +107,11 @@ pub async fn start(
     .await
     .map_err(|e| NodeError::Raft(e.to_string()))?;
 
-    let (writes, write_queue) = super::batcher::queue();
+    let (writes, write_queue) = super::batcher::queue(
+        config.max_queued_writes,
+        metrics.write_queue.clone(),
+        metrics.writes_refused.clone(),
+    );
     let (forwards, forward_queue) = super::forward::queue();
     let (reads, read_queue) = super::read_rounds::queue();
     let node = Arc::new(Node {

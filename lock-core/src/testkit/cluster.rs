@@ -15,6 +15,9 @@ use crate::node::{AuthMode, MemberAddrs, NodeConfig, Policy, TenantPolicy};
 use crate::server::{self, NodeHandle};
 use crate::wire::{AcquireRequest, ClusterStatus};
 
+/// A change a test makes to every node's config, at the first start and every restart.
+type Adjust = std::sync::Arc<dyn Fn(&mut NodeConfig) + Send + Sync>;
+
 /// A real cluster in this process: real raft over real TCP sockets on 127.0.0.1 ports chosen
 /// by the OS, real fjall in temp dirs, real HTTP. Nodes are numbered from 1; a crashed node
 /// keeps its id, address and data dir so it can be restarted.
@@ -31,9 +34,8 @@ pub struct TestCluster {
     pub admin_token: Option<String>,
     /// Per-tenant bounds with keys on.
     pub tenants: TenantPolicy,
-    /// The peer ports' body limit, where a test sets one (see
-    /// [`start_with_peer_body_limit`](Self::start_with_peer_body_limit)).
-    peer_body_limit: Option<usize>,
+    /// What a test changes in every node's config (see [`start_adjusted`](Self::start_adjusted)).
+    adjust: Option<Adjust>,
     dir: TempDir,
     http: reqwest::Client,
 }
@@ -49,12 +51,22 @@ impl TestCluster {
 
     /// A cluster whose peer ports accept bodies of at most `bytes`.
     pub async fn start_with_peer_body_limit(n: u64, bytes: usize) -> Self {
+        Self::start_adjusted(n, move |c| c.peer_limits.max_body_bytes = bytes).await
+    }
+
+    /// A cluster whose nodes' configs `adjust` changes (the default policy otherwise), at the
+    /// first start and at every restart.
+    pub async fn start_adjusted(
+        n: u64,
+        adjust: impl Fn(&mut NodeConfig) + Send + Sync + 'static,
+    ) -> Self {
+        let adjust: Adjust = std::sync::Arc::new(adjust);
         Self::start_configured(
             n,
             Policy::default(),
             None,
             TenantPolicy::default(),
-            Some(bytes),
+            Some(adjust),
         )
         .await
     }
@@ -72,7 +84,7 @@ impl TestCluster {
         policy: Policy,
         admin_token: Option<String>,
         tenants: TenantPolicy,
-        peer_body_limit: Option<usize>,
+        adjust: Option<Adjust>,
     ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut listeners = BTreeMap::new();
@@ -92,7 +104,7 @@ impl TestCluster {
             policy,
             admin_token,
             tenants,
-            peer_body_limit,
+            adjust,
             dir,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
@@ -130,13 +142,13 @@ impl TestCluster {
         );
         c.policy = self.policy.clone();
         c.enable_fault_injection = true;
-        if let Some(bytes) = self.peer_body_limit {
-            c.peer_limits.max_body_bytes = bytes;
-        }
         if let Some(token) = &self.admin_token {
             c.auth = AuthMode::On;
             c.admin_token = Some(token.clone());
             c.tenants = self.tenants.clone();
+        }
+        if let Some(adjust) = &self.adjust {
+            adjust(&mut c);
         }
         c
     }

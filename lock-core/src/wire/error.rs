@@ -68,6 +68,9 @@ error_codes! {
     /// No quorum answered in time; nothing was granted. Safe to retry.
     NoQuorum = ("no_quorum", 503),
     NoLeader = ("no_leader", 503),
+    /// The leader has as many commands waiting for the raft log as it holds; this one was
+    /// refused before it was queued. Safe to retry after `retry_after_ms`.
+    Overloaded = ("overloaded", 503),
     NodeStopped = ("node_stopped", 503),
     /// A peer link is cut by an injected fault.
     Partitioned = ("partitioned", 503),

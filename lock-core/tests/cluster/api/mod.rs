@@ -10,6 +10,7 @@ mod bad_input;
 mod cancel;
 mod fuzz;
 mod membership;
+mod overload;
 mod reads;
 mod release;
 mod renew;
