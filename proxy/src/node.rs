@@ -86,7 +86,8 @@ struct NodeFileConfig {
     /// Serve the public API over TLS (`[node.tls]`: `cert_file`, `key_file`).
     #[serde(default)]
     tls: Option<node::TlsFiles>,
-    /// Commands the leader holds for its next raft writes before it answers 503 `overloaded`.
+    /// Commands the leader holds for its next raft writes before it answers 503 `overloaded`
+    /// (unbounded when absent).
     #[serde(default)]
     max_queued_writes: Option<usize>,
 }
@@ -149,7 +150,7 @@ fn parse(text: &str) -> anyhow::Result<Loaded> {
         if max == 0 {
             anyhow::bail!("node.max_queued_writes must be at least 1");
         }
-        config.max_queued_writes = max;
+        config.max_queued_writes = Some(max);
     }
     if let Some(p) = &file.proxy {
         p.validate().map_err(anyhow::Error::msg)?;
@@ -306,11 +307,11 @@ mod tests {
                     data_dir = \"/tmp/x\"\npeer_secret = \"0123456789abcdef0123\"\nauth = \"off\"\n";
         let default = parse(base).expect("loads");
         assert_eq!(
-            default.config.max_queued_writes,
-            lock_core::node::DEFAULT_MAX_QUEUED_WRITES
+            default.config.max_queued_writes, None,
+            "unbounded unless set"
         );
         let set = parse(&format!("{base}max_queued_writes = 100\n")).expect("loads");
-        assert_eq!(set.config.max_queued_writes, 100);
+        assert_eq!(set.config.max_queued_writes, Some(100));
         let err = format!(
             "{:#}",
             parse(&format!("{base}max_queued_writes = 0\n"))

@@ -8,9 +8,10 @@
 //! time; the log store's group commit already overlaps its fsync with the replication of the
 //! same entry.
 //!
-//! The queue is bounded: past `max_queued_writes` commands waiting, a new one is refused at
-//! once with [`ProposeError::Overloaded`] instead of waiting behind seconds of work, and a
-//! command whose caller stopped waiting (its deadline passed) is dropped before it is written.
+//! A command whose caller stopped waiting (its deadline passed, its connection closed) is
+//! dropped before it is written. With `max_queued_writes` set, the queue is bounded: past that
+//! many commands waiting, a new one is refused at once with [`ProposeError::Overloaded`]
+//! instead of waiting behind seconds of work.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -26,12 +27,6 @@ use crate::machine::{Batch, Command, Response};
 /// The most commands one log entry carries. It bounds an entry (and so an append message)
 /// while leaving batches large enough that the queue drains in one write at any load seen.
 pub const MAX_BATCH: usize = 512;
-
-/// Commands the leader holds for its next raft writes before it refuses new ones, unless the
-/// node's config says otherwise: four full writes, ~100 ms of work at the most this kind of
-/// 2-core machine commits (~20,000 commands a second), far above the queue at any load it
-/// carries (a few dozen).
-pub const DEFAULT_MAX_QUEUED_WRITES: usize = 4 * MAX_BATCH;
 
 type Reply = oneshot::Sender<Result<Committed, ProposeError>>;
 
@@ -60,10 +55,10 @@ struct Load {
     refused: IntCounter,
 }
 
-/// A queue that refuses commands once `max_queued` (at least 1) are waiting; `gauge` shows
-/// its length and `refused` counts the commands it refused.
+/// A queue that refuses commands once `max_queued` (at least 1) are waiting, or never without
+/// a bound; `gauge` shows its length and `refused` counts the commands it refused.
 pub fn queue(
-    max_queued: usize,
+    max_queued: Option<usize>,
     gauge: IntGauge,
     refused: IntCounter,
 ) -> (BatchQueue, BatchReceiver) {
@@ -77,7 +72,7 @@ pub fn queue(
     let sender = BatchQueue {
         tx,
         load: load.clone(),
-        max_queued: max_queued.max(1),
+        max_queued: max_queued.map_or(usize::MAX, |m| m.max(1)),
     };
     (sender, BatchReceiver { rx, load })
 }
@@ -246,7 +241,7 @@ mod tests {
     fn test_queue(max: usize) -> (BatchQueue, BatchReceiver, IntGauge, IntCounter) {
         let gauge = IntGauge::new("q", "q").unwrap();
         let refused = IntCounter::new("r", "r").unwrap();
-        let (tx, rx) = queue(max, gauge.clone(), refused.clone());
+        let (tx, rx) = queue(Some(max), gauge.clone(), refused.clone());
         (tx, rx, gauge, refused)
     }
 
@@ -282,6 +277,16 @@ mod tests {
             "room again once a write took them"
         );
         assert_eq!(refused.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn without_a_bound_nothing_is_refused() {
+        let refused = IntCounter::new("r", "r").unwrap();
+        let (tx, _rx) = queue(None, IntGauge::new("q", "q").unwrap(), refused.clone());
+        let waiting: Vec<_> = (0..10 * MAX_BATCH)
+            .map(|_| tx.enqueue(tick()).expect("admitted"))
+            .collect();
+        assert_eq!((waiting.len(), refused.get()), (10 * MAX_BATCH, 0));
     }
 
     #[tokio::test]

@@ -66,14 +66,11 @@ pub struct NodeConfig {
     /// Serve the public API over TLS with this certificate (plain HTTP without).
     #[serde(default)]
     pub tls: Option<TlsFiles>,
-    /// Commands the leader holds waiting for its next raft writes; beyond them it refuses new
-    /// ones with 503 `overloaded` (and a `retry_after_ms`) instead of letting them wait.
-    #[serde(default = "default_max_queued_writes")]
-    pub max_queued_writes: usize,
-}
-
-fn default_max_queued_writes() -> usize {
-    super::batcher::DEFAULT_MAX_QUEUED_WRITES
+    /// With a bound, the commands the leader holds waiting for its next raft writes; beyond
+    /// them it refuses new ones with 503 `overloaded` (and a `retry_after_ms`) instead of
+    /// letting them wait. None (the default): no bound beyond the listeners' connection limits.
+    #[serde(default)]
+    pub max_queued_writes: Option<usize>,
 }
 
 fn default_audit_max_bytes() -> u64 {
@@ -209,7 +206,7 @@ impl NodeConfig {
             limits: HttpLimits::default(),
             peer_limits: HttpLimits::peer(),
             tls: None,
-            max_queued_writes: default_max_queued_writes(),
+            max_queued_writes: None,
         }
     }
 }

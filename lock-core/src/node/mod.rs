@@ -31,7 +31,6 @@ use openraft::ServerState;
 pub use auth::{
     constant_time_eq, key_digest, new_api_key, AuthMode, Caller, Denied, TenantPolicy, TenantRates,
 };
-pub use batcher::DEFAULT_MAX_QUEUED_WRITES;
 pub use clock::Clock;
 pub use config::{MemberAddrs, NodeConfig, Policy, MAX_FAILOVER_GRACE_MS};
 pub use error::{NodeError, ProposeError};

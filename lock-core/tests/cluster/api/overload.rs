@@ -14,7 +14,7 @@ const CALLS: u64 = 300;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_write_queue_refuses_calls_at_once_and_their_retries_are_granted() {
-    let c = TestCluster::start_adjusted(3, |config| config.max_queued_writes = 2).await;
+    let c = TestCluster::start_adjusted(3, |config| config.max_queued_writes = Some(2)).await;
     let leader = c.wait_leader(Duration::from_secs(5)).await;
     let api = c.api_client();
 
