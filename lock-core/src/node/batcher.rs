@@ -129,9 +129,7 @@ impl BatchQueue {
         }
         Ok(answer)
     }
-}
 
-impl BatchQueue {
     /// About how long the writes that drain `queued` commands take, at the last write's pace
     /// (at least 1 ms).
     fn drain_ms(&self, queued: usize) -> u64 {
