@@ -57,8 +57,10 @@ impl Processes {
     /// that demo store with `Idempotency-Key` required (as `fencegate dev` does).
     fn with_orders_proxy(n: u64, store: Option<&str>) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let ports = free_ports(2 * n as usize);
-        let (api_ports, peer_ports) = ports.split_at(n as usize);
+        // One call for every port, the proxies' included, so none of them repeats.
+        let ports = free_ports(3 * n as usize);
+        let (api_ports, rest) = ports.split_at(n as usize);
+        let (peer_ports, proxy_ports) = rest.split_at(n as usize);
         let addrs: BTreeMap<u64, String> = (1..=n)
             .zip(api_ports)
             .map(|(id, port)| (id, format!("127.0.0.1:{port}")))
@@ -71,7 +73,7 @@ impl Processes {
             .collect();
         let proxies: BTreeMap<u64, String> = match store {
             Some(_) => (1..=n)
-                .zip(free_ports(n as usize))
+                .zip(proxy_ports)
                 .map(|(id, port)| (id, format!("127.0.0.1:{port}")))
                 .collect(),
             None => BTreeMap::new(),

@@ -473,14 +473,22 @@ pub fn assert_tokens_non_decreasing_per_key(log: &[StoreWrite]) {
 }
 
 /// Ports the OS has just handed out, for processes that take their ports as arguments. The
-/// listeners are dropped so the processes can bind them; a collision with another process in
-/// between is possible but unlikely.
+/// listeners are dropped so the processes can bind them. A port is never handed out twice in
+/// one test binary: tests run in parallel, and the OS readily gives a just-released port to the
+/// next `bind(0)`. A collision with another process in between is still possible but unlikely.
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr").port())
-        .collect()
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    let mut held = Vec::new();
+    let mut ports = Vec::with_capacity(n);
+    while ports.len() < n {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        if handed_out.insert(port) {
+            ports.push(port);
+        }
+        held.push(listener);
+    }
+    ports
 }
