@@ -8,9 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::Full;
 use hyper::header::{HeaderName, HeaderValue};
-use hyper::{Method, Request};
+use hyper::Method;
 use lock_core::client::NodeRoute;
 use lock_core::wire::{
     self, classify, AcquireRequest, AcquireResponse, ErrorBody, ErrorCode, LeaseRequest,
@@ -20,7 +19,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
-use super::http1::{ConnPool, SendError};
+use super::http1::{ConnPool, Outgoing, SendError};
 use super::{connection, resource_name, Call, Failure, Grant, Lease, Sent};
 
 /// The code of a success whose body does not parse.
@@ -139,7 +138,7 @@ impl FencegateClient {
         &self,
         ep: &Endpoint,
         node: Option<usize>,
-        req: Option<Request<Full<Bytes>>>,
+        req: Option<Outgoing>,
     ) -> (Result<(u16, Bytes), String>, Sent) {
         // Waiting for a permit is part of the client-visible latency, like waiting for a
         // free connection in any pooled client.
