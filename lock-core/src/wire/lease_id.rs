@@ -1,21 +1,19 @@
 //! Lease ids: 128 random bits, shown as 32 lowercase hex digits.
 
-use serde::{Deserialize, Serialize};
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
 use std::fmt;
 
 /// A lease identifier: 128 random bits chosen by the leader that proposed the grant.
 ///
 /// It is a bearer capability (whoever knows it may renew or release), so it is never shown by
-/// read APIs. On the wire it is 32 lowercase hex digits.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(into = "String", try_from = "String")]
+/// read APIs. On the wire it is 32 lowercase hex digits; it is encoded and parsed without an
+/// allocation, since every log entry, snapshot and lock call carries lease ids.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LeaseId(pub u128);
 
-impl fmt::Display for LeaseId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}", self.0)
-    }
-}
+const HEX_DIGITS: usize = 32;
+const BAD_LEASE_ID: &str = "lease_id must be 32 hex digits";
 
 impl LeaseId {
     /// A short digest for logs and the audit trail, where the id itself (a bearer
@@ -23,6 +21,43 @@ impl LeaseId {
     /// concern one lease.
     pub fn digest(&self) -> String {
         format!("{:016x}", (self.0 >> 64) as u64 ^ self.0 as u64)
+    }
+
+    /// The 32 lowercase hex digits, most significant first.
+    fn hex(&self) -> [u8; HEX_DIGITS] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; HEX_DIGITS];
+        for (i, digit) in out.iter_mut().enumerate() {
+            let shift = 4 * (HEX_DIGITS - 1 - i);
+            *digit = DIGITS[(self.0 >> shift) as usize & 0xf];
+        }
+        out
+    }
+
+    /// Parses 32 hex digits (either case) or says why not.
+    fn parse(s: &[u8]) -> Result<Self, &'static str> {
+        if s.len() != HEX_DIGITS {
+            return Err(BAD_LEASE_ID);
+        }
+        let mut value = 0u128;
+        for &b in s {
+            let nibble = match b {
+                b'0'..=b'9' => b - b'0',
+                b'a'..=b'f' => b - b'a' + 10,
+                b'A'..=b'F' => b - b'A' + 10,
+                _ => return Err(BAD_LEASE_ID),
+            };
+            value = value << 4 | u128::from(nibble);
+        }
+        Ok(LeaseId(value))
+    }
+}
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hex = self.hex();
+        // Only ASCII digits were written.
+        f.write_str(std::str::from_utf8(&hex).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -49,11 +84,99 @@ impl TryFrom<String> for LeaseId {
 impl std::str::FromStr for LeaseId {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err("lease_id must be 32 hex digits".to_string());
+        LeaseId::parse(s.as_bytes()).map_err(str::to_string)
+    }
+}
+
+impl Serialize for LeaseId {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let hex = self.hex();
+        let text = std::str::from_utf8(&hex).map_err(serde::ser::Error::custom)?;
+        serializer.serialize_str(text)
+    }
+}
+
+impl<'de> Deserialize<'de> for LeaseId {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_str(LeaseIdVisitor)
+    }
+}
+
+struct LeaseIdVisitor;
+
+impl Visitor<'_> for LeaseIdVisitor {
+    type Value = LeaseId;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a lease id of 32 hex digits")
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<LeaseId, E> {
+        LeaseId::parse(s.as_bytes()).map_err(E::custom)
+    }
+
+    fn visit_bytes<E: de::Error>(self, s: &[u8]) -> Result<LeaseId, E> {
+        LeaseId::parse(s).map_err(E::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn text_round_trips_and_matches_the_hex_format(v in any::<u128>()) {
+            let id = LeaseId(v);
+            let text = id.to_string();
+            prop_assert_eq!(&text, &format!("{v:032x}"));
+            prop_assert_eq!(text.parse::<LeaseId>(), Ok(id));
+            prop_assert_eq!(text.to_uppercase().parse::<LeaseId>(), Ok(id));
         }
-        u128::from_str_radix(s, 16)
-            .map(LeaseId)
-            .map_err(|e| e.to_string())
+
+        #[test]
+        fn json_round_trips(v in any::<u128>()) {
+            let id = LeaseId(v);
+            let json = serde_json::to_string(&id).unwrap();
+            prop_assert_eq!(&json, &format!("\"{v:032x}\""));
+            prop_assert_eq!(serde_json::from_str::<LeaseId>(&json).unwrap(), id);
+        }
+
+        #[test]
+        fn anything_but_32_hex_digits_is_refused(s in "\\PC{0,40}") {
+            let hex = s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit());
+            prop_assert_eq!(s.parse::<LeaseId>().is_ok(), hex);
+        }
+    }
+
+    #[cfg(feature = "server")]
+    proptest! {
+        /// Log entries and snapshots hold lease ids as MessagePack strings; they still do.
+        #[test]
+        fn messagepack_round_trips_as_the_same_string(v in any::<u128>()) {
+            let id = LeaseId(v);
+            let packed = rmp_serde::to_vec(&id).unwrap();
+            prop_assert_eq!(rmp_serde::from_slice::<LeaseId>(&packed).unwrap(), id);
+            prop_assert_eq!(packed, rmp_serde::to_vec(&format!("{v:032x}")).unwrap());
+        }
+    }
+
+    #[test]
+    fn refusals_say_what_a_lease_id_is() {
+        let long = "0".repeat(33);
+        let not_hex = "g".repeat(32);
+        for bad in [
+            "",
+            "abc",
+            &long,
+            &not_hex,
+            "0x000000000000000000000000000000",
+        ] {
+            assert_eq!(bad.parse::<LeaseId>(), Err(BAD_LEASE_ID.to_string()));
+            let err = serde_json::from_str::<LeaseId>(&format!("\"{bad}\"")).unwrap_err();
+            assert!(err.to_string().contains(BAD_LEASE_ID), "{err}");
+        }
+        assert!(serde_json::from_str::<LeaseId>("42").is_err());
     }
 }
