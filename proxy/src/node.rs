@@ -8,6 +8,7 @@ use fencegate_proxy::config::ProxyConfig;
 use lock_core::api::listen;
 use lock_core::net::PeerSecret;
 use lock_core::node::{self, AuthMode, MemberAddrs, NodeConfig, TenantPolicy};
+use lock_core::timing::RaftTiming;
 use serde::Deserialize;
 use tokio::sync::watch;
 
@@ -90,6 +91,10 @@ struct NodeFileConfig {
     /// (unbounded when absent).
     #[serde(default)]
     max_queued_writes: Option<usize>,
+    /// Raft's heartbeat and election timing (`[node.raft]`: `heartbeat_ms`,
+    /// `election_timeout_ms`), the same on every member.
+    #[serde(default)]
+    raft: Option<RaftTiming>,
 }
 
 /// A parsed, checked config file.
@@ -151,6 +156,10 @@ fn parse(text: &str) -> anyhow::Result<Loaded> {
             anyhow::bail!("node.max_queued_writes must be at least 1");
         }
         config.max_queued_writes = Some(max);
+    }
+    if let Some(timing) = file.node.raft {
+        timing.validate().map_err(|e| anyhow::anyhow!("node.{e}"))?;
+        config.raft = timing;
     }
     if let Some(p) = &file.proxy {
         p.validate().map_err(anyhow::Error::msg)?;
@@ -284,11 +293,14 @@ mod tests {
         }
     }
 
+    /// The smallest file a node starts from: one member, the lock API open.
+    const OPEN_NODE: &str =
+        "listen = \"127.0.0.1:7001\"\npeer_listen = \"127.0.0.1:7101\"\n[node]\nid = 1\n\
+         data_dir = \"/tmp/x\"\npeer_secret = \"0123456789abcdef0123\"\nauth = \"off\"\n";
+
     #[test]
     fn unknown_keys_and_bad_member_ids_are_refused() {
-        let base =
-            "listen = \"127.0.0.1:7001\"\npeer_listen = \"127.0.0.1:7101\"\n[node]\nid = 1\n\
-                    data_dir = \"/tmp/x\"\npeer_secret = \"0123456789abcdef0123\"\nauth = \"off\"\n";
+        let base = OPEN_NODE;
         assert!(parse(base).is_ok());
         assert!(parse(&format!("{base}colour = \"blue\"\n")).is_err());
         assert!(parse(&format!(
@@ -302,9 +314,7 @@ mod tests {
 
     #[test]
     fn the_write_queue_bound_is_read_and_zero_is_refused() {
-        let base =
-            "listen = \"127.0.0.1:7001\"\npeer_listen = \"127.0.0.1:7101\"\n[node]\nid = 1\n\
-                    data_dir = \"/tmp/x\"\npeer_secret = \"0123456789abcdef0123\"\nauth = \"off\"\n";
+        let base = OPEN_NODE;
         let default = parse(base).expect("loads");
         assert_eq!(
             default.config.max_queued_writes, None,
@@ -319,6 +329,40 @@ mod tests {
                 .expect("refused")
         );
         assert!(err.contains("max_queued_writes"), "{err}");
+    }
+
+    #[test]
+    fn raft_timing_is_read_and_checked() {
+        let base = OPEN_NODE;
+        let default = parse(base).expect("loads");
+        assert_eq!(default.config.raft, RaftTiming::default());
+        let set = parse(&format!(
+            "{base}[node.raft]\nheartbeat_ms = 300\nelection_timeout_ms = 1500\n"
+        ))
+        .expect("loads");
+        assert_eq!(
+            set.config.raft,
+            RaftTiming {
+                heartbeat_ms: 300,
+                election_timeout_ms: 1_500
+            }
+        );
+        let only_heartbeat =
+            parse(&format!("{base}[node.raft]\nheartbeat_ms = 50\n")).expect("loads");
+        assert_eq!(only_heartbeat.config.raft.election_timeout_ms, 400);
+        for (bad, key) in [
+            ("heartbeat_ms = 300\n", "node.raft.election_timeout_ms"),
+            ("heartbeat_ms = 0\n", "node.raft.heartbeat_ms"),
+            ("election_ms = 900\n", "election_ms"),
+        ] {
+            let err = format!(
+                "{:#}",
+                parse(&format!("{base}[node.raft]\n{bad}"))
+                    .err()
+                    .expect("refused")
+            );
+            assert!(err.contains(key), "{bad}: {err}");
+        }
     }
 
     /// A production node never serves an open lock API by omission: the file says which.
@@ -401,6 +445,8 @@ mod tests {
                 Just("header_timeout_ms"),
                 Just("max_connections"),
                 Just("max_queued_writes"),
+                Just("heartbeat_ms"),
+                Just("election_timeout_ms"),
                 Just("cert_file"),
             ];
             prop_oneof![
@@ -411,6 +457,7 @@ mod tests {
                     Just("[node.limits]"),
                     Just("[node.peer_limits]"),
                     Just("[node.tls]"),
+                    Just("[node.raft]"),
                     Just("[proxy]"),
                 ]
                 .prop_map(str::to_string),

@@ -29,16 +29,18 @@ use crate::raft::{NodeInfo, TypeConfig};
 pub struct NetworkFactory {
     client: PeerClient,
     max_append_bytes: usize,
+    heartbeat: Duration,
 }
 
 impl NetworkFactory {
     /// Clients of the peers through `client`. `peer_body_limit` is the largest body a peer
     /// port accepts (this node's own, as members share their limits): appends are kept to half
     /// of it.
-    pub fn new(client: PeerClient, peer_body_limit: usize) -> Self {
+    pub fn new(client: PeerClient, peer_body_limit: usize, heartbeat: Duration) -> Self {
         Self {
             client,
             max_append_bytes: (peer_body_limit / 2).max(1),
+            heartbeat,
         }
     }
 }
@@ -52,6 +54,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             node: node.clone(),
             max_append_bytes: self.max_append_bytes,
+            heartbeat: self.heartbeat,
         }
     }
 }
@@ -62,6 +65,8 @@ pub struct PeerNetwork {
     node: NodeInfo,
     /// The largest append body sent; see [`fewer_entries`].
     max_append_bytes: usize,
+    /// The cluster's heartbeat interval: the first retry after a failed call.
+    heartbeat: Duration,
 }
 
 impl PeerNetwork {
@@ -207,12 +212,13 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
 
     fn backoff(&self) -> openraft::network::Backoff {
         // Starts at a heartbeat, so a node back from a short blip rejoins at once, and doubles
-        // up to `MAX_BACKOFF`: a node that stays down costs a connection attempt (and an
-        // openraft error line) every 800 ms instead of ten a second, and is found within
-        // 800 ms of its restart.
-        let first = Duration::from_millis(crate::timing::HEARTBEAT_MS);
-        openraft::network::Backoff::new(std::iter::successors(Some(first), |d| {
-            Some((*d * 2).min(MAX_BACKOFF))
+        // up to `MAX_BACKOFF` (or the heartbeat, if that is longer): a node that stays down
+        // costs a connection attempt (and an openraft error line) every 800 ms instead of ten
+        // a second, and is found within 800 ms of its restart.
+        let first = self.heartbeat;
+        let most = MAX_BACKOFF.max(first);
+        openraft::network::Backoff::new(std::iter::successors(Some(first), move |d| {
+            Some((*d * 2).min(most))
         }))
     }
 }
@@ -267,6 +273,7 @@ mod tests {
                 peer_addr: addr,
             },
             max_append_bytes: max_bytes,
+            heartbeat: Duration::from_millis(crate::timing::HEARTBEAT_MS),
         }
     }
 

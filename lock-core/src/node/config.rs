@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use super::auth::{AuthMode, TenantPolicy};
 use super::limits::{HttpLimits, TlsFiles};
 use crate::net::PeerSecret;
+use crate::timing::RaftTiming;
 
 /// Configuration of one fencegate node (the `[node]` part of the config file).
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -71,6 +72,9 @@ pub struct NodeConfig {
     /// letting them wait. None (the default): no bound beyond the listeners' connection limits.
     #[serde(default)]
     pub max_queued_writes: Option<usize>,
+    /// Raft's heartbeat and election timing (the same on every member).
+    #[serde(default)]
+    pub raft: RaftTiming,
 }
 
 fn default_audit_max_bytes() -> u64 {
@@ -207,6 +211,7 @@ impl NodeConfig {
             peer_limits: HttpLimits::peer(),
             tls: None,
             max_queued_writes: None,
+            raft: RaftTiming::default(),
         }
     }
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use openraft::Config as RaftConfig;
 use tokio::task::JoinHandle;
@@ -44,6 +44,7 @@ pub async fn start(
     peer: SocketAddr,
 ) -> Result<RunningNode, NodeError> {
     config.policy.validate().map_err(NodeError::Config)?;
+    config.raft.validate().map_err(NodeError::Config)?;
     config
         .limits
         .validate("limits")
@@ -94,13 +95,17 @@ pub async fn start(
     sm_store.observe_idem_forgotten_with(metrics.idem_forgotten.clone());
     let machine = sm_store.shared();
 
-    let raft_config = RaftConfig::fencegate_default()
+    let raft_config = RaftConfig::fencegate(&config.raft)
         .validate()
         .map_err(|e| NodeError::Raft(e.to_string()))?;
     let raft = FencegateRaft::new(
         config.id,
         Arc::new(raft_config),
-        NetworkFactory::new(peers.clone(), config.peer_limits.max_body_bytes),
+        NetworkFactory::new(
+            peers.clone(),
+            config.peer_limits.max_body_bytes,
+            Duration::from_millis(config.raft.heartbeat_ms),
+        ),
         log_store,
         sm_store,
     )

@@ -50,18 +50,20 @@ openraft::declare_raft_types!(
 
 pub type FencegateRaft = openraft::Raft<TypeConfig>;
 
-/// Raft timing used by nodes; see docs/architecture.md for the reasoning.
+/// Raft configuration used by nodes; see docs/architecture.md for the reasoning.
 pub trait RaftConfigExt {
-    fn fencegate_default() -> openraft::Config;
+    /// The configuration of a node with heartbeat and election `timing`.
+    fn fencegate(timing: &timing::RaftTiming) -> openraft::Config;
 }
 
 impl RaftConfigExt for openraft::Config {
-    fn fencegate_default() -> openraft::Config {
+    fn fencegate(timing: &timing::RaftTiming) -> openraft::Config {
         openraft::Config {
             cluster_name: "fencegate".to_string(),
-            heartbeat_interval: timing::HEARTBEAT_MS,
-            election_timeout_min: timing::ELECTION_TIMEOUT_MIN_MS,
-            election_timeout_max: timing::ELECTION_TIMEOUT_MAX_MS,
+            // Also how long the leader waits for one append's answer.
+            heartbeat_interval: timing.heartbeat_ms,
+            election_timeout_min: timing.election_timeout_ms,
+            election_timeout_max: timing.election_timeout_max_ms(),
             // The node asks for its snapshots itself, each member at its own offset into the
             // interval (`node::snapshots`).
             snapshot_policy: openraft::SnapshotPolicy::Never,

@@ -3,5 +3,6 @@
 
 mod append_size;
 mod batching;
+mod far_follower;
 mod peer_port;
 mod snapshot_catch_up;
