@@ -90,20 +90,13 @@ impl LockMachine {
     }
 
     pub(super) fn mark_idle_if_unused(&mut self, resource: &ResName) {
+        let until = self.now_ms.saturating_add(DEFAULT_IDLE_RETAIN_MS);
         let Some(res) = self.resources.get_mut(resource) else {
             return;
         };
-        if res.lease.is_some()
-            || !res.waiters.is_empty()
-            || res.idle_until_ms.is_some()
-            || res.reissue_at_ms.is_some()
-        {
-            return;
+        if res.mark_idle(until) {
+            self.idle_expiry.insert((until, resource.clone()));
         }
-        // Idle records are kept as long as retries may still refer to them.
-        let until = self.now_ms.saturating_add(DEFAULT_IDLE_RETAIN_MS);
-        res.idle_until_ms = Some(until);
-        self.idle_expiry.insert((until, resource.clone()));
     }
 
     /// Records the outcome of an acquire for retries. A waiting acquire's record has no expiry

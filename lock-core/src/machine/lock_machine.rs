@@ -26,7 +26,10 @@ use super::dedup::DedupTable;
 use super::keys::ApiKeyRecord;
 use super::name::ResName;
 use super::quota::QuotaLedger;
-use super::state::{dedup_key, DedupGrant, DedupState, FenceGrant, Lease, ResourceState, Waiter};
+use super::state::{
+    dedup_key, DedupGrant, DedupState, FenceGrant, Lease, ResourceState, Waiter,
+    DEFAULT_IDLE_RETAIN_MS,
+};
 use super::types::{
     Acquire, AdmitOutcome, Batch, Command, Effect, Grant, LeaseId, Proposal, Response,
     TenantLimitHit, WaiterGone,
@@ -204,7 +207,7 @@ impl LockMachine {
 
     fn acquire(&mut self, a: &Acquire, fx: &mut Vec<Effect>) -> Response {
         let name = ResName::new(&a.resource);
-        self.settle(&name, fx);
+        let settled = self.settle(&name, fx);
         let key = dedup_key(&a.resource, &a.request_id);
         // A retry of an acquire we already answered returns the original result.
         if let Some(rec) = self.dedup.get(&key) {
@@ -219,10 +222,7 @@ impl LockMachine {
         }
         let now = self.now_ms;
         let tenant = split_scoped(&a.resource).0;
-        let free = self
-            .resources
-            .get(&name)
-            .is_none_or(|r| r.lease.is_none() && r.reissue_at_ms.is_none());
+        let free = settled.free;
         if let Some(limits) = a.tenant_limits {
             let (count, bound, hit) = if free {
                 (
@@ -243,9 +243,13 @@ impl LockMachine {
                 return Response::TenantLimit(hit);
             }
         }
-        let res = self.resources.entry(name.clone()).or_default();
-        if res.lease.is_none() && res.reissue_at_ms.is_none() {
-            debug_assert!(res.waiters.is_empty(), "settled free resource has waiters");
+        if free {
+            debug_assert!(
+                self.resources
+                    .get(&name)
+                    .is_none_or(|r| r.waiters.is_empty()),
+                "settled free resource has waiters"
+            );
             let grant = self.grant(&name, a.lease_id, a.holder.clone(), a.ttl_ms);
             self.remember_new(
                 key,
@@ -254,6 +258,8 @@ impl LockMachine {
             );
             return Response::Granted(grant);
         }
+        // Not free, so the record exists.
+        let res = self.resources.entry(name.clone()).or_default();
         let busy_until = res
             .lease
             .as_ref()
@@ -320,12 +326,7 @@ impl LockMachine {
     }
 
     fn release(&mut self, resource: &ResName, lease_id: LeaseId, fx: &mut Vec<Effect>) -> Response {
-        self.settle(resource, fx);
-        let held_by_caller = self
-            .resources
-            .get(resource)
-            .and_then(|r| r.lease.as_ref())
-            .is_some_and(|l| l.lease_id == lease_id);
+        let held_by_caller = self.settle(resource, fx).lease == Some(lease_id);
         if !held_by_caller {
             // Idempotent, and a stale release never touches the new holder.
             return Response::Released(false);
@@ -455,13 +456,14 @@ impl LockMachine {
     }
 
     /// Expires the resource's lease if its time is up and hands the lock to the next live
-    /// waiter. Called before any command looks at a resource.
-    fn settle(&mut self, resource: &ResName, fx: &mut Vec<Effect>) {
+    /// waiter. Called before any command looks at a resource; returns what the command needs to
+    /// know of the record, from the same lookup when nothing was due.
+    fn settle(&mut self, resource: &ResName, fx: &mut Vec<Effect>) -> Settled {
         let now = self.now_ms;
         // Read first: most commands find nothing due, and a write to a persistent map copies
         // the path a snapshot still shares.
         let Some(res) = self.resources.get(resource) else {
-            return;
+            return Settled::ABSENT;
         };
         match (&res.lease, res.reissue_at_ms) {
             (Some(lease), _) if lease.expires_at_ms <= now => {
@@ -478,41 +480,65 @@ impl LockMachine {
                 self.reissue_index.remove(&(at, resource.clone()));
                 self.hand_off(resource, fx);
             }
-            _ => {}
+            _ => return Settled::of(res),
         }
+        self.resources
+            .get(resource)
+            .map_or(Settled::ABSENT, Settled::of)
     }
 
     /// Ends the current lease and passes the lock on: to the next waiter now, or — if proxy
     /// grants for the ended token are still live — once every proxy holding one confirmed it
-    /// stopped (`RevokeAck`), or at the latest when the grants run out.
+    /// stopped (`RevokeAck`), or at the latest when the grants run out. Without waiters or
+    /// grants the record goes idle. One lookup of the record in the common cases.
     fn free(&mut self, resource: &ResName, fx: &mut Vec<Effect>) {
-        let ended = self.end_lease(resource);
         let now = self.now_ms;
-        let hold = self.resources.get_mut(resource).and_then(|r| {
-            r.grants.retain(|g| g.until_ms > now);
-            let until = r.grants.iter().map(|g| g.until_ms).max()?;
-            let mut proxies: Vec<u64> = r.grants.iter().map(|g| g.proxy).collect();
+        let idle_until = now.saturating_add(DEFAULT_IDLE_RETAIN_MS);
+        let Some(res) = self.resources.get_mut(resource) else {
+            return;
+        };
+        let ended = res.lease.take();
+        res.grants.retain(|g| g.until_ms > now);
+        let hold = res.grants.iter().map(|g| g.until_ms).max().map(|until| {
+            let mut proxies: Vec<u64> = res.grants.iter().map(|g| g.proxy).collect();
             proxies.sort_unstable();
             proxies.dedup();
-            Some((until, proxies))
+            res.reissue_at_ms = Some(until);
+            (until, proxies)
         });
+        let next = if hold.is_some() {
+            Next::Wait
+        } else if !res.waiters.is_empty() {
+            Next::HandOff
+        } else if res.mark_idle(idle_until) {
+            Next::Idle
+        } else {
+            Next::Wait
+        };
+        if let Some(l) = &ended {
+            self.lease_expiry
+                .remove(&(l.expires_at_ms, resource.clone()));
+            count_down(&mut self.tenant_leases, resource);
+        }
         if let Some((until, proxies)) = hold {
-            if let Some(r) = self.resources.get_mut(resource) {
-                r.reissue_at_ms = Some(until);
-            }
             self.reissue_index.insert((until, resource.clone()));
             // An expired lease has no live grants (they are capped at its expiry), so this
             // is a release: tell the proxies to stop forwarding the ended token now.
-            if let Some(token) = ended {
+            if let Some(l) = ended {
                 fx.push(Effect::Revoke {
                     resource: resource.to_string(),
-                    fencing_token: token,
+                    fencing_token: l.fencing_token,
                     proxies,
                 });
             }
-            return;
         }
-        self.hand_off(resource, fx);
+        match next {
+            Next::HandOff => self.hand_off(resource, fx),
+            Next::Idle => {
+                self.idle_expiry.insert((idle_until, resource.clone()));
+            }
+            Next::Wait => {}
+        }
     }
 
     /// A proxy confirmed it stopped forwarding `token`'s writes. When the last live grant is
@@ -604,15 +630,6 @@ impl LockMachine {
         })
     }
 
-    /// Removes the resource's lease, returning its token.
-    fn end_lease(&mut self, resource: &ResName) -> Option<u64> {
-        let l = self.resources.get_mut(resource)?.lease.take()?;
-        self.lease_expiry
-            .remove(&(l.expires_at_ms, resource.clone()));
-        count_down(&mut self.tenant_leases, resource);
-        Some(l.fencing_token)
-    }
-
     /// Grants the free lock to the head of the queue, skipping waiters whose wait already
     /// timed out. Exactly one waiter is woken (no thundering herd).
     fn hand_off(&mut self, resource: &ResName, fx: &mut Vec<Effect>) {
@@ -666,8 +683,7 @@ impl LockMachine {
         self.last_token += 1;
         let token = self.last_token;
         let expires = now.saturating_add(ttl_ms);
-        let res = self.resources.entry(resource.clone()).or_default();
-        res.lease = Some(Box::new(Lease {
+        let lease = Some(Box::new(Lease {
             lease_id,
             fencing_token: token,
             holder,
@@ -675,8 +691,24 @@ impl LockMachine {
             expires_at_ms: expires,
             granted_at_ms: now,
         }));
-        res.last_token = token;
-        if let Some(until) = res.idle_until_ms.take() {
+        // One lookup for a known resource (the map's `entry` would look it up twice).
+        let was_idle = match self.resources.get_mut(resource) {
+            Some(res) => {
+                res.lease = lease;
+                res.last_token = token;
+                res.idle_until_ms.take()
+            }
+            None => {
+                let res = ResourceState {
+                    lease,
+                    last_token: token,
+                    ..ResourceState::default()
+                };
+                self.resources.insert(resource.clone(), res);
+                None
+            }
+        };
+        if let Some(until) = was_idle {
             self.idle_expiry.remove(&(until, resource.clone()));
         }
         self.lease_expiry.insert((expires, resource.clone()));
@@ -709,6 +741,40 @@ impl LockMachine {
             .and_then(|r| r.waiters.iter().position(|w| w.request_id == request_id))
             .map_or(0, |p| p as u32 + 1)
     }
+}
+
+/// A resource's record as [`LockMachine::settle`] left it: what acquire and release decide on.
+#[derive(Clone, Copy, Debug)]
+struct Settled {
+    /// The live lease's id.
+    lease: Option<LeaseId>,
+    /// Neither a lease nor a wait for proxies to stop: a new token may be issued now.
+    free: bool,
+}
+
+impl Settled {
+    /// No record: free, nothing held.
+    const ABSENT: Settled = Settled {
+        lease: None,
+        free: true,
+    };
+
+    fn of(res: &ResourceState) -> Settled {
+        Settled {
+            lease: res.lease.as_ref().map(|l| l.lease_id),
+            free: res.lease.is_none() && res.reissue_at_ms.is_none(),
+        }
+    }
+}
+
+/// What [`LockMachine::free`] does once the lease is off the record.
+enum Next {
+    /// Grant the lock to the head of the queue.
+    HandOff,
+    /// The record just went idle: index it for dropping.
+    Idle,
+    /// Nothing now: proxies are still to stop, or the record is already accounted for.
+    Wait,
 }
 
 /// One more lease or waiter for the tenant of `resource`.

@@ -61,6 +61,23 @@ pub struct ResourceState {
     pub idle_until_ms: Option<u64>,
 }
 
+impl ResourceState {
+    /// Marks the record idle until `until` (idle records are kept as long as retries may still
+    /// refer to them) if nothing uses it and it is not marked yet. True when it was marked:
+    /// the caller indexes it for dropping.
+    pub(super) fn mark_idle(&mut self, until: u64) -> bool {
+        if self.lease.is_some()
+            || !self.waiters.is_empty()
+            || self.idle_until_ms.is_some()
+            || self.reissue_at_ms.is_some()
+        {
+            return false;
+        }
+        self.idle_until_ms = Some(until);
+        true
+    }
+}
+
 // A hundred thousand of these live in the nodes of a persistent map that apply copies while a
 // snapshot is written: keep them small.
 const _: () = assert!(std::mem::size_of::<ResourceState>() == 72);
