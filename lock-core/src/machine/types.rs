@@ -3,6 +3,8 @@
 //! Everything here is replicated through the raft log, so every field is part of the
 //! on-disk format: add fields with `#[serde(default)]`, never reuse a name.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use super::idempotency::{IdemCommand, IdemOutcome};
@@ -29,14 +31,22 @@ pub struct Proposal {
 ///
 /// An entry written before batching holds one command under `cmd` and no `cmds`; it reads
 /// back as a batch of that one command.
+///
+/// The commands are shared, never changed once batched: a copy of an entry (the log keeps its
+/// newest entries in memory for replication and apply) costs a reference count, not a copy of
+/// every command. They are written as a plain sequence, as before.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {
     pub now_ms: u64,
     pub failover_grace_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cmd: Option<Command>,
-    #[serde(default)]
-    pub cmds: Vec<Command>,
+    #[serde(default = "no_commands")]
+    pub cmds: Arc<[Command]>,
+}
+
+fn no_commands() -> Arc<[Command]> {
+    Arc::from(Vec::new())
 }
 
 impl Batch {
@@ -45,13 +55,13 @@ impl Batch {
             now_ms,
             failover_grace_ms,
             cmd: None,
-            cmds,
+            cmds: cmds.into(),
         }
     }
 
     /// The commands in apply order.
     pub fn commands(&self) -> impl Iterator<Item = &Command> {
-        self.cmd.iter().chain(&self.cmds)
+        self.cmd.iter().chain(self.cmds.iter())
     }
 
     /// The commands as stamped proposals, in apply order.

@@ -14,6 +14,7 @@ use fjall::PersistMode;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{Entry, LogId, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote};
 
+use super::log_tail::LogTail;
 use super::wal::{self, Preallocate, Wal};
 use super::{blocking, decode, encode, encode_compressed, Db, StoreError};
 use crate::raft::TypeConfig;
@@ -36,6 +37,8 @@ const FLUSHER_GONE: &str = "log flusher thread is gone";
 pub struct LogStore {
     db: Arc<Db>,
     wal: Arc<Mutex<Wal>>,
+    /// The newest entries as written, which raft reads back for replication and apply.
+    tail: Arc<Mutex<LogTail>>,
     /// Hands appended entries' callbacks and the committed log id to the flusher thread
     /// (group commit).
     flusher: std::sync::mpsc::Sender<FlushJob>,
@@ -51,10 +54,10 @@ pub struct LogStore {
 /// A histogram the flusher thread, started before the node's metrics exist, observes once set.
 type SyncTimer = Arc<OnceLock<prometheus::Histogram>>;
 
-fn lock(wal: &Mutex<Wal>) -> MutexGuard<'_, Wal> {
-    // The log's state is only changed by calls that finish their file work before they touch
-    // it, so a panic elsewhere while it was held leaves nothing half-changed.
-    wal.lock().unwrap_or_else(|e| e.into_inner())
+fn lock<T>(state: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The log's state (and its tail's) is only changed by calls that finish their file work
+    // before they touch it, so a panic elsewhere while it was held leaves nothing half-changed.
+    state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What the flusher thread is handed.
@@ -348,6 +351,7 @@ impl LogStore {
             purger: spawn_purger(),
             db,
             wal,
+            tail: Arc::default(),
             committed: Arc::new(Mutex::new(committed)),
         })
     }
@@ -382,15 +386,26 @@ impl LogStore {
         &self,
         entries: impl IntoIterator<Item = Entry<TypeConfig>>,
     ) -> Result<(), StoreError> {
-        let mut records = Vec::new();
-        for entry in entries {
-            let value = encode_compressed("log entry", &entry)?;
+        let entries: Vec<_> = entries.into_iter().collect();
+        let mut records = Vec::with_capacity(entries.len());
+        for entry in &entries {
+            let value = encode_compressed("log entry", entry)?;
             records.push((entry.log_id.index, value));
         }
-        lock(&self.wal).append(&records)
+        let written = lock(&self.wal).append(&records);
+        let mut tail = lock(&self.tail);
+        match written {
+            Ok(()) => tail.push(entries),
+            // Some of the records may be in the files and some not: read them from there.
+            Err(_) => tail.clear(),
+        }
+        written
     }
 
     fn read_entries(&self, from: u64, to: u64) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
+        if let Some(entries) = lock(&self.tail).get(from, to) {
+            return Ok(entries);
+        }
         // Read under the lock, decoded without it.
         let stretches = lock(&self.wal).read(from, to)?;
         let mut entries = Vec::new();
@@ -513,6 +528,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
+        // Out of the tail first: it never holds an entry the files do not.
+        lock(&self.tail).truncate(log_id.index);
         let wal = self.wal.clone();
         blocking(move || lock(&wal).truncate(log_id.index))
             .await
@@ -526,6 +543,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // The marker first: once it is durable, get_log_state no longer reports the purged
             // entries, and open() deletes what is left of them if we crash before that.
             this.write_meta(PURGED_KEY, value).await?;
+            lock(&this.tail).purge(log_id.index);
             let doomed = lock(&this.wal).purge(log_id.index);
             if !doomed.is_empty() {
                 // Without the thread the files stay, unread, until `open` deletes them.
@@ -581,6 +599,57 @@ mod tests {
             "the keyspace is emptied"
         );
         assert!(!dir.join(MIGRATING_DIR).exists());
+    }
+
+    fn in_term(term: u64, index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    /// Entries read back right after they were written (from memory) are the ones the files
+    /// hold, and a truncation or purge is seen at once by every reader, in memory or not.
+    #[tokio::test]
+    async fn reads_of_the_newest_entries_follow_truncation_and_purge() {
+        use openraft::storage::RaftLogStorageExt;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let db = Arc::new(Db::open(tmp.path()).expect("open"));
+        let mut store = LogStore::open(db, tmp.path()).expect("log store");
+        let mut reader = store.get_log_reader().await;
+        let all: Vec<_> = (1..=10).map(|i| in_term(2, i)).collect();
+        store.blocking_append(all.clone()).await.expect("append");
+        let read = reader.try_get_log_entries(4..8).await.expect("read");
+        assert_eq!(read, all[3..7]);
+
+        store
+            .truncate(in_term(2, 8).log_id)
+            .await
+            .expect("truncate");
+        let read = reader.try_get_log_entries(8..9).await.expect("read");
+        assert!(read.is_empty(), "truncated entry 8 read back: {read:?}");
+        store
+            .blocking_append([in_term(3, 8)])
+            .await
+            .expect("append");
+        let read = reader.try_get_log_entries(7..9).await.expect("read");
+        assert_eq!(read, [in_term(2, 7), in_term(3, 8)]);
+
+        store.purge(in_term(2, 5).log_id).await.expect("purge");
+        let read = reader.try_get_log_entries(5..6).await.expect("read");
+        assert!(read.is_empty(), "purged entry 5 read back: {read:?}");
+
+        // What a restarted node reads from the files alone.
+        drop((store, reader));
+        let reopened = loop {
+            match Db::open(tmp.path()) {
+                Ok(db) => break Arc::new(db),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        let mut store = LogStore::open(reopened, tmp.path()).expect("reopen");
+        let read = store.try_get_log_entries(6..9).await.expect("read");
+        assert_eq!(read, [in_term(2, 6), in_term(2, 7), in_term(3, 8)]);
     }
 
     /// Every append raft hears is durable was covered by a sync the histogram timed; the

@@ -27,6 +27,7 @@
 
 mod idempotency;
 mod log_store;
+mod log_tail;
 mod snapshot_file;
 mod state_machine;
 mod wal;
