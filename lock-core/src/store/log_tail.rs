@@ -17,10 +17,11 @@ use openraft::{Entry, EntryPayload};
 use crate::raft::TypeConfig;
 
 /// At most this many entries are kept...
-const MAX_ENTRIES: usize = 1_024;
-/// ...holding at most this many commands (a few MB of decoded commands): about a second of the
-/// busiest load measured, far more than replication and apply lag behind the newest entry.
-const MAX_COMMANDS: usize = 16_384;
+const MAX_ENTRIES: usize = 256;
+/// ...holding at most this many commands (about a MB decoded): a quarter of a second at the
+/// busiest loads measured, far more than replication and apply lag behind the newest entry
+/// there. (Four times these bounds served no more reads and left nodes a few MiB larger.)
+const MAX_COMMANDS: usize = 4_096;
 
 #[derive(Default)]
 pub(super) struct LogTail {
