@@ -563,11 +563,15 @@ mod tests {
 
     use super::*;
 
-    fn blank(index: u64) -> Entry<TypeConfig> {
+    fn in_term(term: u64, index: u64) -> Entry<TypeConfig> {
         Entry {
-            log_id: LogId::new(CommittedLeaderId::new(3, 1), index),
+            log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
             payload: EntryPayload::Blank,
         }
+    }
+
+    fn blank(index: u64) -> Entry<TypeConfig> {
+        in_term(3, index)
     }
 
     /// A data directory of an earlier version: the log in fjall's `log` keyspace, entries 1..=5
@@ -599,13 +603,6 @@ mod tests {
             "the keyspace is emptied"
         );
         assert!(!dir.join(MIGRATING_DIR).exists());
-    }
-
-    fn in_term(term: u64, index: u64) -> Entry<TypeConfig> {
-        Entry {
-            log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
-            payload: EntryPayload::Blank,
-        }
     }
 
     /// Entries read back right after they were written (from memory) are the ones the files
