@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 use openraft::Config as RaftConfig;
 use tokio::task::JoinHandle;
 
-use super::ops::{self, AuditLog, OpsState};
+use super::ops::{self, Activity, AuditLog, OpsState};
 use super::waits::{WaitOutcome, WaitRegistry};
 use super::{Clock, Metrics, Node, NodeConfig, NodeError, Revocation, Revocations};
 use crate::machine::Effect;
 use crate::net::{FaultLayer, NetworkFactory, PeerClient};
 use crate::raft::{FencegateRaft, NodeInfo, RaftConfigExt};
 use crate::store::{self, EffectSink};
-use crate::wire::{ElectionRecord, ResourceEvent};
+use crate::wire::ElectionRecord;
 
 /// A node with raft and its background tasks running. Dropping it does not stop the node;
 /// call [`RunningNode::stop`].
@@ -246,11 +246,11 @@ fn note_effects(ops: &OpsState, now_ms: u64, effects: &[Effect]) {
         };
         ops.hot.event(
             resource,
-            ResourceEvent {
+            Activity {
                 at_ms: now_ms,
-                kind: kind.to_string(),
+                kind,
                 fencing_token: Some(token),
-                outcome: outcome.to_string(),
+                outcome,
             },
             None,
         );

@@ -33,6 +33,14 @@ macro_rules! error_codes {
                 }
             }
 
+            /// The code's own static text when this version knows it.
+            pub fn known(code: &str) -> Option<&'static str> {
+                match code {
+                    $($code => Some($code),)*
+                    _ => None,
+                }
+            }
+
             pub fn parse(code: &str) -> ErrorCode {
                 match code {
                     $($code => ErrorCode::$variant,)*

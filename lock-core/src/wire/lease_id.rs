@@ -20,18 +20,19 @@ impl LeaseId {
     /// capability) must not appear: 64 bits folded from the 128, enough to match lines that
     /// concern one lease.
     pub fn digest(&self) -> String {
-        format!("{:016x}", (self.0 >> 64) as u64 ^ self.0 as u64)
+        self.short_digest().as_str().to_owned()
+    }
+
+    /// [`LeaseId::digest`] without an allocation.
+    pub fn short_digest(&self) -> LeaseDigest {
+        LeaseDigest(hex_digits(u128::from(
+            (self.0 >> 64) as u64 ^ self.0 as u64,
+        )))
     }
 
     /// The 32 lowercase hex digits, most significant first.
     fn hex(&self) -> [u8; HEX_DIGITS] {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut out = [0u8; HEX_DIGITS];
-        for (i, digit) in out.iter_mut().enumerate() {
-            let shift = 4 * (HEX_DIGITS - 1 - i);
-            *digit = DIGITS[(self.0 >> shift) as usize & 0xf];
-        }
-        out
+        hex_digits(self.0)
     }
 
     /// Parses 32 hex digits (either case) or says why not.
@@ -51,6 +52,28 @@ impl LeaseId {
         }
         Ok(LeaseId(value))
     }
+}
+
+/// The 16 lowercase hex digits of a lease id's digest.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct LeaseDigest([u8; 16]);
+
+impl LeaseDigest {
+    pub fn as_str(&self) -> &str {
+        // Only ASCII digits are ever written.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+/// The low `N` hex digits of `value`, lowercase, most significant first.
+fn hex_digits<const N: usize>(value: u128) -> [u8; N] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; N];
+    for (i, digit) in out.iter_mut().enumerate() {
+        let shift = 4 * (N - 1 - i);
+        *digit = DIGITS[(value >> shift) as usize & 0xf];
+    }
+    out
 }
 
 impl fmt::Display for LeaseId {
@@ -133,6 +156,16 @@ mod tests {
             prop_assert_eq!(&text, &format!("{v:032x}"));
             prop_assert_eq!(text.parse::<LeaseId>(), Ok(id));
             prop_assert_eq!(text.to_uppercase().parse::<LeaseId>(), Ok(id));
+        }
+
+        /// The digest is the two halves folded, as 16 hex digits.
+        #[test]
+        fn digest_folds_the_halves(v in any::<u128>()) {
+            let id = LeaseId(v);
+            let folded = format!("{:016x}", (v >> 64) as u64 ^ v as u64);
+            let digest = id.short_digest();
+            prop_assert_eq!(digest.as_str(), folded.as_str());
+            prop_assert_eq!(id.digest(), folded);
         }
 
         #[test]

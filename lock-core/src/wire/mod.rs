@@ -29,10 +29,10 @@ pub mod quotas;
 pub mod tenant;
 
 pub use admin::{
-    AdminAddMember, AdminRemoveMember, AuditEntry, AuditTail, ClusterOverview, DrainResponse,
-    ElectionRecord, ForceReleaseResponse, GrantView, HotEntry, HotResources, LeaseDetail,
-    MetricsSample, MetricsSeries, OperatorRequest, PeerHealth, Quantiles, ResourceDetail,
-    ResourceEvent, SnapshotResponse, WaiterView,
+    AdminAddMember, AdminRemoveMember, AuditEntry, AuditLine, AuditTail, ClusterOverview,
+    DrainResponse, ElectionRecord, ForceReleaseResponse, GrantView, HotEntry, HotResources,
+    LeaseDetail, MetricsSample, MetricsSeries, OperatorRequest, PeerHealth, Quantiles,
+    ResourceDetail, ResourceEvent, SnapshotResponse, WaiterView,
 };
 pub use cluster::{
     AddMemberRequest, ClusterStatus, FaultRule, FaultSnapshot, HealthStatus, LockStats, Member,
@@ -45,7 +45,7 @@ pub use idempotency::{
     IdemResolution, IdemResolveRequest, IdemResolveResponse, IdemResolvedAnswer, IdemUnknownPage,
     IdemUnknownRecord,
 };
-pub use lease_id::LeaseId;
+pub use lease_id::{LeaseDigest, LeaseId};
 pub use locks::{
     validate_id, validate_resource, AcquireRequest, AcquireResponse, CancelRequest, CancelResponse,
     LeaseRequest, LockList, LockView, ReleaseResponse, RenewResponse, LOCK_ACTIONS, MAX_ID_LEN,

@@ -1,6 +1,10 @@
 //! The audit log: one JSON line per lock call and operator action, written to
 //! `<data_dir>/audit/audit.log` with size-based rotation (`audit.log.1` … `audit.log.N`), and
-//! kept in memory (the newest lines) for the admin UI's audit tail.
+//! kept in memory (the newest lines, as written) for the admin UI's audit tail.
+//!
+//! A line is encoded once, straight from borrowed fields, and the encoded line is what the
+//! tail keeps: an audited lock call costs one allocation here, not one per field. The tail
+//! decodes only the lines it returns (and those a filter has to look at).
 //!
 //! Durability: every line is one `write` to the file as soon as the call is answered, so a
 //! process crash loses nothing already written; operator actions are also fsynced before their
@@ -20,10 +24,12 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::wire::AuditEntry;
+use crate::wire::{AuditEntry, AuditLine};
 
 /// Lines kept in memory for the audit tail.
 const RECENT: usize = 10_000;
+/// Room for a typical line (~200 bytes), so encoding one rarely grows its buffer.
+const LINE_CAPACITY: usize = 256;
 /// Bytes of lines after which their write-back is started (a few times a second at the seed
 /// workload; small enough that a commit's fsync never queues behind much of it).
 const WRITEBACK_STEP: u64 = 256 << 10;
@@ -47,11 +53,28 @@ impl AuditFilter {
             && self.outcome.as_ref().is_none_or(|o| *o == e.outcome)
             && eq(&self.caller, &e.caller)
     }
+
+    /// Text every matching encoded line contains (`"resource":"kv:a"` for a resource filter),
+    /// so the tail decodes only lines that may match.
+    fn needles(&self) -> Vec<String> {
+        [
+            ("resource", &self.resource),
+            ("outcome", &self.outcome),
+            ("caller", &self.caller),
+        ]
+        .into_iter()
+        .filter_map(|(field, want)| {
+            let want = serde_json::to_string(want.as_ref()?).ok()?;
+            Some(format!("\"{field}\":{want}"))
+        })
+        .collect()
+    }
 }
 
 pub struct AuditLog {
     writer: Mutex<Option<Writer>>,
-    recent: Mutex<VecDeque<AuditEntry>>,
+    /// The newest encoded lines, each with its newline.
+    recent: Mutex<VecDeque<String>>,
 }
 
 struct Writer {
@@ -89,45 +112,53 @@ impl AuditLog {
 
     /// Writes one line; `sync` also fsyncs it (operator actions). A failed write is logged
     /// and the line is still shown in the tail: an audit problem must not fail lock calls.
-    pub fn record(&self, entry: AuditEntry, sync: bool) {
+    pub fn record(&self, entry: &AuditLine<'_>, sync: bool) {
         tracing::info!(
             target: "fencegate::audit",
-            op = %entry.op,
-            resource = entry.resource.as_deref(),
-            lease = entry.lease_digest.as_deref(),
+            op = entry.op,
+            resource = entry.resource,
+            lease = entry.lease_digest,
             token = entry.token,
-            caller = entry.caller.as_deref(),
-            outcome = %entry.outcome,
-            detail = entry.detail.as_deref(),
+            caller = entry.caller,
+            outcome = entry.outcome,
+            detail = entry.detail,
         );
-        match serde_json::to_vec(&entry) {
-            Ok(mut line) => {
-                line.push(b'\n');
-                let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(w) = w.as_mut() {
-                    if let Err(e) = w.write(&line, sync) {
-                        tracing::error!(error = %e, "audit log write failed");
-                    }
+        let mut line = Vec::with_capacity(LINE_CAPACITY);
+        if let Err(e) = serde_json::to_writer(&mut line, entry) {
+            tracing::error!(error = %e, "audit line not serialisable");
+            return;
+        }
+        line.push(b'\n');
+        {
+            let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(w) = w.as_mut() {
+                if let Err(e) = w.write(&line, sync) {
+                    tracing::error!(error = %e, "audit log write failed");
                 }
             }
-            Err(e) => tracing::error!(error = %e, "audit line not serialisable"),
         }
+        // JSON is UTF-8, so this neither fails nor copies.
+        let Ok(line) = String::from_utf8(line) else {
+            return;
+        };
         let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
         if recent.len() == RECENT {
             recent.pop_front();
         }
-        recent.push_back(entry);
+        recent.push_back(line);
     }
 
     /// The newest `limit` lines matching `filter`, oldest first.
     pub fn tail(&self, filter: &AuditFilter, limit: usize) -> Vec<AuditEntry> {
+        let needles = filter.needles();
         let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
         let mut out: Vec<AuditEntry> = recent
             .iter()
             .rev()
+            .filter(|line| needles.iter().all(|n| line.contains(n.as_str())))
+            .filter_map(|line| serde_json::from_str::<AuditEntry>(line).ok())
             .filter(|e| filter.matches(e))
             .take(limit)
-            .cloned()
             .collect();
         out.reverse();
         out
@@ -235,7 +266,7 @@ mod tests {
         let one = one_line_len(100);
         let log = AuditLog::open(dir.path(), one * 3, 2).expect("open");
         for i in 100..110 {
-            log.record(entry(i, "kv:a", "granted"), false);
+            log.record(&entry(i, "kv:a", "granted").line(), false);
         }
         let current = lines(&dir.path().join("audit.log"));
         let r1 = lines(&dir.path().join("audit.log.1"));
@@ -249,7 +280,7 @@ mod tests {
         drop(log);
 
         let log = AuditLog::open(dir.path(), one * 3, 2).expect("reopen");
-        log.record(entry(110, "kv:b", "lock_held"), true);
+        log.record(&entry(110, "kv:b", "lock_held").line(), true);
         let current = lines(&dir.path().join("audit.log"));
         assert_eq!(
             current.iter().map(|e| e.time_ms).collect::<Vec<_>>(),
@@ -285,7 +316,7 @@ mod tests {
             pending() > 0,
             "1,000,000 bytes are not a whole number of steps"
         );
-        log.record(entry(1, "kv:a", "granted"), true);
+        log.record(&entry(1, "kv:a", "granted").line(), true);
         assert_eq!(pending(), 0, "an fsynced line leaves nothing pending");
         assert_eq!(
             fs::metadata(dir.path().join("audit.log"))
@@ -302,6 +333,40 @@ mod tests {
             + 1
     }
 
+    /// Filters compare whole field values, also when they hold characters JSON escapes, and
+    /// a value that only appears inside another field does not match.
+    #[test]
+    fn tail_filters_match_whole_values_with_escaped_characters() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = AuditLog::open(dir.path(), 1 << 20, 1).expect("open");
+        let mut odd = entry(1, "kv:a", "granted");
+        odd.caller = Some("ana \"the\" admin\\".into());
+        log.record(&odd.line(), false);
+        let mut nested = entry(2, "kv:b", "granted");
+        nested.caller = Some("\"resource\":\"kv:a\"".into());
+        log.record(&nested.line(), false);
+        let mut prefix = entry(3, "kv:a:more", "granted");
+        prefix.caller = Some("ana \"the\" admin\\ and more".into());
+        log.record(&prefix.line(), false);
+
+        let by = |resource: Option<&str>, caller: Option<&str>| {
+            let f = AuditFilter {
+                resource: resource.map(str::to_string),
+                caller: caller.map(str::to_string),
+                ..Default::default()
+            };
+            log.tail(&f, 10)
+                .into_iter()
+                .map(|e| e.time_ms)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(by(None, Some("ana \"the\" admin\\")), [1]);
+        assert_eq!(by(Some("kv:a"), None), [1]);
+        assert_eq!(by(Some("kv:a:more"), None), [3]);
+        assert_eq!(by(None, Some("\"resource\":\"kv:a\"")), [2]);
+        assert_eq!(log.tail(&AuditFilter::default(), 10)[0], odd);
+    }
+
     #[test]
     fn tail_filters_and_returns_the_newest_oldest_first() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -309,7 +374,7 @@ mod tests {
         for i in 0..10 {
             let res = if i % 2 == 0 { "kv:even" } else { "kv:odd" };
             log.record(
-                entry(i, res, if i < 5 { "granted" } else { "lock_held" }),
+                &entry(i, res, if i < 5 { "granted" } else { "lock_held" }).line(),
                 false,
             );
         }

@@ -2,10 +2,11 @@
 //! rate, time acquires took, fencing rejections, and the last few events. In memory only and
 //! bounded: past `CAPACITY` resources, the least recently touched tenth is dropped.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
-use crate::wire::{HotEntry, ResourceEvent};
+use crate::wire::{ErrorCode, HotEntry, ResourceEvent};
 
 const CAPACITY: usize = 10_000;
 /// Events kept per resource.
@@ -62,7 +63,68 @@ struct Stats {
     rejections: Window,
     /// Moving average of how long an acquire took to be answered, ms.
     wait_ms: Option<f64>,
-    events: VecDeque<ResourceEvent>,
+    events: VecDeque<Kept>,
+}
+
+/// Something that happened to a resource, as a caller reports it.
+#[derive(Clone, Copy, Debug)]
+pub struct Activity<'a> {
+    pub at_ms: u64,
+    /// `acquire`, `renew`, `release`, `force_release`, `handoff`, `expire` or `fence`.
+    pub kind: &'a str,
+    pub fencing_token: Option<u64>,
+    /// `granted`, `lock_held`, `admitted`, `stale`, ...
+    pub outcome: &'a str,
+}
+
+/// An event as the table keeps it: its words are nearly always from a small vocabulary, kept
+/// as static text, so recording one allocates nothing.
+#[derive(Debug)]
+struct Kept {
+    at_ms: u64,
+    kind: Cow<'static, str>,
+    fencing_token: Option<u64>,
+    outcome: Cow<'static, str>,
+}
+
+impl Kept {
+    fn view(&self) -> ResourceEvent {
+        ResourceEvent {
+            at_ms: self.at_ms,
+            kind: self.kind.to_string(),
+            fencing_token: self.fencing_token,
+            outcome: self.outcome.to_string(),
+        }
+    }
+}
+
+/// The static text of a known event word; a copy of any other.
+fn word(s: &str) -> Cow<'static, str> {
+    const WORDS: &[&str] = &[
+        "acquire",
+        "renew",
+        "release",
+        "cancel",
+        "force_release",
+        "handoff",
+        "expire",
+        "fence",
+        "granted",
+        "renewed",
+        "released",
+        "not_held",
+        "expired",
+        "admitted",
+        "stale",
+        "unknown",
+        "ended",
+    ];
+    WORDS
+        .iter()
+        .find(|w| **w == s)
+        .copied()
+        .or_else(|| ErrorCode::known(s))
+        .map_or_else(|| Cow::Owned(s.to_owned()), Cow::Borrowed)
 }
 
 #[derive(Default)]
@@ -73,20 +135,26 @@ pub struct HotTable {
 impl HotTable {
     fn touch<R>(&self, resource: &str, now_ms: u64, f: impl FnOnce(&mut Stats) -> R) -> R {
         let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= CAPACITY && !map.contains_key(resource) {
+        // Looked up by the borrowed name first: only a resource new to the table costs a copy
+        // of its name.
+        if let Some(s) = map.get_mut(resource) {
+            s.last_touch_ms = s.last_touch_ms.max(now_ms);
+            return f(s);
+        }
+        if map.len() >= CAPACITY {
             evict(&mut map);
         }
-        let s = map.entry(resource.to_string()).or_default();
-        s.last_touch_ms = s.last_touch_ms.max(now_ms);
+        let s = map.entry(resource.to_owned()).or_default();
+        s.last_touch_ms = now_ms;
         f(s)
     }
 
     /// Records an event; `acquire` events also count towards the acquire rate and, with
     /// `took_ms`, the wait time; `fence` events with a rejecting outcome count as rejections.
-    pub fn event(&self, resource: &str, event: ResourceEvent, took_ms: Option<u64>) {
+    pub fn event(&self, resource: &str, event: Activity<'_>, took_ms: Option<u64>) {
         let now = event.at_ms;
         self.touch(resource, now, |s| {
-            match event.kind.as_str() {
+            match event.kind {
                 "acquire" => {
                     s.acquires.add(now);
                     if let Some(ms) = took_ms {
@@ -100,14 +168,19 @@ impl HotTable {
             if s.events.len() == EVENTS {
                 s.events.pop_front();
             }
-            s.events.push_back(event);
+            s.events.push_back(Kept {
+                at_ms: event.at_ms,
+                kind: word(event.kind),
+                fencing_token: event.fencing_token,
+                outcome: word(event.outcome),
+            });
         });
     }
 
     pub fn events(&self, resource: &str) -> Vec<ResourceEvent> {
         let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         map.get(resource)
-            .map(|s| s.events.iter().cloned().collect())
+            .map(|s| s.events.iter().map(Kept::view).collect())
             .unwrap_or_default()
     }
 
@@ -158,12 +231,12 @@ fn evict(map: &mut HashMap<String, Stats>) {
 mod tests {
     use super::*;
 
-    fn ev(at_ms: u64, kind: &str, outcome: &str) -> ResourceEvent {
-        ResourceEvent {
+    fn ev<'a>(at_ms: u64, kind: &'a str, outcome: &'a str) -> Activity<'a> {
+        Activity {
             at_ms,
-            kind: kind.into(),
+            kind,
             fencing_token: Some(1),
-            outcome: outcome.into(),
+            outcome,
         }
     }
 
@@ -188,6 +261,30 @@ mod tests {
         let [rate, wait, rejected] = t.top(1_000 + 2 * WINDOW_MS + 1, 10);
         assert!(rate.is_empty() && wait.is_empty() && rejected.is_empty());
         assert_eq!(t.events("kv:fenced").len(), 2);
+    }
+
+    /// Known words are kept as static text, anything else as a copy; either reads back as
+    /// it was recorded.
+    #[test]
+    fn keeps_known_words_static_and_others_as_copies() {
+        assert!(matches!(word("granted"), Cow::Borrowed("granted")));
+        assert!(matches!(word("lock_held"), Cow::Borrowed("lock_held")));
+        assert!(matches!(word("a_newer_outcome"), Cow::Owned(_)));
+        let t = HotTable::default();
+        t.event("kv:a", ev(1, "acquire", "lock_held"), None);
+        t.event("kv:a", ev(2, "snapshot", "a_newer_outcome"), None);
+        let got: Vec<(String, String)> = t
+            .events("kv:a")
+            .into_iter()
+            .map(|e| (e.kind, e.outcome))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("acquire".into(), "lock_held".into()),
+                ("snapshot".into(), "a_newer_outcome".into())
+            ]
+        );
     }
 
     #[test]

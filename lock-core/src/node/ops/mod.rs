@@ -16,14 +16,14 @@ use std::sync::Mutex;
 
 pub use audit::{AuditFilter, AuditLog};
 pub use health::{HealthTable, Probe};
-pub use hot::HotTable;
+pub use hot::{Activity, HotTable};
 pub use series::Series;
 
 pub(super) use health::run as run_health_probes;
 pub(super) use series::run as run_sampler;
 
 use crate::machine::AdmitOutcome;
-use crate::wire::{AuditEntry, ElectionRecord, LeaseId, ResourceEvent};
+use crate::wire::{AuditLine, ElectionRecord, LeaseDigest, LeaseId};
 
 /// Elections remembered for the page.
 const ELECTIONS: usize = 50;
@@ -83,24 +83,25 @@ impl super::Node {
         let now = self.now_ms();
         self.ops.hot.event(
             call.resource,
-            ResourceEvent {
+            Activity {
                 at_ms: now,
-                kind: call.op.to_string(),
+                kind: call.op,
                 fencing_token: call.token,
-                outcome: call.outcome.to_string(),
+                outcome: call.outcome,
             },
             call.took_ms,
         );
+        let digest = call.lease.map(LeaseId::short_digest);
         self.ops.audit.record(
-            AuditEntry {
+            &AuditLine {
                 time_ms: now,
                 node_id: self.id,
-                op: call.op.to_string(),
-                resource: Some(call.resource.to_string()),
-                lease_digest: call.lease.map(LeaseId::digest),
+                op: call.op,
+                resource: Some(call.resource),
+                lease_digest: digest.as_ref().map(LeaseDigest::as_str),
                 token: call.token,
-                caller: call.caller,
-                outcome: call.outcome.to_string(),
+                caller: call.caller.as_deref(),
+                outcome: call.outcome,
                 detail: None,
             },
             false,
@@ -121,26 +122,27 @@ impl super::Node {
         if let Some(resource) = resource {
             self.ops.hot.event(
                 resource,
-                ResourceEvent {
+                Activity {
                     at_ms: now,
-                    kind: op.to_string(),
+                    kind: op,
                     fencing_token: token,
-                    outcome: outcome.to_string(),
+                    outcome,
                 },
                 None,
             );
         }
+        let caller = format!("operator:{operator}");
         self.ops.audit.record(
-            AuditEntry {
+            &AuditLine {
                 time_ms: now,
                 node_id: self.id,
-                op: op.to_string(),
-                resource: resource.map(str::to_string),
+                op,
+                resource,
                 lease_digest: None,
                 token,
-                caller: Some(format!("operator:{operator}")),
-                outcome: outcome.to_string(),
-                detail,
+                caller: Some(&caller),
+                outcome,
+                detail: detail.as_deref(),
             },
             true,
         );
@@ -152,16 +154,16 @@ impl super::Node {
     /// prefix.
     pub fn record_denial(&self, reason: &str, caller: Option<String>, detail: String) {
         self.ops.audit.record(
-            AuditEntry {
+            &AuditLine {
                 time_ms: self.now_ms(),
                 node_id: self.id,
-                op: "denied".to_string(),
+                op: "denied",
                 resource: None,
                 lease_digest: None,
                 token: None,
-                caller,
-                outcome: reason.to_string(),
-                detail: Some(detail),
+                caller: caller.as_deref(),
+                outcome: reason,
+                detail: Some(&detail),
             },
             false,
         );
@@ -177,11 +179,11 @@ impl super::Node {
         };
         self.ops.hot.event(
             resource,
-            ResourceEvent {
+            Activity {
                 at_ms: self.now_ms(),
-                kind: "fence".to_string(),
+                kind: "fence",
                 fencing_token: Some(token),
-                outcome: outcome.to_string(),
+                outcome,
             },
             None,
         );
