@@ -257,9 +257,11 @@ fn note_effects(ops: &OpsState, now_ms: u64, effects: &[Effect]) {
     }
 }
 
-/// Counts leader changes and measures how long the node was without a leader.
+/// Counts leader changes and measures how long the node was without a leader. Watches raft's
+/// server metrics, which change with the vote, role, leader or membership only: the full
+/// metrics change with every step of every write, and this task has nothing to do then.
 async fn watch_leader(node: Arc<Node>) {
-    let mut rx = node.raft.metrics();
+    let mut rx = node.raft.server_metrics();
     let mut last_leader = rx.borrow().current_leader;
     let mut leaderless_since: Option<Instant> = last_leader.is_none().then(Instant::now);
     while rx.changed().await.is_ok() {
@@ -281,7 +283,7 @@ async fn watch_leader(node: Arc<Node>) {
                     at_ms: node.now_ms(),
                     duration_ms: took.map_or(0, |t| t.as_millis() as u64),
                     leader_id: l,
-                    term: rx.borrow().current_term,
+                    term: rx.borrow().vote.leader_id().get_term(),
                 });
                 tracing::info!(node = node.id, leader = l, "leader changed");
             }
