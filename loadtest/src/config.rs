@@ -370,6 +370,19 @@ pub fn check_loopback(url: &str) -> anyhow::Result<String> {
     Ok(url.trim_end_matches('/').to_string())
 }
 
+/// The flags of `run` as parsed from `args` (tests of what they resolve to).
+#[cfg(test)]
+pub fn run_args(args: &[&str]) -> RunArgs {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+    <Cli as clap::Parser>::try_parse_from(std::iter::once("run").chain(args.iter().copied()))
+        .expect("valid flags")
+        .run
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,16 +396,7 @@ mod tests {
     }
 
     fn workload(args: &[&str]) -> Workload {
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            run: RunArgs,
-        }
-        let cli = <Cli as clap::Parser>::try_parse_from(
-            std::iter::once("run").chain(args.iter().copied()),
-        )
-        .expect("valid flags");
-        Workload::resolve(&cli.run).expect("valid workload")
+        Workload::resolve(&run_args(args)).expect("valid workload")
     }
 
     #[test]

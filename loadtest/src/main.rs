@@ -61,7 +61,8 @@ enum Cmd {
         #[command(flatten)]
         args: RunArgs,
     },
-    /// Run the same scenario against fencegate, then etcd, and print both side by side.
+    /// Run the same scenario against fencegate, then etcd, and print both side by side (the
+    /// closed loop, `--scenario cycles`, runs each of its lines on both in turn).
     Compare {
         #[command(flatten)]
         args: RunArgs,

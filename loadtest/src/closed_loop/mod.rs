@@ -10,7 +10,9 @@
 //! 30 s) and its release; on etcd a lease grant, a lock with that lease, an unlock and a
 //! lease revoke. A *renewal* renews the client's one held lease: fencegate `/renew`, etcd one
 //! request and response on the lease's `LeaseKeepAlive` stream. `compare --scenario cycles`
-//! runs fencegate's three nodes and then etcd's three members, each started fresh.
+//! starts fencegate's three nodes and etcd's three members, each fresh, and runs every line on
+//! both back to back, taking turns at going first: a machine whose speed drifts over minutes
+//! then moves both sides of a ratio alike.
 //!
 //! Acquires wait for a busy resource (up to `--wait-timeout-ms`, default 1 s) on both
 //! systems, as etcd's lock always does: two clients drawing the same resource queue rather
@@ -99,6 +101,14 @@ impl Config {
         self.clients.len() * self.loops.len()
     }
 
+    /// The lines in the order they run: each client count through every loop.
+    fn line_specs(&self) -> Vec<(Loop, usize)> {
+        self.clients
+            .iter()
+            .flat_map(|&clients| self.loops.iter().map(move |&what| (what, clients)))
+            .collect()
+    }
+
     fn client_opts(&self) -> ClientOpts {
         ClientOpts {
             // One connection per client on every node: a client never waits for another.
@@ -120,7 +130,12 @@ impl Config {
 /// `run --scenario cycles`: one system.
 pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<()> {
     let cfg = Config::resolve(args)?;
-    let s = run_system(args, &cfg, system).await?;
+    let http = status_client()?;
+    let mut bench = Bench::start(args, &cfg, system, &http).await?;
+    for (what, clients) in cfg.line_specs() {
+        bench.line(&cfg, what, clients).await;
+    }
+    let s = bench.finish(&cfg, &http).await;
     s.print();
     if let Some(dir) = &args.out {
         s.write_out(dir)?;
@@ -132,7 +147,8 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `compare --scenario cycles`: fencegate, then etcd, each started fresh.
+/// `compare --scenario cycles`: fencegate and etcd, each started fresh, every line on both
+/// back to back, taking turns at going first.
 pub async fn compare(args: &RunArgs) -> anyhow::Result<()> {
     let cfg = Config::resolve(args)?;
     let mut fg_args = args.clone();
@@ -141,9 +157,27 @@ pub async fn compare(args: &RunArgs) -> anyhow::Result<()> {
         fg_args.data_dir = Some(d.join("fencegate"));
         etcd_args.data_dir = Some(d.join("etcd"));
     }
-    let fg = run_system(&fg_args, &cfg, System::Fencegate).await?;
+    let http = status_client()?;
+    let mut fg = Bench::start(&fg_args, &cfg, System::Fencegate, &http).await?;
+    let mut et = match Bench::start(&etcd_args, &cfg, System::Etcd, &http).await {
+        Ok(b) => b,
+        Err(e) => {
+            fg.sut.stop();
+            return Err(e);
+        }
+    };
+    for (n, (what, clients)) in cfg.line_specs().into_iter().enumerate() {
+        let (first, second) = if n % 2 == 0 {
+            (&mut fg, &mut et)
+        } else {
+            (&mut et, &mut fg)
+        };
+        first.line(&cfg, what, clients).await;
+        second.line(&cfg, what, clients).await;
+    }
+    let fg = fg.finish(&cfg, &http).await;
     fg.print();
-    let et = run_system(&etcd_args, &cfg, System::Etcd).await?;
+    let et = et.finish(&cfg, &http).await;
     et.print();
     let rows = report::compare_rows(&fg, &et);
     report::print_compare(&rows, &fg, &et);
@@ -157,73 +191,124 @@ pub async fn compare(args: &RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every line against one freshly started system, then its memory, then stop it.
-async fn run_system(
-    args: &RunArgs,
-    cfg: &Config,
-    system: System,
-) -> anyhow::Result<ClosedLoopSummary> {
-    let machine = Machine::read();
-    let http = reqwest::Client::builder()
+/// The client the harness asks a system's status with (not the load's own connections).
+fn status_client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
         .timeout(Duration::from_secs(2))
-        .build()?;
-    eprintln!("{system}: closed loop, {} lines", cfg.lines());
-    let sut = SystemUnderTest::start(args, system, false, &http).await?;
-    let backend = Arc::new(sut.client(&cfg.client_opts(), &http, &sut.bases).await?);
-    let shared = Shared {
-        backend: backend.clone(),
-        check: Arc::new(Check::new(cfg.resources, system == System::Fencegate)),
-        // Request ids must not repeat a previous run's against the same (--target) cluster.
-        run_id: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64),
-    };
-    let mut lines = Vec::new();
-    let mut warnings = Vec::new();
-    for &clients in &cfg.clients {
-        for &what in &cfg.loops {
-            let (l, w) = run_line(cfg, &sut, &shared, what, clients, lines.len()).await;
-            eprintln!(
-                "  {system} {} × {clients}: {:.0}/s, p99 {:.2} ms, {} errors",
-                what.name(),
-                l.per_s,
-                l.p99_ms,
-                l.errors
-            );
-            warnings.extend(w);
-            lines.push(l);
-        }
-    }
-    let rss = sut
-        .pids
-        .snapshot()
-        .into_iter()
-        .filter_map(|(i, pid)| {
-            let (rss_mib, peak_mib) = rss_mib(pid)?;
-            Some((format!("node{}", i + 1), Rss { rss_mib, peak_mib }))
+        .build()?)
+}
+
+/// One freshly started system through a closed-loop run: its lines, then its memory, then
+/// stop it.
+struct Bench {
+    system: System,
+    /// The machine as it was when the system started (its load average then).
+    machine: Machine,
+    sut: SystemUnderTest,
+    shared: Shared,
+    lines: Vec<LineReport>,
+    warnings: Vec<String>,
+}
+
+impl Bench {
+    async fn start(
+        args: &RunArgs,
+        cfg: &Config,
+        system: System,
+        http: &reqwest::Client,
+    ) -> anyhow::Result<Self> {
+        let machine = Machine::read();
+        eprintln!("{system}: closed loop, {} lines", cfg.lines());
+        let sut = SystemUnderTest::start(args, system, false, http).await?;
+        let backend = match sut.client(&cfg.client_opts(), http, &sut.bases).await {
+            Ok(b) => Arc::new(b),
+            Err(e) => {
+                sut.stop();
+                return Err(e);
+            }
+        };
+        let shared = Shared {
+            backend,
+            check: Arc::new(Check::new(cfg.resources, system == System::Fencegate)),
+            // Request ids must not repeat a previous run's against the same (--target) cluster.
+            run_id: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+        };
+        Ok(Bench {
+            system,
+            machine,
+            sut,
+            shared,
+            lines: Vec::new(),
+            warnings: Vec::new(),
         })
-        .collect();
-    let checks = shared.check.report();
-    let server_token_consistent = sut
-        .last_token(&http)
-        .await
-        .map(|t| t >= checks.invariants.max_token);
-    let summary = ClosedLoopSummary {
-        system: system.to_string(),
-        scenario: "cycles",
-        cluster: sut.desc.clone(),
-        machine,
-        config: cfg.clone(),
-        lines,
-        rss,
-        checks,
-        server_token_consistent,
-        node_failures: sut.crashed(),
-        warnings,
-    };
-    drop((backend, shared));
-    sut.stop();
-    Ok(summary)
+    }
+
+    /// The next line: `clients` clients running `what`.
+    async fn line(&mut self, cfg: &Config, what: Loop, clients: usize) {
+        let (l, w) = run_line(
+            cfg,
+            &self.sut,
+            &self.shared,
+            what,
+            clients,
+            self.lines.len(),
+        )
+        .await;
+        eprintln!(
+            "  {} {} × {clients}: {:.0}/s, p99 {:.2} ms, {} errors",
+            self.system,
+            what.name(),
+            l.per_s,
+            l.p99_ms,
+            l.errors
+        );
+        self.warnings.extend(w);
+        self.lines.push(l);
+    }
+
+    /// The summary of the lines run, with the system's memory now; stops the system.
+    async fn finish(self, cfg: &Config, http: &reqwest::Client) -> ClosedLoopSummary {
+        let Bench {
+            system,
+            machine,
+            sut,
+            shared,
+            lines,
+            warnings,
+        } = self;
+        let rss = sut
+            .pids
+            .snapshot()
+            .into_iter()
+            .filter_map(|(i, pid)| {
+                let (rss_mib, peak_mib) = rss_mib(pid)?;
+                Some((format!("node{}", i + 1), Rss { rss_mib, peak_mib }))
+            })
+            .collect();
+        let checks = shared.check.report();
+        let server_token_consistent = sut
+            .last_token(http)
+            .await
+            .map(|t| t >= checks.invariants.max_token);
+        let summary = ClosedLoopSummary {
+            system: system.to_string(),
+            scenario: "cycles",
+            cluster: sut.desc.clone(),
+            machine,
+            config: cfg.clone(),
+            lines,
+            rss,
+            checks,
+            server_token_consistent,
+            node_failures: sut.crashed(),
+            warnings,
+        };
+        drop(shared);
+        sut.stop();
+        summary
+    }
 }
 
 /// What every line of one system shares.
@@ -293,4 +378,32 @@ async fn run_line(
         _ => None,
     };
     (l, warnings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(args: &[&str]) -> Config {
+        Config::resolve(&crate::config::run_args(args)).expect("valid closed loop")
+    }
+
+    #[test]
+    fn lines_run_each_client_count_through_every_loop() {
+        let c = config(&["--clients", "1,16,64", "--loops", "cycle,renew"]);
+        assert_eq!(
+            c.line_specs(),
+            vec![
+                (Loop::Cycle, 1),
+                (Loop::Renew, 1),
+                (Loop::Cycle, 16),
+                (Loop::Renew, 16),
+                (Loop::Cycle, 64),
+                (Loop::Renew, 64),
+            ]
+        );
+        assert_eq!(c.line_specs().len(), c.lines());
+        let one = config(&["--clients", "8", "--loops", "renew"]);
+        assert_eq!(one.line_specs(), vec![(Loop::Renew, 8)]);
+    }
 }
