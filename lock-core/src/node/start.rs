@@ -283,7 +283,9 @@ async fn watch_leader(node: Arc<Node>) {
                     at_ms: node.now_ms(),
                     duration_ms: took.map_or(0, |t| t.as_millis() as u64),
                     leader_id: l,
-                    term: rx.borrow().vote.leader_id().get_term(),
+                    // The full metrics' term: the server metrics carry the persisted vote,
+                    // which can still be the previous term's in the report naming the leader.
+                    term: node.raft.metrics().borrow().current_term,
                 });
                 tracing::info!(node = node.id, leader = l, "leader changed");
             }
