@@ -9,6 +9,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
+use openraft::error::RaftError;
+use openraft::raft::{VoteRequest, VoteResponse};
 use serde::Serialize;
 
 use super::ApiError;
@@ -51,20 +53,46 @@ pub async fn append(State(node): State<Arc<Node>>, headers: HeaderMap, body: Byt
     if let Err(e) = admit(&node, &headers) {
         return e.into_response();
     }
-    match codec::decode(&body) {
-        Ok(rpc) => reply(&node.raft.append_entries(rpc).await),
-        Err(e) => bad_body(e),
+    let rpc = match codec::decode(&body) {
+        Ok(rpc) => rpc,
+        Err(e) => return bad_body(e),
+    };
+    let held = node.vote_hold.is_held();
+    if held {
+        node.vote_hold.heard(&rpc);
     }
+    let answer = node.raft.append_entries(rpc).await;
+    if held {
+        caught_up(&node);
+    }
+    reply(&answer)
+}
+
+/// Lets a node that holds back its vote (it started empty) vote again once its log reached
+/// a commit index a leader sent it.
+fn caught_up(node: &Node) {
+    let last_log = node.raft.metrics().borrow().last_log_index;
+    node.vote_hold.caught_up(last_log);
 }
 
 pub async fn vote(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes) -> Response {
     if let Err(e) = admit(&node, &headers) {
         return e.into_response();
     }
-    match codec::decode(&body) {
-        Ok(rpc) => reply(&node.raft.vote(rpc).await),
-        Err(e) => bad_body(e),
+    let rpc: VoteRequest<u64> = match codec::decode(&body) {
+        Ok(rpc) => rpc,
+        Err(e) => return bad_body(e),
+    };
+    let founder = node.config.initial_members.keys().next().copied();
+    if founder.is_some_and(|f| node.vote_hold.refuses(&rpc, f)) {
+        let refused: Result<VoteResponse<u64>, RaftError<u64>> = Ok(VoteResponse {
+            vote: node.raft.metrics().borrow().vote,
+            vote_granted: false,
+            last_log_id: node.raft.data_metrics().borrow().last_log,
+        });
+        return reply(&refused);
     }
+    reply(&node.raft.vote(rpc).await)
 }
 
 /// One chunk of a snapshot; openraft assembles the chunks and installs the snapshot when the
@@ -74,7 +102,13 @@ pub async fn snapshot(State(node): State<Arc<Node>>, headers: HeaderMap, body: B
         return e.into_response();
     }
     match codec::decode_snapshot_chunk(&body) {
-        Ok(rpc) => reply(&node.raft.install_snapshot(rpc).await),
+        Ok(rpc) => {
+            let answer = node.raft.install_snapshot(rpc).await;
+            if node.vote_hold.is_held() {
+                caught_up(&node);
+            }
+            reply(&answer)
+        }
         Err(e) => bad_body(e),
     }
 }

@@ -49,6 +49,8 @@ pub struct Metrics {
     pub last_token: IntGauge,
     pub term: IntGauge,
     pub is_leader: IntGauge,
+    /// 1 while this node, started with an empty data directory, votes in no election.
+    pub vote_held: IntGauge,
     pub last_applied: IntGauge,
     /// Idempotency records this node forgot after their tombstone window (their keys are new
     /// again).
@@ -146,6 +148,11 @@ impl Metrics {
             last_token: gauge("last_fencing_token", "Highest fencing token issued"),
             term: gauge("raft_term", "Current raft term"),
             is_leader: gauge("raft_is_leader", "1 if this node is the leader"),
+            vote_held: gauge(
+                "raft_vote_held",
+                "1 while this node, started with an empty data directory, votes in no \
+                 election until it has caught up with a leader",
+            ),
             last_applied: gauge("raft_last_applied", "Index of the last applied log entry"),
             idem_forgotten: counter(
                 "idempotency_records_forgotten_total",
@@ -196,6 +203,7 @@ impl Metrics {
         register(Box::new(m.last_token.clone()));
         register(Box::new(m.term.clone()));
         register(Box::new(m.is_leader.clone()));
+        register(Box::new(m.vote_held.clone()));
         register(Box::new(m.last_applied.clone()));
         register(Box::new(m.idem_forgotten.clone()));
         register(Box::new(m.idem_resolutions.clone()));

@@ -21,6 +21,7 @@ mod revocations;
 mod snapshots;
 mod start;
 mod sweeper;
+mod vote_hold;
 mod waits;
 
 use std::sync::Arc;
@@ -70,6 +71,8 @@ pub struct Node {
     pub ops: Arc<ops::OpsState>,
     /// Each tenant's lock-call rate on this node (with authentication on).
     pub tenant_rates: TenantRates,
+    /// Whether this node, started with an empty data directory, still holds back its vote.
+    pub vote_hold: vote_hold::VoteHold,
 }
 
 impl Node {

@@ -9,6 +9,7 @@ use openraft::Config as RaftConfig;
 use tokio::task::JoinHandle;
 
 use super::ops::{self, Activity, AuditLog, OpsState};
+use super::vote_hold::VoteHold;
 use super::waits::{WaitOutcome, WaitRegistry};
 use super::{Clock, Metrics, Node, NodeConfig, NodeError, Revocation, Revocations};
 use crate::machine::Effect;
@@ -111,6 +112,11 @@ pub async fn start(
     )
     .await
     .map_err(|e| NodeError::Raft(e.to_string()))?;
+    let empty = {
+        let m = raft.metrics().borrow().clone();
+        m.vote.leader_id.term == 0 && m.last_log_index.is_none() && m.snapshot.is_none()
+    };
+    let vote_hold = VoteHold::open(&config.data_dir, empty, metrics.vote_held.clone())?;
 
     let (writes, write_queue) = super::batcher::queue(
         config.max_queued_writes,
@@ -135,6 +141,7 @@ pub async fn start(
         reads,
         ops,
         tenant_rates: Default::default(),
+        vote_hold,
     });
 
     maybe_initialize(&node).await?;
@@ -288,6 +295,9 @@ async fn watch_leader(node: Arc<Node>) {
                     term: node.raft.metrics().borrow().current_term,
                 });
                 tracing::info!(node = node.id, leader = l, "leader changed");
+                if l == node.id {
+                    node.vote_hold.release("elected leader");
+                }
             }
         }
         last_leader = leader;

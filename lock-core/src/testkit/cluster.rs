@@ -119,6 +119,20 @@ impl TestCluster {
             cluster.nodes.insert(id, Some(h));
         }
         cluster.wait_leader(Duration::from_secs(10)).await;
+        // The members of a brand-new cluster start empty, so each holds back its vote until
+        // it heard the leader's first commit: only then does losing a member leave a quorum
+        // that can elect. Tests that kill the leader at once need that moment behind them.
+        eventually(
+            Duration::from_secs(10),
+            "every member of the new cluster votes",
+            async || {
+                cluster
+                    .running()
+                    .iter()
+                    .all(|id| !cluster.node(*id).node.vote_hold.is_held())
+            },
+        )
+        .await;
         cluster
     }
 

@@ -8,6 +8,7 @@
 mod clock;
 mod failover;
 mod leader_kill;
+mod lost_data;
 mod partition;
 mod restart;
 

@@ -1,0 +1,76 @@
+//! A member that lost its data directory and starts again under its id must not help elect a
+//! node that lacks entries it had acknowledged: it holds back its vote until it caught up.
+
+use std::time::Duration;
+
+use lock_core::testkit::{phase, TestCluster};
+
+use super::EVENT;
+
+/// Elections a node missing entries would need to win without the vote hold: the window in
+/// which the old behaviour lost acknowledged grants.
+const ELECTIONS: Duration = Duration::from_secs(3);
+
+/// Acknowledged grants survive a member losing its data: grants committed by the leader and
+/// one follower (the third node cut off) stay when that follower's data directory is lost,
+/// the leader crashes, and the cut-off node and the emptied follower are the only ones up.
+/// The emptied follower refuses to vote for the cut-off node, so no leader is elected without
+/// the grants; once the old leader returns, every grant is there with its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_lost_its_data_elects_no_leader_missing_its_entries() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.wait_leader(EVENT).await;
+    let followers = c.followers(leader);
+    let (emptied, cut_off) = (followers[0], followers[1]);
+
+    phase("cut one follower off; grants commit on the leader and the other follower");
+    let (s, v) = c.acquire(leader, "shared", "shared", 300_000).await;
+    assert_eq!(s, 200, "{v}");
+    c.wait_caught_up(cut_off, EVENT).await;
+    c.isolate(cut_off);
+    let mut grants = Vec::new();
+    for i in 0..20 {
+        let (s, v) = c
+            .acquire(leader, &format!("kept:{i}"), &format!("kept-{i}"), 300_000)
+            .await;
+        assert_eq!(s, 200, "{v}");
+        grants.push(v);
+    }
+
+    phase("the follower loses its data directory, the leader crashes");
+    c.crash(emptied).await;
+    std::fs::remove_dir_all(c.data_root().join(format!("node{emptied}")))
+        .expect("remove the follower's data directory");
+    c.crash(leader).await;
+
+    phase("the cut-off node and the emptied follower run alone: no leader");
+    c.restart(emptied).await;
+    c.heal();
+    assert_eq!(c.cluster_status(emptied).await.locks.resources, 0);
+    tokio::time::sleep(ELECTIONS).await;
+    for id in [cut_off, emptied] {
+        let status = c.cluster_status(id).await;
+        assert_eq!(
+            status.leader_id, None,
+            "node {id} sees a leader elected without the acknowledged grants: {status:?}"
+        );
+    }
+
+    phase("the old leader returns: every grant is there");
+    c.restart(leader).await;
+    let now_leader = c.wait_leader(EVENT).await;
+    for id in [leader, cut_off, emptied] {
+        c.wait_caught_up(id, EVENT).await;
+    }
+    for grant in &grants {
+        let resource = grant["resource"].as_str().expect("resource");
+        let (status, lock) = c.get(now_leader, &format!("/v1/locks/{resource}")).await;
+        assert_eq!(status, 200, "{lock}");
+        assert_eq!(lock["held"], true, "{resource} lost: {lock}");
+        assert_eq!(lock["fencing_token"], grant["fencing_token"], "{lock}");
+    }
+    let held = c.node(emptied).node.metrics.vote_held.get();
+    assert_eq!(held, 0, "the emptied follower votes again once caught up");
+
+    c.shutdown().await;
+}
