@@ -186,6 +186,10 @@ pub struct RunArgs {
     pub leader_only: bool,
 
     // ---- scenarios -------------------------------------------------------------------------
+    /// replica-down: delete the stopped follower's data directory before it is restarted after
+    /// the run, as after a replaced disk: it rejoins from nothing, by the leader's snapshot.
+    #[arg(long)]
+    pub lose_data: bool,
     /// leader-kill: seconds into the measured run when the leader is killed (default: 1/3).
     #[arg(long)]
     pub fault_at_s: Option<u64>,

@@ -41,6 +41,10 @@ fn fencegate_bin() -> PathBuf {
 }
 
 fn run_profile(scenario: &str) -> Value {
+    run_profile_with(scenario, &[])
+}
+
+fn run_profile_with(scenario: &str, extra: &[&str]) -> Value {
     let bin = fencegate_bin();
     let out = tempfile::tempdir().expect("temp dir");
     let started = Instant::now();
@@ -49,6 +53,7 @@ fn run_profile(scenario: &str) -> Value {
         .arg(out.path())
         .arg("--fencegate-bin")
         .arg(&bin)
+        .args(extra)
         .output()
         .expect("run fencegate-loadtest");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -101,6 +106,28 @@ fn smoke_profile_grants_leases_and_loses_none() {
     assert_eq!(n(&s, &["invariants", "non_monotonic_tokens"]), 0, "{s:#}");
     assert_eq!(n(&s, &["invariants", "lost_leases"]), 0, "{s:#}");
     assert_eq!(s["server_token_consistent"], Value::Bool(true), "{s:#}");
+    assert!(
+        s["node_failures"].as_array().is_some_and(Vec::is_empty),
+        "{s:#}"
+    );
+}
+
+/// The follower stopped for the whole run comes back with its data directory deleted (a
+/// replaced disk) and catches up from nothing; the run lost no lease.
+#[test]
+fn a_follower_that_lost_its_data_catches_up_after_the_run() {
+    let s = run_profile_with("replica-down", &["--lose-data"]);
+    let c = &s["catch_up"];
+    assert_eq!(
+        c["data_lost"],
+        Value::Bool(true),
+        "no catch-up report: {s:#}"
+    );
+    assert!(n(&s, &["catch_up", "target_index"]) > 0, "{c:#}");
+    assert!(n(&s, &["catch_up", "resources_on_leader"]) > 0, "{c:#}");
+    assert!(n(&s, &["ops", "acquire", "ok"]) > 0);
+    assert_eq!(n(&s, &["invariants", "lost_leases"]), 0, "{s:#}");
+    assert_eq!(n(&s, &["invariants", "duplicate_tokens"]), 0, "{s:#}");
     assert!(
         s["node_failures"].as_array().is_some_and(Vec::is_empty),
         "{s:#}"

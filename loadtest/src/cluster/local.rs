@@ -291,6 +291,15 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// Deletes a stopped node's data directory, as a replaced disk would: it starts empty next.
+    pub fn lose_data(&mut self, id: u64) -> anyhow::Result<()> {
+        if self.node(id)?.child.is_some() {
+            bail!("node {id} is running; stop it before deleting its data");
+        }
+        let dir = self.dir.join(format!("node{id}"));
+        std::fs::remove_dir_all(&dir).with_context(|| format!("delete {}", dir.display()))
+    }
+
     /// Restarts a stopped node with the same config and data dir (a running one is left be).
     pub fn restart(&mut self, id: u64) -> anyhow::Result<()> {
         if self.node(id)?.child.is_some() {

@@ -79,6 +79,9 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     if scenario == Scenario::Cycles {
         bail!(CLOSED_LOOP);
     }
+    if args.lose_data && (scenario != Scenario::ReplicaDown || system != System::Fencegate) {
+        bail!("--lose-data applies to fencegate's replica-down scenario only");
+    }
     let mut w = Workload::resolve(args)?;
     if scenario == Scenario::Compaction {
         compaction::size_run(&mut w, args);
@@ -137,14 +140,19 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     let node_failures = sut.crashed();
     let catch_up = match stopped {
         Some(idx) if sut.local.is_some() => {
-            match replica_down::restart_and_catch_up(&sut, &http, idx).await {
+            match replica_down::restart_and_catch_up(&sut, &http, idx, args.lose_data).await {
                 Ok(c) => {
                     let rss = c.rss_mib.map_or(String::new(), |(now, peak)| {
                         format!(", RSS {now:.0} MiB (peak {peak:.0})")
                     });
+                    let empty = if c.data_lost {
+                        " with its data directory deleted"
+                    } else {
+                        ""
+                    };
                     eprintln!(
-                        "node {} restarted: answering after {:.2} s, caught up with index {} \
-                         ({} resources, {} dedup records) after {:.2} s{rss}",
+                        "node {} restarted{empty}: answering after {:.2} s, caught up with index \
+                         {} ({} resources, {} dedup records) after {:.2} s{rss}",
                         c.node_id,
                         c.start_s,
                         c.target_index,

@@ -59,15 +59,19 @@ pub struct CatchUp {
     /// The restarted node's RSS in MiB once caught up, and its peak since the restart (the
     /// snapshot install included), if /proc could be read.
     pub rss_mib: Option<(f64, f64)>,
+    /// Whether its data directory was deleted before the restart (`--lose-data`).
+    pub data_lost: bool,
 }
 
-/// Restarts the follower `stop_one` stopped (fencegate only) and measures how long it takes to
-/// reach the leader's last applied index of that moment: with the log purged behind several
-/// snapshots during the run, that is a snapshot install plus the log after it.
+/// Restarts the follower `stop_one` stopped (fencegate only), with its data directory deleted
+/// first if `lose_data`, and measures how long it takes to reach the leader's last applied
+/// index of that moment: with the log purged behind several snapshots during the run, that is
+/// a snapshot install plus the log after it.
 pub async fn restart_and_catch_up(
     sut: &SystemUnderTest,
     http: &reqwest::Client,
     idx: usize,
+    lose_data: bool,
 ) -> anyhow::Result<CatchUp> {
     let Some(cluster) = &sut.local else {
         bail!("catch-up is measured on clusters the harness starts");
@@ -81,11 +85,15 @@ pub async fn restart_and_catch_up(
         (st.locks.resources, st.locks.dedup_records);
     let node_id = idx as u64 + 1;
     debug_assert_ne!(node_id, leader);
-    let started = Instant::now();
-    cluster
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .restart(node_id)?;
+    let started = {
+        let mut cluster = cluster.lock().unwrap_or_else(|e| e.into_inner());
+        if lose_data {
+            cluster.lose_data(node_id)?;
+        }
+        let started = Instant::now();
+        cluster.restart(node_id)?;
+        started
+    };
     let mut start_s = None;
     let deadline = started + Duration::from_secs(120);
     while Instant::now() < deadline {
@@ -106,6 +114,7 @@ pub async fn restart_and_catch_up(
                     dedup_records_on_leader,
                     start_s: start_s.unwrap_or_default(),
                     caught_up_s: started.elapsed().as_secs_f64(),
+                    data_lost: lose_data,
                 });
             }
         }
