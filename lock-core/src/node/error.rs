@@ -8,7 +8,9 @@ use crate::store;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum NodeError {
-    #[error("storage: {0}")]
+    // Transparent: a storage error says what it is about, and printed with its causes (as
+    // `fencegate node` prints a failed start) a prefix carrying it again repeated it.
+    #[error(transparent)]
     Storage(#[from] store::StoreError),
     #[error("raft: {0}")]
     Raft(String),

@@ -330,6 +330,37 @@ fn migrate_fjall_log(db: &Db, dir: &Path, purged: Option<u64>) -> Result<(), Sto
     Ok(())
 }
 
+/// Refuses a log that ends below its committed id. The committed id is written only after
+/// the entries up to it were synced, so such a log lost files after the fact (deleted by hand,
+/// a damaged disk); a node that went on with it would vote and serve as if it still held
+/// entries it acknowledged.
+fn missing_committed_entries(
+    wal: &Mutex<Wal>,
+    purged: Option<LogId<u64>>,
+    committed: Option<LogId<u64>>,
+    dir: &Path,
+) -> Result<(), StoreError> {
+    let Some(committed) = committed else {
+        return Ok(());
+    };
+    let last = lock(wal).last().max(purged.map(|p| p.index));
+    if last.is_some_and(|last| last >= committed.index) {
+        return Ok(());
+    }
+    let after = last.map_or(0, |l| l + 1);
+    Err(StoreError::Corrupt {
+        what: "raft log",
+        detail: format!(
+            "entries {after} to {} are missing from {}, although this node saw them \
+             committed; it must not vote or serve without them. If this data directory was \
+             damaged, delete all of it and start the node again: it rejoins from the leader's \
+             snapshot",
+            committed.index,
+            dir.join(LOG_DIR).display()
+        ),
+    })
+}
+
 impl LogStore {
     pub(crate) fn open(db: Arc<Db>, dir: &Path) -> Result<Self, StoreError> {
         let purged = read_meta::<LogId<u64>>(&db, PURGED_KEY, "purged log id")?;
@@ -344,6 +375,7 @@ impl LogStore {
         // Stored as `Option<LogId>`, so a saved `None` reads back as `None` too.
         let committed =
             read_meta::<Option<LogId<u64>>>(&db, COMMITTED_KEY, "committed log id")?.flatten();
+        missing_committed_entries(&wal, purged, committed, dir)?;
         let sync_seconds = SyncTimer::default();
         Ok(LogStore {
             flusher: spawn_flusher(db.clone(), wal.clone(), sync_seconds.clone()),

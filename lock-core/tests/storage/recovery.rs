@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use lock_core::machine::{Acquire, Command, Effect, LeaseId, Proposal, Response};
 use lock_core::raft::{NodeInfo, SnapshotStream, TypeConfig};
 use lock_core::store::{self, EffectSink, LogStore, StateMachineStore};
@@ -355,5 +355,31 @@ async fn installed_snapshot_survives_reopen() -> Result<()> {
         .await?
         .context("installed snapshot kept")?;
     ensure!(current.meta == snap.meta);
+    Ok(())
+}
+
+/// A log whose files lost entries this node saw committed (its `raft-log` directory deleted by
+/// hand, a damaged disk) is refused at open with a message that says what is missing and what
+/// to do, instead of a node that would vote as if it still held them.
+#[tokio::test]
+async fn a_log_missing_committed_entries_is_refused_at_open() -> Result<()> {
+    let dir = TempDir::new()?;
+    phase("append 1..=10, commit up to 8");
+    {
+        let (mut log, _sm, _) = open(dir.path())?;
+        log.blocking_append(blanks(1, 1..=10)).await?;
+        log.save_committed(Some(log_id(1, 8))).await?;
+    }
+
+    phase("delete the log's files: the store refuses to open");
+    std::fs::remove_dir_all(dir.path().join("raft-log"))?;
+    let refused = match open(dir.path()) {
+        Ok(_) => bail!("a log without its committed entries opened"),
+        Err(e) => format!("{e:#}"),
+    };
+    ensure!(
+        refused.contains("entries 0 to 8 are missing") && refused.contains("delete all of it"),
+        "{refused}"
+    );
     Ok(())
 }
