@@ -118,8 +118,7 @@ pub async fn run(args: QuotaArgs) -> anyhow::Result<()> {
         }),
         fault_injection: false,
     };
-    let cluster = LocalCluster::start(bin, None, spec)?;
-    cluster.wait_ready(Duration::from_secs(60)).await?;
+    let (cluster, _) = LocalCluster::start_ready(bin, None, spec, Duration::from_secs(60)).await?;
     let proxies = cluster.proxy_urls();
     if proxies.len() < 3 {
         bail!("the quota scenario needs three proxies");

@@ -188,10 +188,12 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     if let Some(p) = spec.proxies.as_mut() {
         p.quota = quota_setup;
     }
-    let cluster = LocalCluster::start(bin.clone(), data_dir, spec)?;
-    eprintln!("chaos: cluster starting in {}", cluster.dir.display());
-    let leader = cluster.wait_ready(Duration::from_secs(60)).await?;
-    eprintln!("chaos: cluster ready, leader {leader}");
+    let (cluster, leader) =
+        LocalCluster::start_ready(bin.clone(), data_dir, spec, Duration::from_secs(60)).await?;
+    eprintln!(
+        "chaos: cluster ready in {}, leader {leader}",
+        cluster.dir.display()
+    );
 
     let hist = Arc::new(History::new(
         args.out

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Child;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use lock_core::wire::{ClusterStatus, FaultRule, FaultSnapshot};
@@ -400,6 +400,64 @@ impl LocalCluster {
     }
 
     /// Waits until every node answers, all agree on one leader and say they are ready.
+    /// Starts a cluster and waits until it is ready; returns it and its leader. Its ports were
+    /// found free by binding port 0 and released for the nodes to bind, so another process
+    /// can take one in between (test runs side by side do). A node that cannot bind its port
+    /// exits at once; the cluster is then started again on fresh ports, three times at most.
+    pub async fn start_ready(
+        bin: PathBuf,
+        dir: Option<PathBuf>,
+        spec: ClusterSpec,
+        timeout: Duration,
+    ) -> anyhow::Result<(Self, u64)> {
+        const ATTEMPTS: u32 = 3;
+        for attempt in 1..=ATTEMPTS {
+            let mut cluster = Self::start(bin.clone(), dir.clone(), spec)?;
+            let deadline = Instant::now() + timeout;
+            let mut port_taken = false;
+            while Instant::now() < deadline && !port_taken {
+                if let Some(leader) = status::ready_leader(&cluster.http, &cluster.api_urls()).await
+                {
+                    return Ok((cluster, leader));
+                }
+                port_taken = cluster.port_taken();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            if !port_taken || attempt == ATTEMPTS {
+                return cluster
+                    .wait_ready(Duration::ZERO)
+                    .await
+                    .map(|l| (cluster, l));
+            }
+            eprintln!(
+                "a node's port was taken by another process before it could bind it; starting \
+                 the cluster again on fresh ports"
+            );
+            cluster.stop_all();
+            for n in &cluster.nodes {
+                let data = cluster.dir.join(format!("node{}", n.id));
+                match std::fs::remove_dir_all(&data) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    done => done.with_context(|| format!("delete {}", data.display()))?,
+                }
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+
+    /// Whether a node exited because its port was in use (its log says so).
+    fn port_taken(&mut self) -> bool {
+        self.nodes.iter_mut().any(|n| {
+            let exited = n
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            exited
+                && std::fs::read_to_string(&n.log)
+                    .is_ok_and(|log| log.contains("Address already in use"))
+        })
+    }
+
     pub async fn wait_ready(&self, timeout: Duration) -> anyhow::Result<u64> {
         status::wait_ready(&self.http, &self.api_urls(), timeout)
             .await

@@ -69,10 +69,8 @@ pub async fn wait_ready(
 ) -> anyhow::Result<u64> {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Some(leader) = agreed_leader(http, bases).await {
-            if all_ready(http, bases).await {
-                return Ok(leader);
-            }
+        if let Some(leader) = ready_leader(http, bases).await {
+            return Ok(leader);
         }
         if Instant::now() > deadline {
             bail!("cluster at {bases:?} not ready (no agreed leader) within {timeout:?}");
@@ -82,6 +80,12 @@ pub async fn wait_ready(
 }
 
 /// The leader every node names, if all answer and agree.
+/// The leader, if every node answers, they agree on it, and each says it is ready.
+pub async fn ready_leader(http: &reqwest::Client, bases: &[String]) -> Option<u64> {
+    let leader = agreed_leader(http, bases).await?;
+    all_ready(http, bases).await.then_some(leader)
+}
+
 async fn agreed_leader(http: &reqwest::Client, bases: &[String]) -> Option<u64> {
     let st = fetch_all(http, bases).await;
     if st.len() != bases.len() {

@@ -82,8 +82,13 @@ impl SystemUnderTest {
             proxies: with_proxies.then_some(ProxySpec::LOAD),
             fault_injection: false,
         };
-        let c = LocalCluster::start(bin.clone(), args.data_dir.clone(), spec)?;
-        c.wait_ready(Duration::from_secs(30)).await?;
+        let (c, _) = LocalCluster::start_ready(
+            bin.clone(),
+            args.data_dir.clone(),
+            spec,
+            Duration::from_secs(30),
+        )
+        .await?;
         let desc = format!("local 3 nodes ({})", bin.display());
         let mut sut = Self::new(System::Fencegate, c.api_urls(), c.proxy_urls(), desc);
         sut.pids.replace(c.pids());

@@ -68,11 +68,13 @@ pub async fn append(State(node): State<Arc<Node>>, headers: HeaderMap, body: Byt
     reply(&answer)
 }
 
-/// Lets a node that holds back its vote (it started empty) vote again once its log reached
-/// a commit index a leader sent it.
+/// Lets a node that holds back its vote (it started empty) vote and campaign again once its
+/// log reached a commit index a leader sent it; until then a leader has reached it, so it
+/// does not campaign either (see `VoteHold`).
 fn caught_up(node: &Node) {
     let last_log = node.raft.metrics().borrow().last_log_index;
     node.vote_hold.caught_up(last_log);
+    node.raft.runtime_config().elect(!node.vote_hold.is_held());
 }
 
 pub async fn vote(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes) -> Response {

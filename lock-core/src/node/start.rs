@@ -117,6 +117,13 @@ pub async fn start(
         m.vote.leader_id.term == 0 && m.last_log_index.is_none() && m.snapshot.is_none()
     };
     let vote_hold = VoteHold::open(&config.data_dir, empty, metrics.vote_held.clone())?;
+    // A held node does not campaign either: elected on a partial log with the vote of a node
+    // that lacks the same entries, it would lose them just the same. The founding member is
+    // the exception until a leader reaches it: a brand-new cluster's first leader is it.
+    let founder = config.initial_members.keys().next() == Some(&config.id);
+    if vote_hold.is_held() && !founder {
+        raft.runtime_config().elect(false);
+    }
 
     let (writes, write_queue) = super::batcher::queue(
         config.max_queued_writes,
@@ -297,6 +304,7 @@ async fn watch_leader(node: Arc<Node>) {
                 tracing::info!(node = node.id, leader = l, "leader changed");
                 if l == node.id {
                     node.vote_hold.release("elected leader");
+                    node.raft.runtime_config().elect(true);
                 }
             }
         }

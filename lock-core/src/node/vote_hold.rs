@@ -4,9 +4,11 @@
 //! Raft counts a vote only from a node that still has every entry it acknowledged. A member
 //! whose data directory was lost (a replaced disk, a wiped volume) and that starts again under
 //! its id has forgotten entries it helped commit; voting at once, it could elect a node that
-//! lacks them, and acknowledged lock grants would vanish. So a node that finds its storage
-//! empty at start writes a marker file (`catching-up`) and, while it is there, refuses every
-//! vote request except the founding member's first campaign of a brand-new cluster. It drops
+//! lacks them, and acknowledged lock grants would vanish; campaigning on a partial log, it
+//! could be elected by such a node just the same. So a node that finds its storage empty at
+//! start writes a marker file (`catching-up`) and, while it is there, refuses every vote
+//! request except the founding member's first campaign of a brand-new cluster, and does not
+//! campaign (the founding member only once a leader has reached it). It drops
 //! the marker once its log reaches an index that a leader had committed in that leader's own
 //! term: by the leader's completeness, every entry committed before the data was lost is at or
 //! below such an index. A node elected leader itself drops it too (a majority found its log
