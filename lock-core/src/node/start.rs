@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::Config as RaftConfig;
 use tokio::task::JoinHandle;
 
@@ -90,7 +91,13 @@ pub async fn start(
             note_effects(&ops, super::clock::unix_ms(), effects);
         })
     };
-    let (log_store, mut sm_store) = store::open(&config.data_dir, sink)?;
+    let (mut log_store, mut sm_store) = store::open(&config.data_dir, sink)?;
+    // Read from the storage itself: raft's metrics start out empty and are filled in only
+    // once its core has loaded the storage, so right after start they describe every node
+    // as new.
+    let empty = storage_is_empty(&mut log_store, &mut sm_store)
+        .await
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
     log_store.observe_sync_with(metrics.log_sync_seconds.clone());
     sm_store.observe_apply_with(metrics.apply_seconds.clone());
     sm_store.observe_idem_forgotten_with(metrics.idem_forgotten.clone());
@@ -112,10 +119,6 @@ pub async fn start(
     )
     .await
     .map_err(|e| NodeError::Raft(e.to_string()))?;
-    let empty = {
-        let m = raft.metrics().borrow().clone();
-        m.vote.leader_id.term == 0 && m.last_log_index.is_none() && m.snapshot.is_none()
-    };
     let vote_hold = VoteHold::open(&config.data_dir, empty, metrics.vote_held.clone())?;
     // A held node does not campaign either: elected on a partial log with the vote of a node
     // that lacks the same entries, it would lose them just the same. The founding member is
@@ -164,6 +167,20 @@ pub async fn start(
         tokio::spawn(ops::run_sampler(node.clone())),
     ];
     Ok(RunningNode { node, tasks })
+}
+
+/// Whether the node's storage holds nothing at all: no vote, no log entry (kept or purged),
+/// nothing applied.
+async fn storage_is_empty(
+    log: &mut store::LogStore,
+    sm: &mut store::StateMachineStore,
+) -> Result<bool, openraft::StorageError<u64>> {
+    let state = log.get_log_state().await?;
+    let (applied, _) = sm.applied_state().await?;
+    Ok(log.read_vote().await?.is_none()
+        && state.last_log_id.is_none()
+        && state.last_purged_log_id.is_none()
+        && applied.is_none())
 }
 
 /// The founding member with the lowest id initialises a brand-new cluster. Everyone else

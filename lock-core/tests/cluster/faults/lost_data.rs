@@ -132,3 +132,24 @@ async fn a_member_still_catching_up_does_not_stand_for_election() {
 
     c.shutdown().await;
 }
+
+/// Only an empty data directory holds a vote back: members restarted with their data vote and
+/// campaign at once, every one of them (the leader included), so losing the leader right after
+/// a restart of the others still leaves a quorum that elects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_restarted_with_their_data_vote_at_once() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.wait_leader(EVENT).await;
+    let (s, v) = c.acquire(leader, "kept", "kept", 300_000).await;
+    assert_eq!(s, 200, "{v}");
+    for id in c.followers(leader) {
+        c.wait_caught_up(id, EVENT).await;
+        c.crash(id).await;
+        c.restart(id).await;
+        assert_eq!(c.node(id).node.metrics.vote_held.get(), 0, "node {id}");
+    }
+    c.crash(leader).await;
+    let elected = c.wait_leader(EVENT).await;
+    assert_ne!(elected, leader);
+    c.shutdown().await;
+}
