@@ -291,13 +291,17 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// Deletes a stopped node's data directory, as a replaced disk would: it starts empty next.
+    /// Deletes a stopped node's data directory (if it has one yet), as a replaced disk
+    /// would: it starts empty next.
     pub fn lose_data(&mut self, id: u64) -> anyhow::Result<()> {
         if self.node(id)?.child.is_some() {
             bail!("node {id} is running; stop it before deleting its data");
         }
         let dir = self.dir.join(format!("node{id}"));
-        std::fs::remove_dir_all(&dir).with_context(|| format!("delete {}", dir.display()))
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            done => done.with_context(|| format!("delete {}", dir.display())),
+        }
     }
 
     /// Restarts a stopped node with the same config and data dir (a running one is left be).
@@ -399,7 +403,6 @@ impl LocalCluster {
         status::leader(&self.statuses().await)
     }
 
-    /// Waits until every node answers, all agree on one leader and say they are ready.
     /// Starts a cluster and waits until it is ready; returns it and its leader. Its ports were
     /// found free by binding port 0 and released for the nodes to bind, so another process
     /// can take one in between (test runs side by side do). A node that cannot bind its port
@@ -434,12 +437,8 @@ impl LocalCluster {
                  the cluster again on fresh ports"
             );
             cluster.stop_all();
-            for n in &cluster.nodes {
-                let data = cluster.dir.join(format!("node{}", n.id));
-                match std::fs::remove_dir_all(&data) {
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    done => done.with_context(|| format!("delete {}", data.display()))?,
-                }
+            for id in 1..=LOCAL_NODES as u64 {
+                cluster.lose_data(id)?;
             }
         }
         unreachable!("the last attempt returns")
@@ -458,6 +457,7 @@ impl LocalCluster {
         })
     }
 
+    /// Waits until every node answers, all agree on one leader and say they are ready.
     pub async fn wait_ready(&self, timeout: Duration) -> anyhow::Result<u64> {
         status::wait_ready(&self.http, &self.api_urls(), timeout)
             .await

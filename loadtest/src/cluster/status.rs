@@ -79,13 +79,13 @@ pub async fn wait_ready(
     }
 }
 
-/// The leader every node names, if all answer and agree.
 /// The leader, if every node answers, they agree on it, and each says it is ready.
 pub async fn ready_leader(http: &reqwest::Client, bases: &[String]) -> Option<u64> {
     let leader = agreed_leader(http, bases).await?;
     all_ready(http, bases).await.then_some(leader)
 }
 
+/// The leader every node names, if all answer and agree.
 async fn agreed_leader(http: &reqwest::Client, bases: &[String]) -> Option<u64> {
     let st = fetch_all(http, bases).await;
     if st.len() != bases.len() {

@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use openraft::error::RaftError;
-use openraft::raft::{VoteRequest, VoteResponse};
+use openraft::raft::{AppendEntriesResponse, VoteRequest, VoteResponse};
 use serde::Serialize;
 
 use super::ApiError;
@@ -57,22 +57,27 @@ pub async fn append(State(node): State<Arc<Node>>, headers: HeaderMap, body: Byt
         Ok(rpc) => rpc,
         Err(e) => return bad_body(e),
     };
-    let held = node.vote_hold.is_held();
-    if held {
-        node.vote_hold.heard(&rpc);
+    if !node.vote_hold.is_held() {
+        return reply(&node.raft.append_entries(rpc).await);
     }
+    node.vote_hold.heard(&rpc);
+    let sent = rpc.entries.last().map(|e| e.log_id).or(rpc.prev_log_id);
     let answer = node.raft.append_entries(rpc).await;
-    if held {
-        caught_up(&node);
-    }
+    // What the answer says the log now matches, read from it rather than from raft's
+    // metrics, which may not show it yet when the leader that sent it is gone next.
+    let matched = match &answer {
+        Ok(AppendEntriesResponse::Success) => sent,
+        Ok(AppendEntriesResponse::PartialSuccess(matching)) => *matching,
+        _ => None,
+    };
+    caught_up(&node, matched.map(|l| l.index));
     reply(&answer)
 }
 
 /// Lets a node that holds back its vote (it started empty) vote and campaign again once its
-/// log reached a commit index a leader sent it; until then a leader has reached it, so it
-/// does not campaign either (see `VoteHold`).
-fn caught_up(node: &Node) {
-    let last_log = node.raft.metrics().borrow().last_log_index;
+/// log (up to `last_log`) reached a commit index a leader sent it; until then a leader has
+/// reached it, so it does not campaign either (see `VoteHold`).
+fn caught_up(node: &Node, last_log: Option<u64>) {
     node.vote_hold.caught_up(last_log);
     node.raft.runtime_config().elect(!node.vote_hold.is_held());
 }
@@ -85,8 +90,11 @@ pub async fn vote(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes
         Ok(rpc) => rpc,
         Err(e) => return bad_body(e),
     };
-    let founder = node.config.initial_members.keys().next().copied();
-    if founder.is_some_and(|f| node.vote_hold.refuses(&rpc, f)) {
+    if node
+        .config
+        .founder()
+        .is_some_and(|f| node.vote_hold.refuses(&rpc, f))
+    {
         let refused: Result<VoteResponse<u64>, RaftError<u64>> = Ok(VoteResponse {
             vote: node.raft.metrics().borrow().vote,
             vote_granted: false,
@@ -107,7 +115,8 @@ pub async fn snapshot(State(node): State<Arc<Node>>, headers: HeaderMap, body: B
         Ok(rpc) => {
             let answer = node.raft.install_snapshot(rpc).await;
             if node.vote_hold.is_held() {
-                caught_up(&node);
+                let last_log = node.raft.metrics().borrow().last_log_index;
+                caught_up(&node, last_log);
             }
             reply(&answer)
         }

@@ -186,6 +186,12 @@ impl NodeConfig {
         })
     }
 
+    /// The founding member: the lowest id of the initial members, the one that initialises a
+    /// brand-new cluster and stands in its first election.
+    pub fn founder(&self) -> Option<u64> {
+        self.initial_members.keys().next().copied()
+    }
+
     /// A node with the default policy.
     pub fn new(
         id: u64,

@@ -123,8 +123,7 @@ pub async fn start(
     // A held node does not campaign either: elected on a partial log with the vote of a node
     // that lacks the same entries, it would lose them just the same. The founding member is
     // the exception until a leader reaches it: a brand-new cluster's first leader is it.
-    let founder = config.initial_members.keys().next() == Some(&config.id);
-    if vote_hold.is_held() && !founder {
+    if vote_hold.is_held() && config.founder() != Some(config.id) {
         raft.runtime_config().elect(false);
     }
 
@@ -186,8 +185,7 @@ async fn storage_is_empty(
 /// The founding member with the lowest id initialises a brand-new cluster. Everyone else
 /// (and every restart) finds the membership in its log.
 async fn maybe_initialize(node: &Arc<Node>) -> Result<(), NodeError> {
-    let members = &node.config.initial_members;
-    if members.keys().next() != Some(&node.id) {
+    if node.config.founder() != Some(node.id) {
         return Ok(());
     }
     let initialized = node
@@ -198,7 +196,9 @@ async fn maybe_initialize(node: &Arc<Node>) -> Result<(), NodeError> {
     if initialized {
         return Ok(());
     }
-    let nodes: BTreeMap<u64, NodeInfo> = members
+    let nodes: BTreeMap<u64, NodeInfo> = node
+        .config
+        .initial_members
         .iter()
         .map(|(id, addrs)| {
             let info = if *id == node.id {

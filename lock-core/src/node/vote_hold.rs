@@ -47,11 +47,12 @@ impl VoteHold {
     /// returning) or if an earlier start left the marker in `data_dir`.
     pub fn open(data_dir: &Path, empty: bool, gauge: IntGauge) -> io::Result<VoteHold> {
         let marker = data_dir.join(MARKER);
-        if empty && !marker.exists() {
+        let held = marker.exists();
+        if empty && !held {
             File::create(&marker)?.sync_all()?;
             File::open(data_dir)?.sync_all()?;
         }
-        let held = marker.exists();
+        let held = held || empty;
         if held {
             // Every member of a brand-new cluster says so once; anywhere else it marks a
             // member that lost its data.
