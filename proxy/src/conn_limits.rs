@@ -29,7 +29,7 @@ use pingora::protocols::{
 };
 use pingora::proxy::Session;
 use pingora::server::ShutdownWatch;
-use prometheus::{IntCounterVec, Opts, Registry};
+use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
@@ -72,6 +72,8 @@ pub struct Connections {
     open: AtomicUsize,
     /// Connections closed by a limit, by `reason` (`max_connections`, `header_timeout`).
     closed: IntCounterVec,
+    /// `open`, as a metric.
+    open_gauge: IntGauge,
 }
 
 impl Connections {
@@ -85,12 +87,19 @@ impl Connections {
             &["reason"],
         )
         .unwrap_or_else(|e| panic!("metric: {e}"));
+        let open_gauge = IntGauge::new(
+            "proxy_connections_open",
+            "Client connections open on the proxy's listener",
+        )
+        .unwrap_or_else(|e| panic!("metric: {e}"));
         // Registering twice (a second proxy in one process) is harmless: keep the first.
         let _ = registry.register(Box::new(closed.clone()));
+        let _ = registry.register(Box::new(open_gauge.clone()));
         Arc::new(Connections {
             limits,
             open: AtomicUsize::new(0),
             closed,
+            open_gauge,
         })
     }
 
@@ -106,6 +115,7 @@ impl Connections {
             self.closed.with_label_values(&["max_connections"]).inc();
             return None;
         }
+        self.open_gauge.inc();
         Some(Slot(self.clone()))
     }
 
@@ -120,6 +130,7 @@ struct Slot(Arc<Connections>);
 impl Drop for Slot {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.0.open_gauge.dec();
     }
 }
 
@@ -430,7 +441,10 @@ mod tests {
         let a = conns.slot().expect("first");
         let _b = conns.slot().expect("second");
         assert!(conns.slot().is_none(), "a third connection beyond the cap");
+        assert_eq!(conns.open_gauge.get(), 2, "the refused one is not counted");
         drop(a);
+        assert_eq!(conns.open_gauge.get(), 1);
         assert!(conns.slot().is_some(), "a freed slot is free again");
+        assert_eq!(conns.open_gauge.get(), 1, "the new slot, dropped at once");
     }
 }

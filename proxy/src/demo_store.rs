@@ -147,7 +147,7 @@ pub async fn serve(
         .with_state(Shared::default());
     let limits = limits();
     let app = lock_core::api::listen::limit_bodies(app, &limits);
-    lock_core::api::listen::serve(listener, app, &limits, None, shutdown).await
+    lock_core::api::listen::serve(listener, app, &limits, None, None, shutdown).await
 }
 
 /// The demo store's listener limits: the public API's, with room for larger values, and idle

@@ -304,6 +304,17 @@ async fn proxy_listener_caps_its_connections() {
             "a connection within the cap was closed"
         );
     }
+    phase("the open ones are counted");
+    common::eventually(WAIT, "two connections open", async || {
+        let (_, metrics) = h.cluster.get(1, "/metrics").await;
+        let open = metrics.as_str().unwrap_or_default().lines().find_map(|l| {
+            l.strip_prefix("fencegate_proxy_connections_open")
+                .and_then(|rest| rest.rsplit(' ').next())
+                .map(str::to_owned)
+        });
+        open.as_deref() == Some("2")
+    })
+    .await;
 
     phase("once a connection closes, a new one is served");
     drop(conns.pop());

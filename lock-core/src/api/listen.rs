@@ -26,6 +26,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use prometheus::IntGauge;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
@@ -119,15 +120,16 @@ pub fn tls_acceptor(files: &TlsFiles) -> io::Result<TlsAcceptor> {
 /// with `tls`) until `shutdown` completes; then stops accepting and lets the connections in
 /// flight finish their calls. Body limits are the router's (see [`limit_bodies`] and
 /// [`with_whole_body`]), so that a gate in front of them (the peer port's authentication) can
-/// refuse a request before its body is read.
+/// refuse a request before its body is read. `open`, when given, counts the connections open.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: &HttpLimits,
     tls: Option<TlsAcceptor>,
+    open: Option<IntGauge>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
-    serve_inner(listener, router, limits, tls, None, shutdown).await
+    serve_inner(listener, router, limits, tls, None, open, shutdown).await
 }
 
 /// The peer port: [`serve`] for HTTP callers, and framed connections (told apart by their
@@ -137,6 +139,7 @@ pub async fn serve_peer_port(
     router: Router,
     framed: FramedPeers,
     limits: &HttpLimits,
+    open: Option<IntGauge>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     serve_inner(
@@ -145,6 +148,7 @@ pub async fn serve_peer_port(
         limits,
         None,
         Some(Arc::new(framed)),
+        open,
         shutdown,
     )
     .await
@@ -164,6 +168,7 @@ async fn serve_inner(
     limits: &HttpLimits,
     tls: Option<TlsAcceptor>,
     framed: Option<Arc<FramedPeers>>,
+    open: Option<IntGauge>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let header_timeout = Duration::from_millis(limits.header_timeout_ms);
@@ -208,8 +213,9 @@ async fn serve_inner(
         let tls = tls.clone();
         let framed = framed.clone();
         let mut stopped = stopped_rx.clone();
+        let counted = Counted::new(open.clone());
         tokio::spawn(async move {
-            let _slot = slot;
+            let _slot = (slot, counted);
             if let Some(framed) = framed {
                 let mut first = [0u8; 1];
                 match tokio::time::timeout(header_timeout, stream.peek(&mut first)).await {
@@ -247,6 +253,26 @@ async fn serve_inner(
     let _ = stopped_tx.send(true);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// One open connection in a gauge, from its accept until it is dropped.
+struct Counted(Option<IntGauge>);
+
+impl Counted {
+    fn new(gauge: Option<IntGauge>) -> Self {
+        if let Some(g) = &gauge {
+            g.inc();
+        }
+        Counted(gauge)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if let Some(g) = &self.0 {
+            g.dec();
+        }
+    }
 }
 
 /// One framed peer connection: each call goes to the peer routes as a POST from the node the
@@ -461,6 +487,44 @@ mod tests {
         assert!(bind("no port here").await.is_err());
     }
 
+    /// Polls `gauge` until it reads `want` (at most 5 s).
+    async fn gauge_reaches(gauge: &IntGauge, want: i64) {
+        for _ in 0..500 {
+            if gauge.get() == want {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(gauge.get(), want, "open connections");
+    }
+
+    #[tokio::test]
+    async fn open_connections_are_counted_until_they_close() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let open = IntGauge::new("open", "connections").expect("gauge");
+        let addr = spawn_server_with(false, HttpLimits::default(), Some(open.clone())).await;
+        let mut clients = Vec::new();
+        for _ in 0..3 {
+            let mut c = tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect");
+            c.write_all(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi")
+                .await
+                .expect("send");
+            let mut answer = [0u8; 12];
+            c.read_exact(&mut answer).await.expect("answer");
+            assert_eq!(&answer, b"HTTP/1.1 200");
+            clients.push(c);
+        }
+        // Kept alive after their calls: still open.
+        gauge_reaches(&open, 3).await;
+        clients.truncate(1);
+        gauge_reaches(&open, 1).await;
+        drop(clients);
+        gauge_reaches(&open, 0).await;
+    }
+
     /// A router answering POST `/echo` with its body and caller, for the transport tests.
     fn echo_router() -> Router {
         use axum::http::HeaderMap;
@@ -478,10 +542,10 @@ mod tests {
     }
 
     async fn spawn_server(framed: bool) -> String {
-        spawn_server_with(framed, HttpLimits::default()).await
+        spawn_server_with(framed, HttpLimits::default(), None).await
     }
 
-    async fn spawn_server_with(framed: bool, limits: HttpLimits) -> String {
+    async fn spawn_server_with(framed: bool, limits: HttpLimits, open: Option<IntGauge>) -> String {
         let listener = bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
         tokio::spawn(async move {
@@ -491,9 +555,9 @@ mod tests {
                     secret: secret(),
                     router: echo_router(),
                 };
-                serve_peer_port(listener, echo_router(), peers, &limits, shutdown).await
+                serve_peer_port(listener, echo_router(), peers, &limits, open, shutdown).await
             } else {
-                serve(listener, echo_router(), &limits, None, shutdown).await
+                serve(listener, echo_router(), &limits, None, open, shutdown).await
             }
         });
         addr
@@ -549,7 +613,7 @@ mod tests {
             header_timeout_ms: 100,
             ..HttpLimits::default()
         };
-        let addr = spawn_server_with(true, limits).await;
+        let addr = spawn_server_with(true, limits, None).await;
         let client = PeerClient::new(7, FaultLayer::new(), secret());
         let timeout = Duration::from_secs(5);
         for round in 0..3 {

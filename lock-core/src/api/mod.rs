@@ -42,7 +42,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let limits = node.config.limits.clone();
-    listen::serve(listener, router(node), &limits, tls, shutdown).await
+    let open = node.metrics.connections_open.with_label_values(&["api"]);
+    listen::serve(listener, router(node), &limits, tls, Some(open), shutdown).await
 }
 
 /// Serves the node-to-node calls of `node` on `listener`, to peers that prove they hold
@@ -54,6 +55,7 @@ pub async fn serve_peers(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let limits = node.config.peer_limits.clone();
+    let open = node.metrics.connections_open.with_label_values(&["peer"]);
     let framed = listen::FramedPeers {
         secret: secret.clone(),
         router: peer_routes().with_state(node.clone()),
@@ -63,6 +65,7 @@ pub async fn serve_peers(
         peer_router(node, secret),
         framed,
         &limits,
+        Some(open),
         shutdown,
     )
     .await

@@ -1,8 +1,8 @@
 //! Prometheus metrics of a node.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Latency buckets from 0.25 ms to 10 s: commits on a local disk are sub-millisecond to a few
@@ -61,6 +61,8 @@ pub struct Metrics {
     pub auth_denied: IntCounterVec,
     /// Lock calls refused by a tenant's bound, by bound (leases, waiters, rate).
     pub tenant_limited: IntCounterVec,
+    /// Connections open on the node's listeners, by listener (`api`, `peer`).
+    pub connections_open: IntGaugeVec,
 }
 
 impl Metrics {
@@ -173,6 +175,14 @@ impl Metrics {
                 "Lock calls refused by a tenant bound",
                 &["limit"],
             ),
+            connections_open: IntGaugeVec::new(
+                Opts::new(
+                    "connections_open",
+                    "Connections open on the node's listeners, by listener (api, peer)",
+                ),
+                &["listener"],
+            )
+            .unwrap_or_else(|e| panic!("metric connections_open: {e}")),
             registry,
         };
         let r = &m.registry;
@@ -209,6 +219,7 @@ impl Metrics {
         register(Box::new(m.idem_resolutions.clone()));
         register(Box::new(m.auth_denied.clone()));
         register(Box::new(m.tenant_limited.clone()));
+        register(Box::new(m.connections_open.clone()));
         m
     }
 
