@@ -114,6 +114,9 @@ pub struct LocalCluster {
 /// Nodes in a cluster the harness starts.
 pub const LOCAL_NODES: usize = 3;
 
+/// The demo store's log, in the cluster's directory.
+const DEMO_STORE_LOG: &str = "demo-store.log";
+
 impl LocalCluster {
     /// Writes the three node configs and starts the demo store (with proxies) and the nodes.
     pub fn start(bin: PathBuf, dir: Option<PathBuf>, spec: ClusterSpec) -> anyhow::Result<Self> {
@@ -164,7 +167,7 @@ impl LocalCluster {
             cluster.store_child = Some(spawn_demo_store(
                 &cluster.bin,
                 &store,
-                &dir.join("demo-store.log"),
+                &dir.join(DEMO_STORE_LOG),
             )?);
             cluster.store = Some(format!("http://{store}"));
         }
@@ -418,12 +421,17 @@ impl LocalCluster {
             let mut cluster = Self::start(bin.clone(), dir.clone(), spec)?;
             let deadline = Instant::now() + timeout;
             let mut port_taken = false;
-            while Instant::now() < deadline && !port_taken {
+            while Instant::now() < deadline {
+                // Checked first: the demo store may have lost its port to a cluster that is
+                // ready all the same.
+                port_taken = cluster.port_taken();
+                if port_taken {
+                    break;
+                }
                 if let Some(leader) = status::ready_leader(&cluster.http, &cluster.api_urls()).await
                 {
                     return Ok((cluster, leader));
                 }
-                port_taken = cluster.port_taken();
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             if !port_taken || attempt == ATTEMPTS {
@@ -444,15 +452,17 @@ impl LocalCluster {
         unreachable!("the last attempt returns")
     }
 
-    /// Whether a node exited because its port was in use (its log says so).
+    /// Whether a node or the demo store exited because its port was in use (its log says so).
     fn port_taken(&mut self) -> bool {
-        self.nodes.iter_mut().any(|n| {
-            let exited = n
-                .child
-                .as_mut()
-                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
-            exited
-                && std::fs::read_to_string(&n.log)
+        let store_log = self.dir.join(DEMO_STORE_LOG);
+        let store = self.store_child.as_mut().map(|c| (c, store_log.as_path()));
+        let nodes = self
+            .nodes
+            .iter_mut()
+            .filter_map(|n| Some((n.child.as_mut()?, n.log.as_path())));
+        store.into_iter().chain(nodes).any(|(child, log)| {
+            matches!(child.try_wait(), Ok(Some(_)))
+                && std::fs::read_to_string(log)
                     .is_ok_and(|log| log.contains("Address already in use"))
         })
     }
