@@ -180,15 +180,50 @@ fn served(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::from(cli::exit::FAILURE)
         }
     }
 }
 
+/// `e` and its causes on one line, each said once: many errors also name their cause in
+/// their own message (`data directory /x: Not a directory`), which the chain would repeat.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !line.contains(&cause) {
+            line.push_str(": ");
+            line.push_str(&cause);
+        }
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_start_names_each_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("data directory /x: {source}")]
+        struct Names {
+            #[source]
+            source: std::io::Error,
+        }
+        let not_dir = || std::io::Error::from_raw_os_error(20);
+        let e = anyhow::Error::new(Names { source: not_dir() }).context("start node 1");
+        assert_eq!(
+            one_line(&e),
+            "start node 1: data directory /x: Not a directory (os error 20)"
+        );
+        let plain = anyhow::Error::new(not_dir()).context("bind 127.0.0.1:1");
+        assert_eq!(
+            one_line(&plain),
+            "bind 127.0.0.1:1: Not a directory (os error 20)"
+        );
+    }
 
     /// Every command's help is complete: it explains itself, shows an example, and never
     /// points at documents users do not have.

@@ -16,6 +16,13 @@ pub enum NodeError {
     Raft(String),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// The data directory (or a file of the node's in it) cannot be created or written.
+    #[error("data directory {}: {source}", path.display())]
+    DataDir {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("configuration: {0}")]
     Config(String),
 }

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -72,12 +73,14 @@ pub async fn start(
     let waits = WaitRegistry::default();
     let revocations = Revocations::default();
     let metrics = Metrics::new(config.id);
-    std::fs::create_dir_all(&config.data_dir)?;
-    let audit = AuditLog::open(
-        &config.data_dir.join("audit"),
-        config.audit_max_bytes,
-        config.audit_keep,
-    )?;
+    let in_data_dir = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| NodeError::DataDir { path, source }
+    };
+    std::fs::create_dir_all(&config.data_dir).map_err(in_data_dir(&config.data_dir))?;
+    let audit_dir = config.data_dir.join("audit");
+    let audit = AuditLog::open(&audit_dir, config.audit_max_bytes, config.audit_keep)
+        .map_err(in_data_dir(&audit_dir))?;
     let ops = Arc::new(OpsState::new(audit));
 
     let sink: EffectSink = {
@@ -119,7 +122,8 @@ pub async fn start(
     )
     .await
     .map_err(|e| NodeError::Raft(e.to_string()))?;
-    let vote_hold = VoteHold::open(&config.data_dir, empty, metrics.vote_held.clone())?;
+    let vote_hold = VoteHold::open(&config.data_dir, empty, metrics.vote_held.clone())
+        .map_err(in_data_dir(&config.data_dir))?;
     // A held node does not campaign either: elected on a partial log with the vote of a node
     // that lacks the same entries, it would lose them just the same. The founding member is
     // the exception until a leader reaches it: a brand-new cluster's first leader is it.
