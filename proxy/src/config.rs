@@ -307,6 +307,7 @@ mod fuzz {
             Just("upstream"),
             Just("upstream_timeout_ms"),
             Just("protected_methods"),
+            Just("read_methods"),
             Just("idempotency"),
             Just("tenant_header"),
             Just("tenant"),

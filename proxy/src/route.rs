@@ -19,9 +19,16 @@ pub struct RouteConfig {
     pub resource: String,
     /// `host:port` of the protected store.
     pub upstream: String,
-    /// Methods that must carry a fencing token.
+    /// Methods that must carry a fencing token. Of HTTP's own methods (GET, HEAD, OPTIONS,
+    /// TRACE, POST, PUT, PATCH, DELETE) the others pass unchecked; any other method (WebDAV's
+    /// MOVE, COPY, MKCOL, PROPPATCH, LOCK, a custom one) is fenced too unless it is listed in
+    /// `read_methods`: a method the proxy does not know is taken for a write.
     #[serde(default = "default_protected")]
     pub protected_methods: Vec<String>,
+    /// Methods outside HTTP's own that only read (WebDAV's PROPFIND, REPORT, SEARCH) and pass
+    /// unchecked.
+    #[serde(default)]
+    pub read_methods: Vec<String>,
     /// Bound on how long a forwarded request may wait for the upstream's response header
     /// (and on each read/write to it). The epoch barrier's guarantee is stated in terms of it.
     #[serde(default = "default_upstream_timeout")]
@@ -67,6 +74,7 @@ impl RouteConfig {
             resource: resource.into(),
             upstream: upstream.into(),
             protected_methods: default_protected(),
+            read_methods: Vec::new(),
             upstream_timeout_ms: default_upstream_timeout(),
             idempotency: IdempotencyMode::Off,
             idempotency_options: IdempotencyOptions::default(),
@@ -83,6 +91,12 @@ fn default_protected() -> Vec<String> {
         .map(String::from)
         .to_vec()
 }
+
+/// HTTP's own request methods (RFC 9110), which `protected_methods` alone decides about.
+/// CONNECT never reaches a route.
+const HTTP_METHODS: [&str; 8] = [
+    "GET", "HEAD", "OPTIONS", "TRACE", "POST", "PUT", "PATCH", "DELETE",
+];
 
 fn default_upstream_timeout() -> u64 {
     1_000
@@ -108,6 +122,16 @@ pub enum RouteError {
         pattern: String,
         name: String,
     },
+    #[error(
+        "route '{pattern}': {method} is in both protected_methods and read_methods; \
+         a method is either fenced or not"
+    )]
+    MethodTwice { pattern: String, method: String },
+    #[error(
+        "route '{pattern}': read_methods lists {method}, one of HTTP's own methods; \
+         those pass unchecked unless protected_methods lists them"
+    )]
+    ReadMethodStandard { pattern: String, method: String },
 }
 
 /// A piece of a compiled resource template.
@@ -124,6 +148,7 @@ pub struct Route {
     pub config: RouteConfig,
     segments: Vec<Segment>,
     protected: Vec<String>,
+    reads: Vec<String>,
     /// The resource template, split once so that matching a request allocates only the
     /// resource name itself.
     template: Vec<Piece>,
@@ -183,23 +208,41 @@ impl Route {
         if !t.is_empty() {
             template.push(Piece::Text(t.to_string()));
         }
-        let protected = config
-            .protected_methods
-            .iter()
-            .map(|m| m.to_ascii_uppercase())
-            .collect();
+        let upper = |methods: &[String]| -> Vec<String> {
+            methods.iter().map(|m| m.to_ascii_uppercase()).collect()
+        };
+        let (protected, reads) = (
+            upper(&config.protected_methods),
+            upper(&config.read_methods),
+        );
+        for method in &reads {
+            let pattern = config.path.clone();
+            if HTTP_METHODS.contains(&method.as_str()) {
+                let method = method.clone();
+                return Err(RouteError::ReadMethodStandard { pattern, method });
+            }
+            if protected.contains(method) {
+                let method = method.clone();
+                return Err(RouteError::MethodTwice { pattern, method });
+            }
+        }
         Ok(Route {
             config,
             segments,
             protected,
+            reads,
             template,
         })
     }
 
+    /// Whether a request with `method` must carry a fencing token on this route.
     pub fn is_protected(&self, method: &str) -> bool {
-        self.protected
-            .iter()
-            .any(|m| m.eq_ignore_ascii_case(method))
+        let named = |list: &[String]| list.iter().any(|m| m.eq_ignore_ascii_case(method));
+        if named(&self.protected) {
+            return true;
+        }
+        let standard = HTTP_METHODS.iter().any(|m| m.eq_ignore_ascii_case(method));
+        !standard && !named(&self.reads)
     }
 
     /// The resource this path maps to, if the path matches. Every request passes here: it
@@ -398,6 +441,46 @@ mod tests {
         let r = Route::compile(route("/kv/{key}", "kv:{key}")).unwrap();
         assert!(r.is_protected("PUT") && r.is_protected("delete"));
         assert!(!r.is_protected("GET") && !r.is_protected("HEAD"));
+        assert!(!r.is_protected("OPTIONS") && !r.is_protected("TRACE"));
+    }
+
+    #[test]
+    fn a_method_outside_http_is_fenced_unless_named_a_read() {
+        let r = Route::compile(route("/kv/{key}", "kv:{key}")).unwrap();
+        for write in [
+            "MOVE",
+            "COPY",
+            "MKCOL",
+            "PROPPATCH",
+            "LOCK",
+            "propfind",
+            "FOO",
+        ] {
+            assert!(r.is_protected(write), "{write}");
+        }
+        let mut config = route("/dav/{key}", "dav:{key}");
+        config.read_methods = vec!["propfind".into(), "REPORT".into()];
+        config.protected_methods = vec![];
+        let r = Route::compile(config).unwrap();
+        assert!(!r.is_protected("PROPFIND") && !r.is_protected("report"));
+        assert!(r.is_protected("MOVE"), "still fenced: not named a read");
+        assert!(
+            !r.is_protected("PUT"),
+            "HTTP's own: as protected_methods says"
+        );
+    }
+
+    #[test]
+    fn a_read_method_must_be_neither_fenced_nor_one_of_https_own() {
+        let mut both = route("/dav/{key}", "dav:{key}");
+        both.protected_methods = vec!["PROPFIND".into()];
+        both.read_methods = vec!["propfind".into()];
+        let err = Route::compile(both).unwrap_err().to_string();
+        assert!(err.contains("PROPFIND is in both"), "{err}");
+        let mut standard = route("/dav/{key}", "dav:{key}");
+        standard.read_methods = vec!["POST".into()];
+        let err = Route::compile(standard).unwrap_err().to_string();
+        assert!(err.contains("read_methods lists POST"), "{err}");
     }
 }
 

@@ -118,6 +118,28 @@ async fn t20_bad_tokens_are_refused_and_never_forwarded() {
         );
     }
 
+    phase("methods outside HTTP's own (WebDAV's, custom ones) are taken for writes and fenced");
+    for name in ["MOVE", "COPY", "MKCOL", "PROPPATCH", "LOCK", "FROB"] {
+        let method = Method::from_bytes(name.as_bytes()).expect("a method");
+        let r = c
+            .send(1, &Write::new(method.clone(), "/kv/a", "no-token"))
+            .await;
+        assert_eq!(
+            (r.status, r.code()),
+            (428, "fencing_token_required"),
+            "{name}: {}",
+            r.body
+        );
+        let w = Write::new(method, "/kv/z", "stale").header("fence-token", a.token);
+        let r = c.send(2, &w).await;
+        assert_eq!(
+            (r.status, r.code()),
+            (412, "stale_fencing_token"),
+            "{name}: {}",
+            r.body
+        );
+    }
+
     phase("§5: a Fence-Token that is not a decimal u64 → 400 malformed_fencing_token");
     for bad in [
         "abc",
