@@ -141,8 +141,9 @@ async fn wait_in_queue(
     let result = match tokio::time::timeout(limit, ticket.outcome()).await {
         Ok(Some(WaitOutcome::Granted(g))) => Ok(g),
         Ok(Some(WaitOutcome::Removed(WaiterGone::TimedOut))) => Err(lock_held(
-            0,
-            "wait_timeout_ms passed before the lock became free; retry with a new request_id.",
+            still_held_ms(node, &cmd.resource),
+            "wait_timeout_ms passed before the lock became free; retry after retry_after_ms \
+             (the same request_id is fine: the wait is over).",
         )),
         Ok(Some(WaitOutcome::Removed(WaiterGone::Cancelled))) => Err(ApiError::new(
             ErrorCode::WaitCancelled,
@@ -158,13 +159,24 @@ async fn wait_in_queue(
             guard.disarm();
             abandon(node, cancel).await?;
             Err(lock_held(
-                0,
+                still_held_ms(node, &cmd.resource),
                 "wait_timeout_ms passed before the lock became free.",
             ))
         }
     };
     guard.disarm();
     result
+}
+
+/// How long `resource`'s current lease has left by this node's state: a waiter that timed
+/// out is told when to try again. A hint, read without a round to the leader.
+fn still_held_ms(node: &Node, resource: &str) -> u64 {
+    node.machine.read(|m| {
+        let now = m.now_ms();
+        m.view(resource, now)
+            .expires_at_ms
+            .map_or(0, |until| until.saturating_sub(now))
+    })
 }
 
 /// Withdraws a queued acquire nobody will collect. If the lock was already handed to it, the

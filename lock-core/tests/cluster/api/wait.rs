@@ -161,6 +161,13 @@ async fn waiters_that_time_out_or_disconnect_leave_the_queue() {
     assert_error(&got, 409, "lock_held", &["retry_after_ms"]);
     // It did wait (server-side timer), rather than answering like a try-once acquire.
     assert!(started.elapsed() >= Duration::from_millis(300));
+    // And says when the lease it waited behind ends, as a try-once acquire would.
+    let retry_after = got.1["retry_after_ms"].as_u64().expect("retry_after_ms");
+    assert!(
+        (20_000..=30_000).contains(&retry_after),
+        "the holder's lease has ~29.5 s left: {}",
+        got.1
+    );
     wait_waiters(&c, leader, "gone:a", 0).await;
 
     phase("a waiter whose client goes away (task aborted) is removed");
