@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use fencegate_proxy::config::ProxyConfig;
+use fencegate_proxy::demo_store::DemoStore;
 use lock_core::api::listen;
 use lock_core::net::PeerSecret;
 use lock_core::node::{AuthMode, MemberAddrs, NodeConfig};
@@ -12,6 +13,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::signal::{shutdown_signal, stopped};
+
+/// The demo store's journal, under the data directory: its keys and orders survive a restart.
+const DEMO_STORE_JOURNAL: &str = "demo-store/journal.jsonl";
 
 #[derive(clap::Args)]
 #[command(after_help = "\
@@ -60,10 +64,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let store_listener = listen::bind(&store_addr)
         .await
         .with_context(|| format!("bind demo store {store_addr}"))?;
-    let store_task = tokio::spawn(fencegate_proxy::demo_store::serve(
-        store_listener,
-        stopped(stop_rx.clone()),
-    ));
+    let journal = args.data_dir.join(DEMO_STORE_JOURNAL);
+    let store = DemoStore::open(&journal).context("open the demo store's journal")?;
+    let store_writes = store.writes();
+    let store_task = tokio::spawn(store.serve(store_listener, stopped(stop_rx.clone())));
 
     let members: BTreeMap<u64, MemberAddrs> = args
         .api_ports
@@ -167,7 +171,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     };
     println!(
         "  demo store: http://{store_addr}  (GET /kv/KEY, GET /log, POST /orders, \
-         GET /orders/by-key/KEY)"
+         GET /orders/by-key/KEY; {store_writes} writes kept in {})",
+        journal.display()
     );
     println!();
     println!("Try it: take the lock, write through the proxy with its token, release:");

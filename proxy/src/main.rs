@@ -63,6 +63,10 @@ enum Cmd {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:9000")]
         listen: String,
+        /// Keep the store's writes in this file (appended before each answer, replayed at
+        /// start); without it the store lives in memory only.
+        #[arg(long)]
+        journal: Option<std::path::PathBuf>,
     },
     /// Cluster status and membership changes.
     Cluster(cli::ClusterArgs),
@@ -129,7 +133,7 @@ async fn main() -> ExitCode {
     match args.cmd {
         Cmd::Dev(a) => served(dev::run(a).await),
         Cmd::Node(a) => served(node::run(&a.config).await),
-        Cmd::DemoStore { listen } => served(demo::run(&listen).await),
+        Cmd::DemoStore { listen, journal } => served(demo::run(&listen, journal.as_deref()).await),
         Cmd::Cluster(a) => done(cli::cluster(a).await),
         Cmd::Member(a) => done(cli::member(a).await),
         Cmd::Keys(a) => done(cli::keys(a).await),

@@ -18,7 +18,9 @@ const EVENT: Duration = Duration::from_secs(30);
 /// A running `fencegate dev`; killed when dropped.
 struct Dev {
     child: Child,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    ports: Vec<String>,
+    auth: bool,
     api: String,
     proxy: String,
     store: String,
@@ -44,6 +46,28 @@ impl Dev {
     async fn try_start(auth: bool) -> Option<Dev> {
         let dir = tempfile::tempdir().expect("tempdir");
         let ports: Vec<String> = free_ports(10).iter().map(u16::to_string).collect();
+        Dev::launch(auth, dir, ports).await
+    }
+
+    /// Stops `dev` as Ctrl-C does and starts it again on the same data directory and ports.
+    async fn restart(mut self) -> Dev {
+        let pid = self.child.id().expect("dev is running");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .expect("SIGINT");
+        let status = tokio::time::timeout(EVENT, self.child.wait())
+            .await
+            .expect("dev stopped on SIGINT")
+            .expect("wait");
+        assert!(status.success(), "dev exited with {status}");
+        Dev::launch(self.auth, self.dir, self.ports)
+            .await
+            .expect("dev started again on its ports")
+    }
+
+    async fn launch(auth: bool, dir: tempfile::TempDir, ports: Vec<String>) -> Option<Dev> {
         let stderr_path = dir.path().join("stderr.log");
         let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_fencegate"));
@@ -88,7 +112,7 @@ impl Dev {
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         let dev = Dev {
             child,
-            _dir: dir,
+            auth,
             api: format!("http://127.0.0.1:{}", ports[0]),
             proxy: format!("http://127.0.0.1:{}", ports[6]),
             store: format!("http://127.0.0.1:{}", ports[9]),
@@ -97,6 +121,8 @@ impl Dev {
                 .timeout(Duration::from_secs(10))
                 .build()
                 .expect("client"),
+            dir,
+            ports,
         };
         eventually(EVENT, "node 1 is ready", async || {
             matches!(dev.http.get(format!("{}/readyz", dev.api)).send().await, Ok(r) if r.status() == 200)
@@ -196,6 +222,76 @@ async fn dev_without_auth_is_open_and_takes_tenants_from_x_tenant() {
     if let Some(line) = status.lines().find(|l| l.starts_with("THP_enabled:")) {
         assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_on_the_same_data_dir_keeps_locks_and_the_demo_stores_data() {
+    let dev = Dev::start(false).await;
+
+    phase("a lock, a fenced write and an order");
+    let holder = json!({ "request_id": "keep-1" });
+    let (status, lease) = dev
+        .send(
+            dev.http
+                .post(format!("{}/v1/locks/kv:kept/acquire", dev.api))
+                .json(&holder),
+        )
+        .await;
+    assert_eq!(status, 200, "{lease}");
+    let token = lease["fencing_token"].as_u64().expect("token");
+    let (status, body) = dev.put(None, "kept", token, &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let order = |dev: &Dev, key: &str| {
+        dev.http
+            .post(format!("{}/orders", dev.proxy))
+            .header("idempotency-key", key.to_string())
+            .body(r#"{"item":"lamp"}"#)
+    };
+    let (status, first) = dev.send(order(&dev, "before")).await;
+    assert_eq!(status, 201, "{first}");
+    let log = dev.store_log().await;
+
+    let dev = dev.restart().await;
+
+    phase("the lock is still held, with its token, and a retry gets the same lease");
+    let (status, again) = dev
+        .send(
+            dev.http
+                .post(format!("{}/v1/locks/kv:kept/acquire", dev.api))
+                .json(&holder),
+        )
+        .await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["lease_id"], lease["lease_id"]);
+
+    phase("the store holds what it held: the key, its log and the order");
+    let value = dev
+        .http
+        .get(format!("{}/kv/kept", dev.store))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(value.text().await.expect("body"), "v");
+    assert_eq!(dev.store_log().await, log);
+    let found = dev
+        .send(
+            dev.http
+                .get(format!("{}/orders/by-key/before", dev.store))
+                .header("x-tenant", "demo"),
+        )
+        .await;
+    assert_eq!(found, (200, first.clone()));
+
+    phase("the order's retry is replayed, and a new order gets a new id");
+    let (status, replayed) = dev.send(order(&dev, "before")).await;
+    assert_eq!((status, &replayed["id"]), (201, &first["id"]), "{replayed}");
+    let (status, next) = dev.send(order(&dev, "after")).await;
+    assert_eq!(status, 201, "{next}");
+    assert_ne!(next["id"], first["id"], "{next}");
+
+    phase("a stale token is still refused");
+    let (status, body) = dev.put(None, "kept", token - 1, &[]).await;
+    assert!(status == 412, "{status} {body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
