@@ -173,7 +173,7 @@ impl Store {
 }
 
 fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     (0..hex.len())
@@ -485,6 +485,11 @@ mod tests {
         (base, stop, task)
     }
 
+    async fn store_log(http: &reqwest::Client, base: &str) -> serde_json::Value {
+        let got = http.get(format!("{base}/log")).send().await.expect("log");
+        got.json().await.expect("json")
+    }
+
     #[tokio::test]
     async fn a_journaled_store_keeps_keys_orders_and_its_log_across_a_restart() {
         let dir = tempfile::tempdir().expect("temp dir");
@@ -516,14 +521,7 @@ mod tests {
             .await
             .expect("post");
         assert_eq!(order.status(), 201);
-        let log_before: serde_json::Value = http
-            .get(format!("{base}/log"))
-            .send()
-            .await
-            .expect("log")
-            .json()
-            .await
-            .expect("json");
+        let log_before = store_log(&http, &base).await;
         drop(stop);
         task.await.expect("task").expect("served");
 
@@ -539,14 +537,7 @@ mod tests {
             binary,
             "bytes that are not UTF-8 come back unchanged"
         );
-        let log_after: serde_json::Value = http
-            .get(format!("{base}/log"))
-            .send()
-            .await
-            .expect("log")
-            .json()
-            .await
-            .expect("json");
+        let log_after = store_log(&http, &base).await;
         assert_eq!(log_after, log_before);
         let found: Order = http
             .get(format!("{base}/orders/by-key/k1"))
