@@ -8,7 +8,7 @@
 //! before they run out, asks again sooner while it holds less than the ledger's target for it,
 //! and gives everything back once the tenant has been quiet for two lease durations.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -136,6 +136,7 @@ impl QuotaLimiter {
     }
 
     fn count(&self, quota: &str, tenant: &str, outcome: &str) {
+        let tenant = self.metrics.label(tenant);
         self.metrics
             .decisions
             .with_label_values(&[quota, tenant, outcome])
@@ -210,10 +211,9 @@ impl QuotaLimiter {
                 } else {
                     0.0
                 };
-                self.metrics
-                    .utilisation
-                    .with_label_values(&[&spec.name, &tenant])
-                    .set(utilisation);
+                if let Some(g) = self.metrics.share_gauges(&spec.name, &tenant) {
+                    g.utilisation.set(utilisation);
+                }
                 st.offered = 0;
                 st.admitted = 0;
                 let quiet = now.saturating_sub(st.last_request_ms) > 2 * lease_ms;
@@ -307,7 +307,7 @@ impl QuotaLimiter {
                 if l.rate_milli < prev.rate_milli {
                     self.metrics
                         .shrinks
-                        .with_label_values(&[&spec.name, tenant])
+                        .with_label_values(&[&spec.name, self.metrics.label(tenant)])
                         .inc();
                 }
             }
@@ -334,18 +334,11 @@ impl QuotaLimiter {
             st.bucket.unsafe_refill(now);
         }
         let rate_now = st.bucket.rate_at(now);
-        self.metrics
-            .share
-            .with_label_values(&[&spec.name, tenant])
-            .set((rate_now / 1_000) as i64);
-        self.metrics
-            .target
-            .with_label_values(&[&spec.name, tenant])
-            .set((grant.target_milli / 1_000) as i64);
-        self.metrics
-            .burst
-            .with_label_values(&[&spec.name, tenant])
-            .set((st.bucket.burst_at(now) / 1_000) as i64);
+        if let Some(g) = self.metrics.share_gauges(&spec.name, tenant) {
+            g.share.set((rate_now / 1_000) as i64);
+            g.target.set((grant.target_milli / 1_000) as i64);
+            g.burst.set((st.bucket.burst_at(now) / 1_000) as i64);
+        }
         // Renew each chain half a lease before it ends.
         let renew_at = st
             .held
@@ -378,17 +371,7 @@ impl QuotaLimiter {
                 .propose(Command::QuotaReturn { lease_ids: ids })
                 .await;
         }
-        for m in [
-            &self.metrics.share,
-            &self.metrics.target,
-            &self.metrics.burst,
-        ] {
-            m.with_label_values(&[quota, tenant]).set(0);
-        }
-        self.metrics
-            .utilisation
-            .with_label_values(&[quota, tenant])
-            .set(0.0);
+        self.metrics.retire(quota, tenant);
     }
 }
 
@@ -400,8 +383,18 @@ fn allowance_of(spec: &QuotaSpec) -> u64 {
     }
 }
 
+/// Tenants the quota metrics name one by one, per proxy; the ones after are counted together
+/// as [`OTHER_TENANTS`]. Without API keys a tenant is whatever a client's header says, and every
+/// name would otherwise add series to `/metrics` for good.
+const MAX_TENANT_LABELS: usize = 256;
+
+/// The `tenant` label of the tenants beyond [`MAX_TENANT_LABELS`].
+const OTHER_TENANTS: &str = "_other";
+
 #[derive(Clone)]
 struct QuotaMetrics {
+    /// The tenants with labels of their own.
+    named: Arc<parking_lot::RwLock<HashSet<String>>>,
     decisions: IntCounterVec,
     share: IntGaugeVec,
     target: IntGaugeVec,
@@ -421,6 +414,7 @@ impl QuotaMetrics {
                 .unwrap_or_else(|e| panic!("metric: {e}"))
         };
         let m = QuotaMetrics {
+            named: Arc::default(),
             decisions: counter(
                 "proxy_quota_requests_total",
                 "Rate-limited requests by quota, tenant and outcome (admitted, rejected)",
@@ -461,5 +455,126 @@ impl QuotaMetrics {
         let _ = registry.register(Box::new(m.burst.clone()));
         let _ = registry.register(Box::new(m.utilisation.clone()));
         m
+    }
+
+    /// `tenant`'s label: its name while fewer than [`MAX_TENANT_LABELS`] tenants have one,
+    /// [`OTHER_TENANTS`] after.
+    fn label<'a>(&self, tenant: &'a str) -> &'a str {
+        if self.named.read().contains(tenant) {
+            return tenant;
+        }
+        let mut named = self.named.write();
+        if named.len() < MAX_TENANT_LABELS {
+            named.insert(tenant.to_string());
+            return tenant;
+        }
+        OTHER_TENANTS
+    }
+
+    /// The gauges of `tenant`'s share, if it has a label of its own: the tenants counted
+    /// together have no share of one tenant to show.
+    fn share_gauges(&self, quota: &str, tenant: &str) -> Option<ShareGauges> {
+        let tenant = self.label(tenant);
+        if tenant == OTHER_TENANTS {
+            return None;
+        }
+        let labels = [quota, tenant];
+        Some(ShareGauges {
+            share: self.share.with_label_values(&labels),
+            target: self.target.with_label_values(&labels),
+            burst: self.burst.with_label_values(&labels),
+            utilisation: self.utilisation.with_label_values(&labels),
+        })
+    }
+
+    /// Removes the share gauges of a tenant whose pool retired; its counters stay.
+    fn retire(&self, quota: &str, tenant: &str) {
+        if self.label(tenant) == OTHER_TENANTS {
+            return;
+        }
+        let labels = [quota, tenant];
+        let _ = self.share.remove_label_values(&labels);
+        let _ = self.target.remove_label_values(&labels);
+        let _ = self.burst.remove_label_values(&labels);
+        let _ = self.utilisation.remove_label_values(&labels);
+    }
+}
+
+/// One tenant's share gauges.
+struct ShareGauges {
+    share: prometheus::IntGauge,
+    target: prometheus::IntGauge,
+    burst: prometheus::IntGauge,
+    utilisation: prometheus::Gauge,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The series of `family` in `registry`, as `tenant` labels.
+    fn tenants(registry: &Registry, family: &str) -> Vec<String> {
+        registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == family)
+            .flat_map(|f| f.get_metric().iter())
+            .filter_map(|m| {
+                let label = m.get_label().iter().find(|l| l.name() == "tenant")?;
+                Some(label.value().to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tenants_invented_by_clients_cannot_grow_the_metrics_without_bound() {
+        let registry = Registry::new();
+        let m = QuotaMetrics::new(&registry);
+        let many = MAX_TENANT_LABELS + 500;
+        for i in 0..many {
+            let tenant = format!("t{i}");
+            let label = m.label(&tenant);
+            m.decisions
+                .with_label_values(&["q", label, "admitted"])
+                .inc();
+            if let Some(g) = m.share_gauges("q", &tenant) {
+                g.share.set(10);
+            }
+        }
+        let counted = tenants(&registry, "proxy_quota_requests_total");
+        assert_eq!(
+            counted.len(),
+            MAX_TENANT_LABELS + 1,
+            "each named tenant and _other"
+        );
+        let other = registry
+            .gather()
+            .iter()
+            .find(|f| f.name() == "proxy_quota_requests_total")
+            .and_then(|f| {
+                f.get_metric()
+                    .iter()
+                    .find(|s| s.get_label().iter().any(|l| l.value() == OTHER_TENANTS))
+            })
+            .map(|s| s.get_counter().get_value());
+        assert_eq!(other, Some(500.0), "the rest are counted together");
+        let shares = tenants(&registry, "proxy_quota_rate_share");
+        assert_eq!(shares.len(), MAX_TENANT_LABELS, "no share gauge for _other");
+        assert_eq!(m.label("t0"), "t0", "a named tenant keeps its name");
+
+        m.retire("q", "t0");
+        m.retire("q", &format!("t{}", many - 1));
+        let shares = tenants(&registry, "proxy_quota_rate_share");
+        assert_eq!(
+            shares.len(),
+            MAX_TENANT_LABELS - 1,
+            "a retired pool's gauges go"
+        );
+        assert!(!shares.contains(&"t0".to_string()));
+        assert_eq!(
+            tenants(&registry, "proxy_quota_requests_total").len(),
+            MAX_TENANT_LABELS + 1,
+            "counters stay"
+        );
     }
 }
