@@ -724,14 +724,16 @@ impl LockMachine {
 
     /// A remembered grant, with the current expiry if that lease is still the live one.
     fn current_view_of(&self, mut g: Grant) -> Grant {
-        if let Some(l) = self
+        let live = self
             .resources
             .get(g.resource.as_str())
             .and_then(|r| r.lease.as_ref())
-            .filter(|l| l.lease_id == g.lease_id)
-        {
-            g.expires_at_ms = l.expires_at_ms;
-        }
+            .filter(|l| l.lease_id == g.lease_id);
+        g.expires_at_ms = match live {
+            Some(l) => l.expires_at_ms,
+            // Released, expired or handed on: it ended by now, whatever its TTL promised.
+            None => g.expires_at_ms.min(self.now_ms),
+        };
         g
     }
 

@@ -210,14 +210,15 @@ impl Model {
         match self.dedup.get(&key) {
             Some(MDedup::Granted { grant, .. }) => {
                 let mut g = grant.clone();
-                if let Some(l) = self
+                let live = self
                     .res
                     .get(&a.resource)
                     .and_then(|r| r.lease.as_ref())
-                    .filter(|l| l.id == g.lease_id)
-                {
-                    g.expires_at_ms = l.exp;
-                }
+                    .filter(|l| l.id == g.lease_id);
+                g.expires_at_ms = match live {
+                    Some(l) => l.exp,
+                    None => g.expires_at_ms.min(self.now),
+                };
                 return Response::Granted(g);
             }
             Some(MDedup::Waiting) => {

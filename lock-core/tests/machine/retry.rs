@@ -27,10 +27,14 @@ fn retry_with_same_request_id_returns_the_original_grant() {
         (lease(1), 1, T0 + 1_000 + TTL)
     );
 
-    // After release: the original result, and the resource stays free.
+    // After release: the original lease and token, and the resource stays free. Its expiry
+    // is no later than the retry: the lease is not held any more.
     run(&mut m, T0 + 2_000, release("a", 1));
     let again = granted(run(&mut m, T0 + 2_001, try_once("a", "r1", 9)));
-    assert_eq!((again.lease_id, again.fencing_token), (lease(1), 1));
+    assert_eq!(
+        (again.lease_id, again.fencing_token, again.expires_at_ms),
+        (lease(1), 1, T0 + 2_001)
+    );
     assert_eq!(m.lease("a"), None);
     assert_eq!(m.last_token(), 1);
 
