@@ -175,6 +175,14 @@ async fn t20_contract_replay_mismatch_missing_malformed_tenants() {
         );
     }
 
+    phase("two Idempotency-Key headers: 400, nothing forwarded");
+    let two = post_order(&h, 1, Some("k-a"), "{}", &[("idempotency-key", "k-b")]).await;
+    assert_eq!(
+        (two.status, two.code()),
+        (400, "invalid_idempotency_key"),
+        "{two:?}"
+    );
+
     phase("first request: 201 from the store, not marked as a replay");
     let first = post_order(&h, 1, Some("k-1"), r#"{"a":1,"b":2}"#, &[]).await;
     assert_eq!((first.status, first.replayed), (201, false), "{first:?}");

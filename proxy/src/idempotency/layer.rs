@@ -148,6 +148,15 @@ impl IdempotencyLayer {
                 respond_error(session, ErrorCode::IdempotencyKeyRequired, msg, None).await?;
                 return Ok(Handled::Responded);
             }
+            // Two keys make the request's identity ambiguous; an intermediary that merged or
+            // split them would dedupe on another one than the client meant.
+            Some(_) if req.headers.get_all("idempotency-key").iter().count() > 1 => {
+                self.count("invalid_key");
+                let msg = "The request carries more than one Idempotency-Key header; send exactly \
+                           one.";
+                respond_error(session, ErrorCode::InvalidIdempotencyKey, msg, None).await?;
+                return Ok(Handled::Responded);
+            }
             Some(v) => match parse_key(v.as_bytes()) {
                 Ok(k) => k,
                 Err(e) => {
