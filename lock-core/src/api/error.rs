@@ -27,6 +27,18 @@ impl ApiError {
         Self::new(ErrorCode::InvalidRequest, message)
     }
 
+    /// A query string that did not parse: axum's reason without its "Failed to
+    /// deserialize" preamble, and what the call takes.
+    pub fn bad_query(rejection: &axum::extract::rejection::QueryRejection, takes: &str) -> Self {
+        let text = rejection.body_text();
+        let reason = text
+            .strip_prefix("Failed to deserialize query string: ")
+            .unwrap_or(&text);
+        Self::invalid(format!(
+            "Bad query string: {reason}. This call takes {takes}."
+        ))
+    }
+
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::NotFound, message)
     }

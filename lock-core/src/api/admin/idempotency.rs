@@ -32,6 +32,7 @@ const MAX_PAGE: usize = 100;
 const MAX_PART: usize = 1_024;
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct UnknownQuery {
     limit: Option<usize>,
     /// The `next` of the previous page.
@@ -47,7 +48,12 @@ pub async fn unknown(
     q: Result<Query<UnknownQuery>, QueryRejection>,
 ) -> Result<Json<IdemUnknownPage>, ApiError> {
     require_admin(&node, &headers)?;
-    let Query(q) = q.map_err(|e| ApiError::invalid(format!("Bad query: {e}.")))?;
+    let Query(q) = q.map_err(|e| {
+        ApiError::bad_query(
+            &e,
+            &format!("limit (1–{MAX_PAGE}) and after (a page's next)"),
+        )
+    })?;
     let limit = q.limit.unwrap_or(50);
     if limit == 0 || limit > MAX_PAGE {
         return Err(ApiError::invalid(format!("limit must be 1–{MAX_PAGE}.")));

@@ -30,9 +30,9 @@ fn bounded(limit: Option<usize>, default: usize) -> Result<usize, ApiError> {
     Ok(limit)
 }
 
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+fn query<T>(q: Result<Query<T>, QueryRejection>, takes: &str) -> Result<T, ApiError> {
     q.map(|Query(q)| q)
-        .map_err(|e| ApiError::invalid(format!("Bad query: {e}.")))
+        .map_err(|e| ApiError::bad_query(&e, takes))
 }
 
 /// `GET /v1/admin/overview`.
@@ -166,6 +166,7 @@ pub async fn resource(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LimitQuery {
     limit: Option<usize>,
 }
@@ -175,7 +176,7 @@ pub async fn hot(
     State(node): State<Arc<Node>>,
     q: Result<Query<LimitQuery>, QueryRejection>,
 ) -> Result<Json<HotResources>, ApiError> {
-    let limit = bounded(query(q)?.limit, 10)?;
+    let limit = bounded(query(q, "limit (1–1000)")?.limit, 10)?;
     let [by_acquire_rate, by_wait_ms, by_fence_rejections] = node.ops.hot.top(node.now_ms(), limit);
     let by_queue_depth = node
         .machine
@@ -195,6 +196,7 @@ pub async fn hot(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SeriesQuery {
     #[serde(default)]
     since: u64,
@@ -205,7 +207,7 @@ pub async fn series(
     State(node): State<Arc<Node>>,
     q: Result<Query<SeriesQuery>, QueryRejection>,
 ) -> Result<Json<MetricsSeries>, ApiError> {
-    let since = query(q)?.since;
+    let since = query(q, "since (ms since the Unix epoch)")?.since;
     Ok(Json(MetricsSeries {
         node_id: node.id,
         samples: node.ops.series.since(since),
@@ -214,6 +216,7 @@ pub async fn series(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AuditQuery {
     resource: Option<String>,
     outcome: Option<String>,
@@ -226,7 +229,7 @@ pub async fn audit(
     State(node): State<Arc<Node>>,
     q: Result<Query<AuditQuery>, QueryRejection>,
 ) -> Result<Json<AuditTail>, ApiError> {
-    let q = query(q)?;
+    let q = query(q, "resource, outcome, caller and limit (1–1000)")?;
     let limit = bounded(q.limit, 100)?;
     let nonempty = |s: Option<String>| s.filter(|s| !s.is_empty());
     let filter = AuditFilter {

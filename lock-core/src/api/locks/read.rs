@@ -14,6 +14,7 @@ use crate::api::auth::caller_of;
 use crate::api::ApiError;
 use crate::node::Caller;
 use crate::node::Node;
+use crate::wire::MAX_RESOURCE_LEN;
 use crate::wire::{validate_resource, ErrorCode, LockList, LockView, LOCK_ACTIONS, MAX_LIST_LIMIT};
 
 /// `GET /v1/locks/{resource}`.
@@ -48,6 +49,7 @@ pub async fn get(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ListQuery {
     #[serde(default)]
     prefix: String,
@@ -63,12 +65,29 @@ pub async fn list(
     caller: Option<axum::Extension<Caller>>,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<LockList>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::invalid(format!("Bad query: {e}.")))?;
+    let Query(q) = query.map_err(|e| {
+        ApiError::bad_query(
+            &e,
+            &format!("prefix, limit (1–{MAX_LIST_LIMIT}) and after (the next_after of a page)"),
+        )
+    })?;
     let limit = q.limit.unwrap_or(100);
     if limit == 0 || limit > MAX_LIST_LIMIT {
         return Err(ApiError::invalid(format!(
             "limit must be 1–{MAX_LIST_LIMIT}."
         )));
+    }
+    // A prefix no resource name can start with matches nothing: say so rather than answer
+    // an empty page that reads as "no locks".
+    let prefix_ok = q.prefix.len() <= MAX_RESOURCE_LEN
+        && q.prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b));
+    if !prefix_ok {
+        return Err(ApiError::invalid(
+            "prefix: resource names are at most 256 bytes of letters, digits and . _ : / -, \
+             so no lock starts with this prefix.",
+        ));
     }
     let scope = Scope::of(&node, caller_of(caller));
     node.read_barrier().await?;

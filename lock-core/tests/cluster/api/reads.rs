@@ -109,12 +109,28 @@ async fn get_and_list_show_state_but_never_lease_ids() {
     let (s, v) = c.get(f[0], "/v1/locks?prefix=nothing-here").await;
     assert_eq!((s, &v["locks"]), (200, &json!([])), "{v}");
 
-    phase("list: limit 0, limit 5000 and a non-numeric limit are 400");
-    for q in ["limit=0", "limit=5000", "prefix=list:&limit=0", "limit=ten"] {
+    phase("list: bad limits, unknown parameters and impossible prefixes are 400");
+    for q in [
+        "limit=0",
+        "limit=5000",
+        "prefix=list:&limit=0",
+        "limit=ten",
+        "prefix=list:&bogus=1",
+        "prefix=a%20b",
+        "prefix=%zz",
+    ] {
         let got = c.get(f[1], &format!("/v1/locks?{q}")).await;
         eprintln!("  {q}: {}", got.1);
         assert_error(&got, 400, "invalid_request", &[]);
+        let message = got.1["message"].as_str().unwrap_or_default();
+        assert!(!message.contains("deserialize"), "{q}: {message}");
     }
+    let got = c.get(f[1], "/v1/locks?limit=ten").await;
+    let message = got.1["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("limit") && message.contains("takes"),
+        "{message}"
+    );
     c.shutdown().await;
 }
 
