@@ -96,8 +96,9 @@ impl Rejection {
                  only grow). Stop writing; your lease is gone."
             ),
             Rejection::Ended { presented } => format!(
-                "The lease of token {presented} has ended (or ends before this write could \
-                 complete). Renew or acquire again before writing."
+                "The lease of token {presented} has ended, or ends before this write could \
+                 complete (a write is forwarded only while its lease outlasts the route's \
+                 upstream timeout). Renew or acquire again before writing."
             ),
             Rejection::Unknown { presented } => {
                 format!("Token {presented} was never issued for this resource.")
