@@ -54,11 +54,13 @@ pub async fn start(
     let (stop_tx, stop_rx) = oneshot::channel();
     let (fired_tx, mut fired_rx) = watch::channel(false);
     let mut peer_fired = fired_rx.clone();
+    let stopping = node.clone();
     let stop = async move {
         tokio::select! {
             _ = shutdown => {}
             _ = stop_rx => {}
         }
+        stopping.begin_stopping();
         let _ = fired_tx.send(true);
     };
     let peer_stop = async move {

@@ -73,9 +73,23 @@ pub struct Node {
     pub tenant_rates: TenantRates,
     /// Whether this node, started with an empty data directory, still holds back its vote.
     pub vote_hold: vote_hold::VoteHold,
+    /// Turns true when the node begins to shut down (see [`Node::begin_stopping`]).
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl Node {
+    /// Tells the calls that wait on this node (queued acquires) that it is shutting down, so
+    /// they answer now instead of being cut off when the drain time is over.
+    pub fn begin_stopping(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// Completes once the node has begun to shut down.
+    pub async fn stopping(&self) {
+        let mut stopping = self.stopping.subscribe();
+        let _ = stopping.wait_for(|s| *s).await;
+    }
+
     pub fn faults(&self) -> &FaultLayer {
         self.peers.faults()
     }

@@ -155,6 +155,7 @@ pub async fn start(
         ops,
         tenant_rates: Default::default(),
         vote_hold,
+        stopping: tokio::sync::watch::Sender::new(false),
     });
 
     maybe_initialize(&node).await?;

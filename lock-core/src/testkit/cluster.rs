@@ -290,6 +290,14 @@ impl TestCluster {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    /// Stops a node the way SIGTERM does: it stops accepting, answers the calls in flight
+    /// and stops raft. [`restart`](Self::restart) starts it again.
+    pub async fn stop(&mut self, id: u64) {
+        if let Some(h) = self.nodes.get_mut(&id).and_then(Option::take) {
+            h.shutdown().await;
+        }
+    }
+
     /// Starts a stopped node again on its old address and data dir.
     pub async fn restart(&mut self, id: u64) {
         let listener = rebind(&self.addrs[&id]).await;

@@ -138,7 +138,20 @@ async fn wait_in_queue(
     mut guard: CancelOnDrop,
 ) -> Result<Grant, ApiError> {
     let limit = Duration::from_millis(cmd.wait_timeout_ms) + WAIT_SLACK;
-    let result = match tokio::time::timeout(limit, ticket.outcome()).await {
+    let outcome = tokio::select! {
+        outcome = tokio::time::timeout(limit, ticket.outcome()) => outcome,
+        () = node.stopping() => {
+            // The wait stays queued (until its own deadline): the caller's retry with the same
+            // request_id, on another node, finds it in its place.
+            guard.disarm();
+            return Err(ApiError::new(
+                ErrorCode::NodeStopped,
+                "This node is shutting down. Your wait keeps its place in the queue until \
+                 wait_timeout_ms: retry with the same request_id on another node.",
+            ));
+        }
+    };
+    let result = match outcome {
         Ok(Some(WaitOutcome::Granted(g))) => Ok(g),
         Ok(Some(WaitOutcome::Removed(WaiterGone::TimedOut))) => Err(lock_held(
             still_held_ms(node, &cmd.resource),

@@ -241,3 +241,41 @@ async fn an_abandoned_waiting_acquire_leaves_a_live_lease_for_its_retry() {
     }
     c.shutdown().await;
 }
+
+/// A node that shuts down answers the waits queued through it at once (503 `node_stopped`)
+/// rather than cutting them off, and leaves them queued: the caller's retry with the same
+/// request_id on another node is still in its place and is handed the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_shutting_down_answers_its_waiters_who_keep_their_place() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.wait_leader(Duration::from_secs(5)).await;
+    let f = c.followers(leader);
+
+    phase("a held lock, a waiter through a follower");
+    let got = c.acquire(leader, "stop:a", "stop-holder", 30_000).await;
+    let (lease, _) = assert_grant(&got, "stop:a", 30_000);
+    let waiting = spawn_waiter(&c, f[0], "stop:a", "stop-w", 20_000);
+    wait_waiters(&c, leader, "stop:a", 1).await;
+
+    phase("the follower shuts down: the waiter hears 503 node_stopped, not a cut connection");
+    c.stop(f[0]).await;
+    let got = answer(waiting).await;
+    assert_error(&got, 503, "node_stopped", &[]);
+
+    phase("its wait is still queued; the retry elsewhere takes its place and gets the lock");
+    wait_waiters(&c, leader, "stop:a", 1).await;
+    let retry = spawn_waiter(&c, f[1], "stop:a", "stop-w", 20_000);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_waiters(&c, leader, "stop:a", 1).await;
+    let (s, v) = c
+        .post(
+            leader,
+            &lock_path("stop:a", "release"),
+            json!({ "lease_id": lease }),
+        )
+        .await;
+    assert_eq!((s, &v["released"]), (200, &json!(true)), "{v}");
+    let got = answer(retry).await;
+    assert_grant(&got, "stop:a", 30_000);
+    c.shutdown().await;
+}
