@@ -137,7 +137,7 @@ impl FenceProxy {
     }
 
     /// The route's quota check, from the local bucket only. `Some(answer)` refuses.
-    fn limit(
+    async fn limit(
         &self,
         route: &Route,
         req: &RequestHeader,
@@ -153,7 +153,10 @@ impl FenceProxy {
                 Err(body) => return Some((400, body)),
             },
         };
-        let limited = limiter.admit(quota, tenant, route.config.cost).err()?;
+        let limited = limiter
+            .admit(quota, tenant, route.config.cost)
+            .await
+            .err()?;
         let mut body = ErrorBody::new(
             ErrorCode::RateLimited,
             format!(
@@ -344,7 +347,7 @@ impl ProxyHttp for FenceProxy {
             }
         }
         // Rate limits first: a refused request costs the cluster nothing.
-        if let Some((status, body)) = self.limit(route, req, ctx.key_tenant.as_deref()) {
+        if let Some((status, body)) = self.limit(route, req, ctx.key_tenant.as_deref()).await {
             ctx.outcome = "rate_limited";
             respond_error(session, status, &body).await?;
             return Ok(true);

@@ -381,3 +381,17 @@ async fn t40_isolated_proxy_admits_at_most_its_emergency_allowance() {
     h.cluster.heal();
     h.shutdown().await;
 }
+
+/// A tenant's first request at a proxy waits for that proxy's first share (one commit)
+/// instead of being refused while it is leased; so does every proxy's first for a new tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t50_a_new_tenants_first_request_is_admitted() {
+    let h = harness(QuotaPolicy::Strict).await;
+    for (i, proxy) in h.cluster.running().into_iter().enumerate() {
+        let tenant = format!("fresh-{i}");
+        let w = Write::new(Method::GET, "/limited/first", "").header("X-Tenant", &tenant);
+        let r = h.client.send(proxy, &w).await;
+        assert_eq!(r.status, 200, "proxy {proxy}, tenant {tenant}: {}", r.body);
+    }
+    h.shutdown().await;
+}

@@ -20,7 +20,7 @@ use lock_core::node::Node;
 use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio::sync::Notify;
 
-use super::bucket::{Bucket, Share};
+use super::bucket::{Bucket, Refusal, Share};
 
 /// Pools one proxy keeps at most (tenants are client-chosen header values).
 pub const MAX_POOLS: usize = 4_096;
@@ -48,7 +48,14 @@ pub struct QuotaLimiter {
 
 struct Pool {
     state: parking_lot::Mutex<PoolState>,
+    /// Woken each time the lessor applies an answer of the ledger.
+    answered: Notify,
 }
+
+/// How long a tenant's first request at a proxy may wait for what a new pool lacks — its first
+/// lease (one raft commit) and a first request's worth of refill (a share starts empty) —
+/// before it is refused like any request over the limit.
+const FIRST_REQUEST_WAIT: Duration = Duration::from_millis(250);
 
 struct PoolState {
     bucket: Bucket,
@@ -61,6 +68,8 @@ struct PoolState {
     held: HashMap<LeaseId, Held>,
     /// Highest ledger epoch applied: older answers are ignored.
     epoch: u64,
+    /// Whether this pool has admitted a request yet.
+    admitted_any: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -102,23 +111,39 @@ impl QuotaLimiter {
         self.base.elapsed().as_millis() as u64
     }
 
-    /// Admits a request of weight `cost` for `tenant` under `quota`, from the local bucket only.
-    pub fn admit(self: &Arc<Self>, quota: &str, tenant: &str, cost: u64) -> Result<(), Limited> {
+    /// Admits a request of weight `cost` for `tenant` under `quota`, from the local bucket.
+    /// A pool that has admitted nothing yet (the tenant's first requests at this proxy, or the
+    /// first since its quiet pool gave its shares back) has no share, or an empty one: its
+    /// requests wait up to [`FIRST_REQUEST_WAIT`] for the lease and the refill instead of
+    /// being refused at once. Every other request is decided at once.
+    pub async fn admit(
+        self: &Arc<Self>,
+        quota: &str,
+        tenant: &str,
+        cost: u64,
+    ) -> Result<(), Limited> {
         let now = self.now_ms();
         let Some(pool) = self.pool(quota, tenant, now) else {
             self.count(quota, tenant, "rejected");
             return Err(Limited { retry_after: None });
         };
-        let taken = {
-            let mut st = pool.state.lock();
-            st.offered = st.offered.saturating_add(cost);
-            st.last_request_ms = now;
-            let taken = st.bucket.try_take(cost, now);
-            if taken.is_ok() {
-                st.admitted = st.admitted.saturating_add(cost);
+        let give_up = now + FIRST_REQUEST_WAIT.as_millis() as u64;
+        let mut taken = Self::take(&pool, cost, now, true);
+        while let Err(refusal) = taken {
+            let answered = pool.answered.notified();
+            if pool.state.lock().admitted_any {
+                break;
             }
-            taken
-        };
+            let now = self.now_ms();
+            // Until the refill the bucket names, or the next answer of the ledger.
+            let until = refusal.retry_at_ms.unwrap_or(give_up).min(give_up);
+            if now >= give_up || until < now {
+                break;
+            }
+            let _ =
+                tokio::time::timeout(Duration::from_millis((until - now).max(1)), answered).await;
+            taken = Self::take(&pool, cost, self.now_ms(), false);
+        }
         match taken {
             Ok(()) => {
                 self.count(quota, tenant, "admitted");
@@ -133,6 +158,22 @@ impl QuotaLimiter {
                 })
             }
         }
+    }
+
+    /// One try at `pool`'s bucket; `offered` counts the request toward the tenant's demand
+    /// (once per request, not per try).
+    fn take(pool: &Pool, cost: u64, now: u64, offered: bool) -> Result<(), Refusal> {
+        let mut st = pool.state.lock();
+        if offered {
+            st.offered = st.offered.saturating_add(cost);
+        }
+        st.last_request_ms = now;
+        let taken = st.bucket.try_take(cost, now);
+        if taken.is_ok() {
+            st.admitted = st.admitted.saturating_add(cost);
+            st.admitted_any = true;
+        }
+        taken
     }
 
     fn count(&self, quota: &str, tenant: &str, outcome: &str) {
@@ -165,7 +206,9 @@ impl QuotaLimiter {
                 last_request_ms: now,
                 held: HashMap::new(),
                 epoch: 0,
+                admitted_any: false,
             }),
+            answered: Notify::new(),
         });
         pools.insert(key.clone(), pool.clone());
         tokio::spawn(self.clone().lessor(spec.clone(), key.1, pool.clone()));
@@ -263,6 +306,7 @@ impl QuotaLimiter {
                     retry
                 }
             };
+            pool.answered.notify_waiters();
             let wait = next.saturating_sub(self.now_ms());
             let stop = self.stop.notified();
             if self.stopped.load(Ordering::SeqCst) {
