@@ -198,11 +198,38 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<
     } else {
         body
     };
+    if body.starts_with(b"\xEF\xBB\xBF") {
+        return Err(ApiError::invalid(
+            "The body starts with a byte order mark; send JSON without one (RFC 8259).",
+        ));
+    }
+    if std::str::from_utf8(body).is_err() {
+        return Err(ApiError::invalid(
+            "The body is not UTF-8; JSON bodies are UTF-8.",
+        ));
+    }
     // serde also accepts a struct as a JSON array of its fields; bodies here are objects.
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(ApiError::invalid("The body must be a JSON object."));
     }
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("Bad JSON body: {e}.")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_json;
+    use crate::wire::LeaseRequest;
+
+    #[test]
+    fn a_body_that_is_no_utf8_json_says_why() {
+        let message = |body: &[u8]| {
+            let e = parse_json::<LeaseRequest>(body).expect_err("refused");
+            e.body.message
+        };
+        assert!(message(b"\xEF\xBB\xBF{}").contains("byte order mark"));
+        assert!(message(b"{\"lease_id\": \"\xff\"}").contains("not UTF-8"));
+        assert!(message(b"[1]").contains("JSON object"));
+    }
 }
 
 /// Request bodies from clients never panic the parser: any bytes give a value or a 400.

@@ -67,6 +67,14 @@ async fn acquire_rejects_bad_input_with_a_clear_400() {
         assert_error(&got, 400, "invalid_request", &[]);
     }
 
+    phase("a byte order mark before the JSON is named as the problem");
+    let got = c
+        .post_raw(leader, &path, "\u{feff}{\"request_id\": \"b-11\"}")
+        .await;
+    assert_error(&got, 400, "invalid_request", &[]);
+    let message = got.1["message"].as_str().unwrap_or_default();
+    assert!(message.contains("byte order mark"), "{message}");
+
     phase("resource names: anything outside 1–256 bytes of [A-Za-z0-9._:/-] is 400");
     let long = "r".repeat(257);
     let bad_resources = [
