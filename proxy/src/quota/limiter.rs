@@ -151,6 +151,7 @@ impl QuotaLimiter {
             }
             Err(refusal) => {
                 self.count(quota, tenant, "rejected");
+                let now = self.now_ms();
                 Err(Limited {
                     retry_after: refusal
                         .retry_at_ms
