@@ -25,7 +25,8 @@ Examples:
   fencegate dev
   fencegate dev --data-dir /tmp/fg --api-ports 17001,17002,17003 --proxy-ports 18001,18002,18003")]
 pub struct DevArgs {
-    /// Root of the nodes' data directories (node1/, node2/, node3/ inside).
+    /// Root of the nodes' data directories (node1/, node2/, node3/ inside) and of the demo
+    /// store's journal (demo-store/).
     #[arg(long, default_value = "./fencegate-data")]
     data_dir: PathBuf,
     /// API ports of the three nodes.
