@@ -1,7 +1,7 @@
 //! Prometheus metrics of a node.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -63,7 +63,15 @@ pub struct Metrics {
     pub tenant_limited: IntCounterVec,
     /// Connections open on the node's listeners, by listener (`api`, `peer`).
     pub connections_open: IntGaugeVec,
+    /// The hottest resources by acquire rate, as this node saw them (at most
+    /// [`HOT_IN_METRICS`], set at each scrape).
+    pub hot_acquire_rate: GaugeVec,
+    /// The resources with the most fencing rejections at this node's proxy, likewise.
+    pub hot_fence_rejections: GaugeVec,
 }
+
+/// How many resources the hot-resource series name: few, as each is a series of its own.
+pub const HOT_IN_METRICS: usize = 10;
 
 impl Metrics {
     pub fn new(node_id: u64) -> Self {
@@ -183,6 +191,24 @@ impl Metrics {
                 &["listener"],
             )
             .unwrap_or_else(|e| panic!("metric connections_open: {e}")),
+            hot_acquire_rate: GaugeVec::new(
+                Opts::new(
+                    "hot_resource_acquires_per_second",
+                    "The 10 resources with the most acquires through this node, per second over \
+                     the last 30 to 60 s",
+                ),
+                &["resource"],
+            )
+            .unwrap_or_else(|e| panic!("metric hot_resource_acquires_per_second: {e}")),
+            hot_fence_rejections: GaugeVec::new(
+                Opts::new(
+                    "hot_resource_fence_rejections",
+                    "The 10 resources with the most fencing rejections at this node's proxy over \
+                     the last 30 to 60 s",
+                ),
+                &["resource"],
+            )
+            .unwrap_or_else(|e| panic!("metric hot_resource_fence_rejections: {e}")),
             registry,
         };
         let r = &m.registry;
@@ -220,6 +246,8 @@ impl Metrics {
         register(Box::new(m.auth_denied.clone()));
         register(Box::new(m.tenant_limited.clone()));
         register(Box::new(m.connections_open.clone()));
+        register(Box::new(m.hot_acquire_rate.clone()));
+        register(Box::new(m.hot_fence_rejections.clone()));
         m
     }
 

@@ -37,7 +37,7 @@ pub use config::{MemberAddrs, NodeConfig, Policy, MAX_FAILOVER_GRACE_MS};
 pub use error::{NodeError, ProposeError};
 pub use forward::{ForwardReply, FORWARD_PATH, PROPOSE_BATCH_PATH};
 pub use limits::{HttpLimits, TlsFiles, MIN_HEADER_BYTES};
-pub use metrics::Metrics;
+pub use metrics::{Metrics, HOT_IN_METRICS};
 pub use propose::Committed;
 pub use read_rounds::READ_INDEX_PATH;
 pub use revocations::{Revocation, Revocations};
@@ -139,5 +139,16 @@ impl Node {
         m.is_leader.set(i64::from(rm.state == ServerState::Leader));
         m.last_applied
             .set(rm.last_applied.map_or(0, |l| l.index) as i64);
+        // The top resources change: the series of those that left the top go with them.
+        let [by_rate, _, by_rejections] = self.ops.hot.top(self.now_ms(), HOT_IN_METRICS);
+        for (gauge, top) in [
+            (&m.hot_acquire_rate, by_rate),
+            (&m.hot_fence_rejections, by_rejections),
+        ] {
+            gauge.reset();
+            for e in top {
+                gauge.with_label_values(&[&e.resource]).set(e.value);
+            }
+        }
     }
 }

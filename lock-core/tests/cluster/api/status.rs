@@ -113,5 +113,39 @@ async fn cluster_health_and_metrics_endpoints() {
     // The leader proposed the acquire (forwarded to it), so it measured a raft commit.
     let text = metrics(&c, leader).await;
     assert!(sample(&text, "fencegate_raft_commit_seconds_count", &[]) >= 1.0);
+
+    phase("metrics: the hottest resources by acquire rate, ten at most");
+    for i in 0..12 {
+        // One resource busier than the rest.
+        let (resource, times) = if i == 0 {
+            ("met:hot".to_string(), 3)
+        } else {
+            (format!("met:r{i}"), 1)
+        };
+        for n in 0..times {
+            let got = c
+                .acquire(f[1], &resource, &format!("met-hot-{i}-{n}"), 5_000)
+                .await;
+            assert!(got.0 == 200 || got.0 == 409, "{got:?}");
+        }
+    }
+    let text = metrics(&c, f[1]).await;
+    let hot: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("fencegate_hot_resource_acquires_per_second{"))
+        .collect();
+    assert_eq!(hot.len(), 10, "{hot:#?}");
+    let hottest = sample(
+        &text,
+        "fencegate_hot_resource_acquires_per_second",
+        &[("resource", "met:hot")],
+    );
+    let another = sample(
+        &text,
+        "fencegate_hot_resource_acquires_per_second",
+        &[("resource", "met:r1")],
+    );
+    assert!(hottest > 0.0, "{hot:#?}");
+    assert!(hottest > another, "{hot:#?}");
     c.shutdown().await;
 }
