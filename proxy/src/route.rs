@@ -235,14 +235,22 @@ impl Route {
         })
     }
 
+    /// Whether the route names `method` among its `read_methods`.
+    pub fn is_named_read(&self, method: &str) -> bool {
+        self.reads.iter().any(|m| m.eq_ignore_ascii_case(method))
+    }
+
     /// Whether a request with `method` must carry a fencing token on this route.
     pub fn is_protected(&self, method: &str) -> bool {
-        let named = |list: &[String]| list.iter().any(|m| m.eq_ignore_ascii_case(method));
-        if named(&self.protected) {
+        if self
+            .protected
+            .iter()
+            .any(|m| m.eq_ignore_ascii_case(method))
+        {
             return true;
         }
         let standard = HTTP_METHODS.iter().any(|m| m.eq_ignore_ascii_case(method));
-        !standard && !named(&self.reads)
+        !standard && !self.is_named_read(method)
     }
 
     /// The resource this path maps to, if the path matches. Every request passes here: it
@@ -463,6 +471,7 @@ mod tests {
         config.protected_methods = vec![];
         let r = Route::compile(config).unwrap();
         assert!(!r.is_protected("PROPFIND") && !r.is_protected("report"));
+        assert!(r.is_named_read("propfind") && !r.is_named_read("MOVE"));
         assert!(r.is_protected("MOVE"), "still fenced: not named a read");
         assert!(
             !r.is_protected("PUT"),

@@ -116,9 +116,11 @@ impl IdempotencyLayer {
         self.outcomes.with_label_values(&[outcome]).inc();
     }
 
-    /// Whether `method` requests on `route` are deduplicated.
+    /// Whether `method` requests on `route` are deduplicated: writes, not the route's reads.
     pub fn applies(&self, route: &Route, method: &str) -> bool {
-        route.config.idempotency != IdempotencyMode::Off && contract::applies_to(method)
+        route.config.idempotency != IdempotencyMode::Off
+            && contract::applies_to(method)
+            && !route.is_named_read(method)
     }
 
     /// Runs the idempotency flow. On a fenced route the request has passed the fence's local
