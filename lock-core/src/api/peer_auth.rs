@@ -56,7 +56,11 @@ pub async fn authenticate(State(gate): State<Arc<PeerGate>>, req: Request, next:
     });
     let head = match head {
         Ok(h) => h,
-        Err(e) => return refuse(e),
+        Err(e) => {
+            let claimed = header(&req, FROM_HEADER).unwrap_or("(unnamed)");
+            crate::net::auth::warn_refused(&format!("node {claimed}"), &e);
+            return refuse(e);
+        }
     };
     let (parts, body) = req.into_parts();
     let body = match read_limited(&parts, body, gate.body).await {

@@ -15,6 +15,7 @@
 //! on a private network.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -271,6 +272,34 @@ impl SessionKey {
 pub struct HeadOk {
     head: Vec<u8>,
     body_mac: Vec<u8>,
+}
+
+/// Peer calls refused for their authentication since the last warning, and when that was.
+static REFUSED: AtomicU64 = AtomicU64::new(0);
+static WARNED_AT_MS: AtomicU64 = AtomicU64::new(0);
+/// A node refusing a misconfigured peer warns at most this often.
+const WARN_EVERY_MS: u64 = 10_000;
+
+/// Logs a peer call refused for its authentication, at most once per [`WARN_EVERY_MS`] with
+/// the number refused meanwhile: the refusing node says why a member cannot reach it, without
+/// a line per attempt.
+pub(crate) fn warn_refused(claimed_from: &str, why: &dyn fmt::Display) {
+    REFUSED.fetch_add(1, Ordering::Relaxed);
+    let now = now_ms();
+    let last = WARNED_AT_MS.load(Ordering::Relaxed);
+    if now.saturating_sub(last) < WARN_EVERY_MS
+        || WARNED_AT_MS
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+    {
+        return;
+    }
+    let refused = REFUSED.swap(0, Ordering::Relaxed);
+    tracing::warn!(
+        refused,
+        from = claimed_from,
+        "refused peer calls that failed authentication: {why}"
+    );
 }
 
 pub(crate) fn now_ms() -> u64 {

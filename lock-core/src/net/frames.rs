@@ -306,6 +306,7 @@ where
             .map_err(|e: AuthError| format!("{e}. Peers must share the cluster's peer secret."))
     };
     if let Err(message) = checked {
+        super::auth::warn_refused(&format!("node {from}"), &message);
         let message = message.into_bytes();
         let len = u16::try_from(message.len()).unwrap_or(u16::MAX);
         let mut refusal = vec![REFUSED];

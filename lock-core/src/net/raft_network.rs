@@ -121,8 +121,9 @@ impl PeerNetwork {
         }
     }
 
-    /// Turns a reply into openraft's error kinds: a remote raft error stays remote, a bad
-    /// status or undecodable body is a network error, anything else makes the peer unreachable.
+    /// Turns a reply into openraft's error kinds: a remote raft error stays remote, a refused
+    /// authentication makes the peer unreachable, another bad status or an undecodable body is
+    /// a network error, anything else makes the peer unreachable.
     // The error type is the one openraft's network trait returns; boxing it here would only
     // move the unboxing into every caller.
     #[allow(clippy::result_large_err)]
@@ -140,6 +141,12 @@ impl PeerNetwork {
                 self.node.clone(),
                 remote,
             ))),
+            // A peer that refuses our authentication (another cluster's secret) is as good as
+            // unreachable: openraft then backs off instead of retrying at once, thousands of
+            // times a second.
+            Err(e @ PeerError::Status { status: 401, .. }) => {
+                Err(RPCError::Unreachable(Unreachable::new(&e)))
+            }
             Err(e @ (PeerError::Status { .. } | PeerError::Codec { .. })) => {
                 Err(RPCError::Network(NetworkError::new(&e)))
             }
@@ -275,6 +282,26 @@ mod tests {
             max_append_bytes: max_bytes,
             heartbeat: Duration::from_millis(crate::timing::HEARTBEAT_MS),
         }
+    }
+
+    #[test]
+    fn a_peer_refusing_our_secret_is_unreachable_so_openraft_backs_off() {
+        let net = network(1 << 20);
+        // Which kind of error an answer of `status` becomes.
+        let kind = |status: u16| {
+            let reply: Result<Result<(), RaftError<u64>>, PeerError> = Err(PeerError::Status {
+                node: 2,
+                status,
+                body: "peer authentication tag does not match".into(),
+            });
+            match net.settle(reply) {
+                Err(RPCError::Unreachable(_)) => "unreachable",
+                Err(RPCError::Network(_)) => "network",
+                _ => "other",
+            }
+        };
+        assert_eq!(kind(401), "unreachable");
+        assert_eq!(kind(500), "network");
     }
 
     #[test]
