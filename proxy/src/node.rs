@@ -166,6 +166,9 @@ fn parse(text: &str) -> anyhow::Result<Loaded> {
         // Warnings are logged when the proxy starts; contradictions stop the node here.
         p.check_tenants(config.auth == AuthMode::On)
             .map_err(anyhow::Error::msg)?;
+        if let Some(tls) = &p.tls {
+            listen::tls_acceptor(tls).map_err(|e| anyhow::anyhow!("proxy.tls: {e}"))?;
+        }
     }
     Ok(Loaded {
         listen: file.listen,
@@ -188,25 +191,27 @@ pub async fn run(path: &Path) -> anyhow::Result<()> {
     let peer_listener = listen::bind(&peer_listen)
         .await
         .with_context(|| format!("bind {peer_listen}"))?;
+    // Every port is bound before anything starts: a port in use stops the start at once.
+    let proxy_listener = match &proxy {
+        Some(p) => Some(
+            listen::bind_std(&p.listen)
+                .await
+                .with_context(|| format!("bind proxy {}", p.listen))?,
+        ),
+        None => None,
+    };
     let id = config.id;
     let (stop_tx, stop_rx) = watch::channel(false);
     let handle =
         lock_core::server::start(config, listener, peer_listener, stopped(stop_rx.clone())).await?;
     tracing::info!(node = id, addr = %handle.addr, peer_addr = %handle.peer_addr, "node started");
-    let proxy_task = match &proxy {
-        Some(p) => {
-            let l = listen::bind_std(&p.listen)
-                .await
-                .with_context(|| format!("bind proxy {}", p.listen))?;
+    let proxy_task = match (&proxy, proxy_listener) {
+        (Some(p), Some(l)) => {
+            let task = fencegate_proxy::server::start(handle.node.clone(), p, l, stopped(stop_rx))?;
             tracing::info!(node = id, addr = %p.listen, "fencing proxy started");
-            Some(fencegate_proxy::server::start(
-                handle.node.clone(),
-                p,
-                l,
-                stopped(stop_rx),
-            )?)
+            Some(task)
         }
-        None => None,
+        _ => None,
     };
     shutdown_signal().await;
     tracing::info!(node = id, "stopping");
@@ -297,6 +302,22 @@ mod tests {
     const OPEN_NODE: &str =
         "listen = \"127.0.0.1:7001\"\npeer_listen = \"127.0.0.1:7101\"\n[node]\nid = 1\n\
          data_dir = \"/tmp/x\"\npeer_secret = \"0123456789abcdef0123\"\nauth = \"off\"\n";
+
+    #[test]
+    fn a_proxy_certificate_that_cannot_be_used_stops_the_start() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let missing = dir.path().join("missing.pem");
+        let text = format!(
+            "{OPEN_NODE}[proxy]\nlisten = \"127.0.0.1:8001\"\n[proxy.tls]\ncert_file = \"{m}\"\n\
+             key_file = \"{m}\"\n",
+            m = missing.display()
+        );
+        let err = format!("{:#}", parse(&text).err().expect("refused"));
+        assert!(
+            err.contains("proxy.tls") && err.contains("missing.pem"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn unknown_keys_and_bad_member_ids_are_refused() {

@@ -106,7 +106,11 @@ pub fn start(
                     "proxy.tls paths must be valid UTF-8".to_string(),
                 ));
             };
-            // pingora reads the files here: a missing or unusable one stops the start.
+            // pingora reads the files only once its listener runs, and panics there on a
+            // missing or unusable one, leaving the node up without its proxy: check them now,
+            // as the node's own listener does, so a bad pair stops the start.
+            lock_core::api::listen::tls_acceptor(tls)
+                .map_err(|e| ProxyError::Config(format!("proxy.tls: {e}")))?;
             service.add_tls(&addr, &cert, &key).map_err(|e| {
                 ProxyError::Config(format!(
                     "proxy.tls: cannot use certificate {cert} with key {key}: {e}"
