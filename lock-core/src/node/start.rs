@@ -101,6 +101,9 @@ pub async fn start(
     let empty = storage_is_empty(&mut log_store, &mut sm_store)
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
+    if empty {
+        check_own_entry(&config, &advertise)?;
+    }
     log_store.observe_sync_with(metrics.log_sync_seconds.clone());
     sm_store.observe_apply_with(metrics.apply_seconds.clone());
     sm_store.observe_idem_forgotten_with(metrics.idem_forgotten.clone());
@@ -185,6 +188,35 @@ async fn storage_is_empty(
         && state.last_log_id.is_none()
         && state.last_purged_log_id.is_none()
         && applied.is_none())
+}
+
+/// On a first start, where `initial_members` is the membership, this node's own entry must
+/// name the addresses it announces. If it does not, the id is most likely another node's (a
+/// copied config): started anyway, the founder would record itself under that id and the
+/// real holder of the id could never join. A wildcard listen address without an advertised
+/// one says nothing about where the node is reached, and is not compared.
+fn check_own_entry(config: &NodeConfig, advertise: &NodeInfo) -> Result<(), NodeError> {
+    let Some(entry) = config.initial_members.get(&config.id) else {
+        return Ok(());
+    };
+    let wildcard = |addr: &str| {
+        addr.parse::<SocketAddr>()
+            .is_ok_and(|a| a.ip().is_unspecified())
+    };
+    let differs = |ours: &str, listed: &str| !wildcard(ours) && ours != listed;
+    if differs(&advertise.api_addr, &entry.api) || differs(&advertise.peer_addr, &entry.peer) {
+        return Err(NodeError::Config(format!(
+            "initial_members lists node {id} at api {} / peer {}, but this node announces api {} \
+             / peer {} (advertise_addr and advertise_peer_addr, else listen and peer_listen). \
+             Is id {id} this node's? Two nodes must never share an id.",
+            entry.api,
+            entry.peer,
+            advertise.api_addr,
+            advertise.peer_addr,
+            id = config.id,
+        )));
+    }
+    Ok(())
 }
 
 /// The founding member with the lowest id initialises a brand-new cluster. Everyone else
@@ -331,5 +363,53 @@ async fn watch_leader(node: Arc<Node>) {
             }
         }
         last_leader = leader;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::PeerSecret;
+    use crate::node::MemberAddrs;
+
+    fn config(id: u64) -> NodeConfig {
+        let members = (1..=3)
+            .map(|n| {
+                let addrs = MemberAddrs {
+                    api: format!("10.0.{n}.10:7001"),
+                    peer: format!("10.0.{n}.10:7101"),
+                };
+                (n, addrs)
+            })
+            .collect();
+        let secret = PeerSecret::new("0123456789abcdef0123").expect("secret");
+        NodeConfig::new(id, "/tmp/unused", members, secret)
+    }
+
+    fn announcing(api: &str, peer: &str) -> NodeInfo {
+        NodeInfo {
+            api_addr: api.into(),
+            peer_addr: peer.into(),
+        }
+    }
+
+    #[test]
+    fn a_first_start_under_another_nodes_id_is_refused() {
+        let ok = announcing("10.0.1.10:7001", "10.0.1.10:7101");
+        assert!(check_own_entry(&config(1), &ok).is_ok());
+        // Node 2's addresses under id 1: a copied config.
+        let copied = announcing("10.0.2.10:7001", "10.0.2.10:7101");
+        let err = check_own_entry(&config(1), &copied)
+            .expect_err("refused")
+            .to_string();
+        assert!(err.contains("node 1 at api 10.0.1.10:7001"), "{err}");
+        assert!(err.contains("announces api 10.0.2.10:7001"), "{err}");
+        let peer_only = announcing("10.0.1.10:7001", "10.0.2.10:7101");
+        assert!(check_own_entry(&config(1), &peer_only).is_err());
+        // A wildcard listen address without an advertised one is not compared.
+        let wildcard = announcing("0.0.0.0:7001", "[::]:7101");
+        assert!(check_own_entry(&config(1), &wildcard).is_ok());
+        // A node not among the initial members (one that joins later) has nothing to match.
+        assert!(check_own_entry(&config(4), &copied).is_ok());
     }
 }
