@@ -375,6 +375,35 @@ async fn exit_codes_tell_held_bad_input_and_unavailable_apart() {
         assert_error_line(&out, "unavailable");
     }
 
+    // Endpoints that accept and never answer (listeners nobody accepts on: the kernel
+    // completes the connection): a read gives up when --timeout is used up, over all of them.
+    let silent: Vec<std::net::TcpListener> = (0..2)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let silent_endpoints = silent
+        .iter()
+        .map(|l| l.local_addr().unwrap().to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = cluster
+        .run(&[
+            "lock",
+            "status",
+            "kv:x",
+            "-e",
+            &silent_endpoints,
+            "--timeout",
+            "300ms",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("--timeout of 300ms used up"),
+        "{}",
+        text(&out.stderr)
+    );
+    drop(silent);
+
     // One endpoint down among live ones is no error: the next one answers.
     let endpoints = format!("{dead},{}", cluster.endpoints);
     let out = cluster

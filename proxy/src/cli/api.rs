@@ -1,7 +1,7 @@
 //! Plain API calls the lock client does not cover (reads, cluster administration), over the
 //! same endpoint list, parsed into the wire types with the one `classify` rule.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lock_core::client::error_chain;
 use lock_core::wire::{classify, Failure};
@@ -18,6 +18,8 @@ pub struct Api {
     http: reqwest::Client,
     admin_token: Option<String>,
     api_key: Option<String>,
+    /// `--timeout`: how long a read may take over all the endpoints it tries.
+    timeout: Duration,
 }
 
 impl Api {
@@ -31,6 +33,7 @@ impl Api {
             http,
             admin_token: args.admin_token.clone(),
             api_key: args.api_key.clone(),
+            timeout: args.timeout,
         })
     }
 
@@ -46,7 +49,7 @@ impl Api {
             query,
             None::<&()>,
             false,
-            REQUEST_TIMEOUT,
+            self.timeout,
         )
         .await
     }
@@ -59,14 +62,14 @@ impl Api {
             &[],
             None::<&()>,
             true,
-            REQUEST_TIMEOUT,
+            self.timeout,
         )
         .await
     }
 
     /// An admin change. Only a refused connection moves on to the next endpoint: after a
     /// timeout or a `503` the change may still happen, and sending it again elsewhere could
-    /// apply it twice. `timeout` bounds the wait for the answer.
+    /// apply it twice. `timeout` bounds the whole call.
     pub async fn admin_post<B: Serialize, T: DeserializeOwned>(
         &self,
         path: &str,
@@ -88,7 +91,15 @@ impl Api {
     ) -> Result<T, CliError> {
         let retry_any = method == reqwest::Method::GET;
         let mut problems = Vec::new();
+        // `timeout` bounds the whole call; a read gives each endpoint at most `REQUEST_TIMEOUT`
+        // of it, so one that hangs leaves time for the next.
+        let deadline = Instant::now() + timeout;
         for base in &self.endpoints {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                problems.push(format!("--timeout of {timeout:?} used up"));
+                break;
+            }
             let url = format!("{base}{path}");
             let url = if query.is_empty() {
                 reqwest::Url::parse(&url)
@@ -96,7 +107,12 @@ impl Api {
                 reqwest::Url::parse_with_params(&url, query)
             }
             .map_err(|e| CliError::usage(format!("endpoint {base}: {e}")))?;
-            let mut req = self.http.request(method.clone(), url).timeout(timeout);
+            let per_endpoint = if retry_any {
+                left.min(REQUEST_TIMEOUT)
+            } else {
+                left
+            };
+            let mut req = self.http.request(method.clone(), url).timeout(per_endpoint);
             if let Some(b) = body {
                 req = req.json(b);
             }

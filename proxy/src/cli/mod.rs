@@ -66,7 +66,9 @@ pub struct ClientArgs {
     )]
     pub api_key: Option<String>,
     /// How long a lock call keeps retrying when no node answers definitely (node down, no
-    /// quorum) before it gives up with exit code 5. A --wait comes on top.
+    /// quorum) before it gives up with exit code 5. A --wait comes on top. Reads (status,
+    /// list, member, cluster status) take at most this long over all endpoints, each endpoint
+    /// at most 5 s of it.
     #[arg(
         long,
         value_parser = parse_duration,
