@@ -94,7 +94,16 @@ pub async fn start(
             note_effects(&ops, super::clock::unix_ms(), effects);
         })
     };
-    let (mut log_store, mut sm_store) = store::open(&config.data_dir, sink)?;
+    let (mut log_store, mut sm_store) =
+        store::open(&config.data_dir, sink).map_err(|e| match e {
+            store::StoreError::Fjall(fjall::Error::Locked) => NodeError::DataDir {
+                path: config.data_dir.clone(),
+                source: std::io::Error::other(
+                    "in use by another process (is a node already running on it?)",
+                ),
+            },
+            other => other.into(),
+        })?;
     // Read from the storage itself: raft's metrics start out empty and are filled in only
     // once its core has loaded the storage, so right after start they describe every node
     // as new.

@@ -153,3 +153,23 @@ async fn members_restarted_with_their_data_vote_at_once() {
     assert_ne!(elected, leader);
     c.shutdown().await;
 }
+
+/// A second node started on a data directory a running node holds is refused with the
+/// directory named, and the running node is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_in_use_is_refused_with_its_path() {
+    let c = TestCluster::start(3).await;
+    let leader = c.wait_leader(EVENT).await;
+    let bind = || tokio::net::TcpListener::bind("127.0.0.1:0");
+    let (l, p) = (bind().await.expect("bind"), bind().await.expect("bind"));
+    let config = c.config(1);
+    let dir = config.data_dir.display().to_string();
+    let started = lock_core::server::start(config, l, p, std::future::pending()).await;
+    let err = started.err().expect("refused").to_string();
+    assert!(
+        err.contains(&dir) && err.contains("in use by another process"),
+        "{err}"
+    );
+    assert_eq!(c.wait_leader(EVENT).await, leader);
+    c.shutdown().await;
+}
