@@ -63,8 +63,7 @@ fn bearer(req: &RequestHeader) -> Option<&str> {
     req.headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
+        .and_then(lock_core::wire::headers::bearer_token)
 }
 
 /// Authenticates a request on a route that takes its tenant from the key: the key must be in

@@ -43,8 +43,7 @@ pub(crate) fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
+        .and_then(crate::wire::headers::bearer_token)
 }
 
 /// Checks the API key of `req` against what its path needs, and with keys on hands the

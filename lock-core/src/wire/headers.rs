@@ -12,3 +12,28 @@ pub const NODE_ID_HEADER: &str = "Fencegate-Node-Id";
 /// client that knows which of its nodes has that id can send its next calls there and save
 /// the follower's forwarding hop; any node still serves any call.
 pub const LEADER_ID_HEADER: &str = "Fencegate-Leader-Id";
+
+/// The token of an `Authorization: Bearer <token>` value. The scheme is matched without regard
+/// to case, as HTTP's authentication schemes are (`bearer`, `BEARER`).
+pub fn bearer_token(authorization: &str) -> Option<&str> {
+    let (scheme, token) = authorization.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn the_bearer_scheme_is_matched_in_any_case() {
+        for value in ["Bearer k1", "bearer k1", "BEARER  k1 "] {
+            assert_eq!(bearer_token(value), Some("k1"), "{value:?}");
+        }
+        for value in ["Basic k1", "Bearer", "Bearer ", "Bearerk1", "k1"] {
+            assert_eq!(bearer_token(value), None, "{value:?}");
+        }
+    }
+}

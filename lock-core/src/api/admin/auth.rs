@@ -62,7 +62,7 @@ fn check<'h>(expected: &str, headers: &'h HeaderMap) -> Result<&'h str, ApiError
              token>' (fencegate dev prints it; a node takes it from admin_token in its config).",
         ));
     };
-    let presented = value.strip_prefix("Bearer ").unwrap_or("");
+    let presented = crate::wire::headers::bearer_token(value).unwrap_or("");
     if constant_time_eq(presented.as_bytes(), expected.as_bytes()) {
         Ok(value)
     } else {
