@@ -55,7 +55,7 @@ struct Pool {
 /// How long a tenant's first request at a proxy may wait for what a new pool lacks — its first
 /// lease (one raft commit) and a first request's worth of refill (a share starts empty) —
 /// before it is refused like any request over the limit.
-const FIRST_REQUEST_WAIT: Duration = Duration::from_millis(250);
+const FIRST_REQUEST_WAIT: Duration = Duration::from_secs(1);
 
 struct PoolState {
     bucket: Bucket,
@@ -135,13 +135,16 @@ impl QuotaLimiter {
                 break;
             }
             let now = self.now_ms();
-            // Until the refill the bucket names, or the next answer of the ledger.
-            let until = refusal.retry_at_ms.unwrap_or(give_up).min(give_up);
-            if now >= give_up || until < now {
+            if now >= give_up {
                 break;
             }
-            let _ =
-                tokio::time::timeout(Duration::from_millis((until - now).max(1)), answered).await;
+            // Until the refill the bucket names, or else the ledger's next answer (a share
+            // expected now is one still being leased).
+            let until = match refusal.retry_at_ms {
+                Some(at) if at > now => at.min(give_up),
+                _ => give_up,
+            };
+            let _ = tokio::time::timeout(Duration::from_millis(until - now), answered).await;
             taken = Self::take(&pool, cost, self.now_ms(), false);
         }
         match taken {
