@@ -337,11 +337,27 @@ fn note_effects(ops: &OpsState, now_ms: u64, effects: &[Effect]) {
 /// Counts leader changes and measures how long the node was without a leader. Watches raft's
 /// server metrics, which change with the vote, role, leader or membership only: the full
 /// metrics change with every step of every write, and this task has nothing to do then.
+/// How often a node without a leader says so.
+const LEADERLESS_WARN_EVERY: Duration = Duration::from_secs(10);
+
 async fn watch_leader(node: Arc<Node>) {
     let mut rx = node.raft.server_metrics();
     let mut last_leader = rx.borrow().current_leader;
     let mut leaderless_since: Option<Instant> = last_leader.is_none().then(Instant::now);
-    while rx.changed().await.is_ok() {
+    let mut tick = tokio::time::interval(LEADERLESS_WARN_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+            _ = tick.tick() => {
+                warn_if_leaderless(&node, leaderless_since);
+                continue;
+            }
+        }
         let leader = rx.borrow().current_leader;
         if leader == last_leader {
             continue;
@@ -373,6 +389,23 @@ async fn watch_leader(node: Arc<Node>) {
         }
         last_leader = leader;
     }
+}
+
+/// A node that has known no leader for [`LEADERLESS_WARN_EVERY`] or longer says so (each
+/// time the interval passes), with its term and role: a stuck candidate is otherwise silent.
+fn warn_if_leaderless(node: &Node, leaderless_since: Option<Instant>) {
+    let Some(since) = leaderless_since.filter(|s| s.elapsed() >= LEADERLESS_WARN_EVERY) else {
+        return;
+    };
+    let m = node.raft.metrics().borrow().clone();
+    tracing::warn!(
+        node = node.id,
+        term = m.current_term,
+        state = ?m.state,
+        "no leader known for {} s: this node cannot reach a majority of the members (down, \
+         partitioned, another peer secret) or is held back while it catches up",
+        since.elapsed().as_secs()
+    );
 }
 
 #[cfg(test)]
