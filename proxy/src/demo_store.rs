@@ -44,7 +44,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use lock_core::node::HttpLimits;
-use lock_core::wire::{LimitedLogEntry, Order};
+use lock_core::wire::{hex, LimitedLogEntry, Order};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -105,7 +105,7 @@ impl Store {
         if let Some(journal) = &mut self.journal {
             let hex = std::str::from_utf8(body)
                 .is_err()
-                .then(|| body.iter().map(|b| format!("{b:02x}")).collect());
+                .then(|| hex::encode(body));
             let line = JournalLine {
                 entry: entry.clone(),
                 hex,
@@ -120,10 +120,11 @@ impl Store {
     }
 
     fn apply(&mut self, entry: LogEntry, body: Bytes) {
-        match entry.key.strip_prefix("order:") {
-            Some(id) if entry.tenant.is_some() => self.orders.push(Order {
+        // Orders are the writes logged with their tenant; keys are logged without one.
+        match (entry.key.strip_prefix("order:"), &entry.tenant) {
+            (Some(id), Some(tenant)) => self.orders.push(Order {
                 id: id.to_string(),
-                tenant: entry.tenant.clone().unwrap_or_default(),
+                tenant: tenant.clone(),
                 idempotency_key: entry.idempotency_key.clone(),
                 body: entry.value.clone(),
             }),
@@ -155,7 +156,7 @@ impl Store {
                 Err(e) => return Err(bad(i + 1, e.to_string())),
             };
             let body = match hex {
-                Some(hex) => decode_hex(&hex).ok_or_else(|| bad(i + 1, "bad hex".into()))?,
+                Some(hex) => hex::decode(&hex).ok_or_else(|| bad(i + 1, "bad hex".into()))?,
                 None => entry.value.clone().into_bytes(),
             };
             if entry.seq != self.log.len() as u64 + 1 {
@@ -170,16 +171,6 @@ impl Store {
         }
         Ok(())
     }
-}
-
-fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    if !hex.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 /// How many `/limited` requests the store remembers (about 100 MB at most).

@@ -22,6 +22,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+use crate::wire::hex;
+
 type HmacSha256 = Hmac<Sha256>;
 
 /// The header carrying a peer request's authentication tag.
@@ -74,7 +76,7 @@ impl PeerSecret {
 
     /// A fresh random secret (256 bits, hex), as `fencegate dev` uses.
     pub fn generate() -> String {
-        hex(&rand::random::<[u8; 32]>())
+        hex::encode(&rand::random::<[u8; 32]>())
     }
 
     fn mac(&self) -> HmacSha256 {
@@ -107,13 +109,17 @@ impl PeerSecret {
     /// The tag for a request from node `from` to `path` with `body`.
     pub fn sign(&self, from: &str, path: &str, body: &[u8]) -> String {
         let unix_ms = now_ms();
-        let nonce = hex(&rand::random::<[u8; 12]>());
+        let nonce = hex::encode(&rand::random::<[u8; 12]>());
         let head = self
             .head_mac(from, unix_ms, &nonce, path)
             .finalize()
             .into_bytes();
         let body = self.body_mac(&head, body).finalize().into_bytes();
-        format!("{unix_ms}.{nonce}.{}.{}", hex(&head), hex(&body))
+        format!(
+            "{unix_ms}.{nonce}.{}.{}",
+            hex::encode(&head),
+            hex::encode(&body)
+        )
     }
 
     /// Checks the header part of `tag`; on success returns what [`Self::verify_body`] needs.
@@ -129,8 +135,8 @@ impl PeerSecret {
             return Err(AuthError::Malformed);
         };
         let unix_ms: u64 = ms.parse().map_err(|_| AuthError::Malformed)?;
-        let head = unhex(head).ok_or(AuthError::Malformed)?;
-        let body_mac = unhex(body).ok_or(AuthError::Malformed)?;
+        let head = hex::decode(head).ok_or(AuthError::Malformed)?;
+        let body_mac = hex::decode(body).ok_or(AuthError::Malformed)?;
         if now_ms().abs_diff(unix_ms) > MAX_SKEW_MS {
             return Err(AuthError::Stale);
         }
@@ -308,41 +314,12 @@ pub(crate) fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Lowercase hex, without a `format!` per byte: it runs on every signed peer message.
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
-    }
-    out
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn secret() -> PeerSecret {
         PeerSecret::new("0123456789abcdef-test").expect("secret")
-    }
-
-    #[test]
-    fn hex_round_trips_every_byte() {
-        let all: Vec<u8> = (0..=255).collect();
-        let text = hex(&all);
-        assert!(text.starts_with("000102") && text.ends_with("fdfeff"));
-        assert_eq!(unhex(&text), Some(all));
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod cluster;
 pub mod demo_store;
 pub mod error;
 pub mod headers;
+pub mod hex;
 pub mod idempotency;
 mod lease_id;
 pub mod locks;

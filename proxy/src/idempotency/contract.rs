@@ -4,6 +4,7 @@
 use base64::Engine as _;
 use blake2::{Blake2b, Digest};
 use lock_core::machine::{Completion, StoredAnswer, StoredBody};
+use lock_core::wire::hex;
 use serde::{Deserialize, Serialize};
 
 type Blake2b256 = Blake2b<blake2::digest::consts::U32>;
@@ -97,13 +98,9 @@ pub fn applies_to(method: &str) -> bool {
     !matches!(method, "GET" | "HEAD" | "OPTIONS" | "TRACE")
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// BLAKE2b-256 of `data`, hex.
 pub fn digest(data: &[u8]) -> String {
-    hex(&Blake2b256::digest(data))
+    hex::encode(&Blake2b256::digest(data))
 }
 
 /// The body as it counts for the fingerprint: a JSON body is canonicalised (keys sorted,
@@ -160,7 +157,7 @@ pub fn fingerprint<'a>(
             None => field(b"\xff(absent)"),
         }
     }
-    hex(&h.finalize())
+    hex::encode(&h.finalize())
 }
 
 /// An upstream answer as received.

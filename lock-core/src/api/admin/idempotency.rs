@@ -22,7 +22,7 @@ use crate::machine::{
 };
 use crate::node::Node;
 use crate::wire::{
-    ErrorCode, IdemResolution, IdemResolveRequest, IdemResolveResponse, IdemResolvedAnswer,
+    hex, ErrorCode, IdemResolution, IdemResolveRequest, IdemResolveResponse, IdemResolvedAnswer,
     IdemUnknownPage, IdemUnknownRecord,
 };
 
@@ -91,7 +91,7 @@ pub async fn unknown(
         .collect();
     Ok(Json(IdemUnknownPage {
         records,
-        next: page.next.map(|c| hex_encode(&c)),
+        next: page.next.map(|c| hex::encode(&c)),
         now_ms,
     }))
 }
@@ -231,16 +231,7 @@ fn resolved_answer(operator: &str) -> Result<StoredAnswer, ApiError> {
     })
 }
 
-fn hex_encode(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
+/// A cursor's bytes: hex of at most 1 KiB.
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || s.len() > 2 * 1_024 {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
+    (s.len() <= 2 * 1_024).then(|| hex::decode(s)).flatten()
 }
