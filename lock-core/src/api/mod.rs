@@ -29,7 +29,7 @@ use tokio::net::TcpListener;
 pub use error::ApiError;
 
 use crate::net::PeerSecret;
-use crate::node::{Node, FORWARD_PATH, PROPOSE_BATCH_PATH, READ_INDEX_PATH};
+use crate::node::{Node, FORWARD_PATH, PRE_VOTE_PATH, PROPOSE_BATCH_PATH, READ_INDEX_PATH};
 use crate::wire::{ErrorCode, LEADER_ID_HEADER, NODE_ID_HEADER};
 
 /// Serves the public API of `node` on `listener` (over TLS with `tls`, see
@@ -182,6 +182,7 @@ fn peer_routes() -> Router<Arc<Node>> {
     Router::new()
         .route("/raft/append", post(raft_rpc::append))
         .route("/raft/vote", post(raft_rpc::vote))
+        .route(PRE_VOTE_PATH, post(raft_rpc::pre_vote))
         .route("/raft/snapshot", post(raft_rpc::snapshot))
         .route("/internal/propose", post(raft_rpc::propose))
         .route(FORWARD_PATH, post(raft_rpc::forward))

@@ -17,7 +17,7 @@ use super::ApiError;
 use crate::machine::Command;
 use crate::net::codec::{self, CodecError};
 use crate::net::FROM_HEADER;
-use crate::node::{ForwardReply, Node};
+use crate::node::{ForwardReply, Node, PreVoteRequest};
 use crate::wire::ErrorCode;
 
 fn admit(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -57,12 +57,18 @@ pub async fn append(State(node): State<Arc<Node>>, headers: HeaderMap, body: Byt
         Ok(rpc) => rpc,
         Err(e) => return bad_body(e),
     };
-    if !node.vote_hold.is_held() {
-        return reply(&node.raft.append_entries(rpc).await);
+    let held = node.vote_hold.is_held();
+    if held {
+        node.vote_hold.heard(&rpc);
     }
-    node.vote_hold.heard(&rpc);
     let sent = rpc.entries.last().map(|e| e.log_id).or(rpc.prev_log_id);
     let answer = node.raft.append_entries(rpc).await;
+    if !matches!(answer, Ok(AppendEntriesResponse::HigherVote(_)) | Err(_)) {
+        node.leader_contact.heard();
+    }
+    if !held {
+        return reply(&answer);
+    }
     // What the answer says the log now matches, read from it rather than from raft's
     // metrics, which may not show it yet when the leader that sent it is gone next.
     let matched = match &answer {
@@ -75,11 +81,9 @@ pub async fn append(State(node): State<Arc<Node>>, headers: HeaderMap, body: Byt
 }
 
 /// Lets a node that holds back its vote (it started empty) vote and campaign again once its
-/// log (up to `last_log`) reached a commit index a leader sent it; until then a leader has
-/// reached it, so it does not campaign either (see `VoteHold`).
+/// log (up to `last_log`) reached a commit index a leader sent it (see `VoteHold`).
 fn caught_up(node: &Node, last_log: Option<u64>) {
     node.vote_hold.caught_up(last_log);
-    node.raft.runtime_config().elect(!node.vote_hold.is_held());
 }
 
 pub async fn vote(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes) -> Response {
@@ -105,6 +109,17 @@ pub async fn vote(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes
     reply(&node.raft.vote(rpc).await)
 }
 
+/// Would this node vote for the caller? Changes nothing (see `node::campaign`).
+pub async fn pre_vote(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(e) = admit(&node, &headers) {
+        return e.into_response();
+    }
+    match codec::decode::<PreVoteRequest>(&body) {
+        Ok(req) => reply(&node.pre_vote(&req)),
+        Err(e) => bad_body(e),
+    }
+}
+
 /// One chunk of a snapshot; openraft assembles the chunks and installs the snapshot when the
 /// last one arrives.
 pub async fn snapshot(State(node): State<Arc<Node>>, headers: HeaderMap, body: Bytes) -> Response {
@@ -113,7 +128,12 @@ pub async fn snapshot(State(node): State<Arc<Node>>, headers: HeaderMap, body: B
     }
     match codec::decode_snapshot_chunk(&body) {
         Ok(rpc) => {
+            let sender = rpc.vote;
             let answer = node.raft.install_snapshot(rpc).await;
+            // Answered with a vote other than the sender's: the sender is no longer leader.
+            if answer.as_ref().is_ok_and(|a| a.vote == sender) {
+                node.leader_contact.heard();
+            }
             if node.vote_hold.is_held() {
                 let last_log = node.raft.metrics().borrow().last_log_index;
                 caught_up(&node, last_log);

@@ -6,6 +6,7 @@
 
 mod auth;
 mod batcher;
+mod campaign;
 mod clock;
 mod commands;
 mod config;
@@ -32,6 +33,7 @@ use openraft::ServerState;
 pub use auth::{
     constant_time_eq, key_digest, new_api_key, AuthMode, Caller, Denied, TenantPolicy, TenantRates,
 };
+pub use campaign::{PreVoteRequest, PreVoteResponse, PRE_VOTE_PATH};
 pub use clock::Clock;
 pub use config::{MemberAddrs, NodeConfig, Policy, MAX_FAILOVER_GRACE_MS};
 pub use error::{NodeError, ProposeError};
@@ -73,6 +75,8 @@ pub struct Node {
     pub tenant_rates: TenantRates,
     /// Whether this node, started with an empty data directory, still holds back its vote.
     pub vote_hold: vote_hold::VoteHold,
+    /// When this node last heard from a leader (it decides when to campaign).
+    pub leader_contact: campaign::LeaderContact,
     /// Turns true when the node begins to shut down (see [`Node::begin_stopping`]).
     stopping: tokio::sync::watch::Sender<bool>,
 }
@@ -103,6 +107,11 @@ impl Node {
 
     fn write_timeout(&self) -> Duration {
         Duration::from_millis(self.config.policy.write_timeout_ms)
+    }
+
+    /// This node's answer to a candidate asking whether it would get its vote.
+    pub fn pre_vote(&self, req: &PreVoteRequest) -> campaign::PreVoteResponse {
+        campaign::answer(self, req)
     }
 
     pub fn current_leader(&self) -> Option<u64> {

@@ -136,12 +136,8 @@ pub async fn start(
     .map_err(|e| NodeError::Raft(e.to_string()))?;
     let vote_hold = VoteHold::open(&config.data_dir, empty, metrics.vote_held.clone())
         .map_err(in_data_dir(&config.data_dir))?;
-    // A held node does not campaign either: elected on a partial log with the vote of a node
-    // that lacks the same entries, it would lose them just the same. The founding member is
-    // the exception until a leader reaches it: a brand-new cluster's first leader is it.
-    if vote_hold.is_held() && config.founder() != Some(config.id) {
-        raft.runtime_config().elect(false);
-    }
+    // Raft never campaigns on its own: `campaign` starts each election after a pre-vote.
+    raft.runtime_config().elect(false);
 
     let (writes, write_queue) = super::batcher::queue(
         config.max_queued_writes,
@@ -167,6 +163,7 @@ pub async fn start(
         ops,
         tenant_rates: Default::default(),
         vote_hold,
+        leader_contact: Default::default(),
         stopping: tokio::sync::watch::Sender::new(false),
     });
 
@@ -178,6 +175,7 @@ pub async fn start(
         tokio::spawn(super::read_rounds::run(node.clone(), read_queue)),
         tokio::spawn(super::sweeper::run(node.clone())),
         tokio::spawn(watch_leader(node.clone())),
+        tokio::spawn(super::campaign::run(node.clone())),
         tokio::spawn(super::snapshots::run(node.clone())),
         tokio::spawn(ops::run_health_probes(node.clone())),
         tokio::spawn(ops::run_sampler(node.clone())),
@@ -383,7 +381,6 @@ async fn watch_leader(node: Arc<Node>) {
                 tracing::info!(node = node.id, leader = l, "leader changed");
                 if l == node.id {
                     node.vote_hold.release("elected leader");
-                    node.raft.runtime_config().elect(true);
                 }
             }
         }

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
+use openraft::LogId;
 use prometheus::IntGauge;
 
 use crate::raft::TypeConfig;
@@ -79,11 +80,20 @@ impl VoteHold {
     /// first entry: the election that starts a brand-new cluster, whose members all start
     /// empty.
     pub fn refuses(&self, req: &VoteRequest<u64>, founder: u64) -> bool {
+        self.refuses_candidate(req.vote.leader_id.node_id, req.last_log_id, founder)
+    }
+
+    /// The same for `candidate` campaigning with `last_log_id`: for a vote or a pre-vote.
+    pub fn refuses_candidate(
+        &self,
+        candidate: u64,
+        last_log_id: Option<LogId<u64>>,
+        founder: u64,
+    ) -> bool {
         if !self.is_held() {
             return false;
         }
-        let first_campaign =
-            req.vote.leader_id.node_id == founder && req.last_log_id.is_none_or(|l| l.index == 0);
+        let first_campaign = candidate == founder && last_log_id.is_none_or(|l| l.index == 0);
         !first_campaign
     }
 
@@ -128,7 +138,7 @@ impl VoteHold {
 
 #[cfg(test)]
 mod tests {
-    use openraft::{CommittedLeaderId, LogId, Vote};
+    use openraft::{CommittedLeaderId, Vote};
 
     use super::*;
 

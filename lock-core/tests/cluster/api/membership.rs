@@ -353,3 +353,47 @@ async fn a_joining_node_catches_up_by_snapshot_at_scale_before_it_votes() {
     }
     c.shutdown().await;
 }
+
+/// A removed member that keeps running does not disturb the cluster: it never wins a pre-vote,
+/// so its term stays put, and adding it back later does not depose the leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_member_left_running_can_be_added_back_without_an_election() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.wait_leader(Duration::from_secs(5)).await;
+    let addr4 = c.start_joining(4).await;
+    let add = json!({ "node_id": 4, "addr": addr4, "peer_addr": c.peer_addrs[&4] });
+    let (s, r) = c.post(leader, "/v1/cluster/members/add", add.clone()).await;
+    assert_eq!(s, 200, "{r}");
+    wait_voters(&c, 4, &[1, 2, 3, 4]).await;
+    let term = cluster_status(&c, leader).await["term"].clone();
+
+    phase("remove node 4 and leave it running for several election timeouts");
+    let (s, r) = c
+        .post(
+            leader,
+            "/v1/cluster/members/remove",
+            json!({ "node_id": 4 }),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    wait_voters(&c, leader, &[1, 2, 3]).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let v = cluster_status(&c, 4).await;
+    assert_eq!(v["term"], term, "the removed member raised its term: {v}");
+
+    phase("add it back: the same leader in the same term");
+    let (s, r) = c.post(leader, "/v1/cluster/members/add", add).await;
+    assert_eq!(s, 200, "{r}");
+    wait_voters(&c, 4, &[1, 2, 3, 4]).await;
+    let got = c.acquire(4, "member:back", "m-back", 10_000).await;
+    assert_grant(&got, "member:back", 10_000);
+    for id in [1, 2, 3, 4] {
+        let v = cluster_status(&c, id).await;
+        assert_eq!(
+            (v["leader_id"].as_u64(), &v["term"]),
+            (Some(leader), &term),
+            "node {id}: {v}"
+        );
+    }
+    c.shutdown().await;
+}

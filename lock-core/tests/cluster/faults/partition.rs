@@ -152,3 +152,47 @@ async fn t30_isolated_minority_answers_503() {
     );
     c.shutdown().await;
 }
+
+/// A member that is cut off asks the others before it campaigns, so its term stays where it
+/// was however long the partition lasts; when it is heard again it follows the leader it finds
+/// instead of deposing it with a higher term (an election, and a pause, for nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_follower_returns_without_forcing_an_election() {
+    let c = TestCluster::start(3).await;
+    let leader = c.wait_leader(EVENT).await;
+    let f = c.followers(leader)[0];
+    let (s, v) = c.acquire(leader, "calm:before", "req-calm-1", 60_000).await;
+    assert_eq!(s, 200, "{v}");
+    let term = c.cluster_status(leader).await.term;
+    let pre_votes = |id: u64| {
+        let metrics = &c.node(id).node.metrics.pre_votes;
+        metrics.with_label_values(&["lost"]).get()
+    };
+    let lost_before = pre_votes(f);
+
+    phase("cut a follower off for several election timeouts");
+    c.isolate(f);
+    // Long enough for at least three campaigns: each waits the lease and a timeout (≤ 1.6 s).
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let isolated_term = c.node(f).node.raft.metrics().borrow().current_term;
+    assert_eq!(isolated_term, term, "the isolated follower raised its term");
+    assert!(
+        pre_votes(f) > lost_before,
+        "the isolated follower never tried to campaign"
+    );
+
+    phase("heal: the same leader in the same term serves the returning follower");
+    c.heal();
+    c.wait_caught_up(f, EVENT).await;
+    let (s, v) = c.acquire(f, "calm:after", "req-calm-2", 60_000).await;
+    assert_eq!(s, 200, "{v}");
+    for id in c.running() {
+        let status = c.cluster_status(id).await;
+        assert_eq!(
+            (status.leader_id, status.term),
+            (Some(leader), term),
+            "node {id} after healing"
+        );
+    }
+    c.shutdown().await;
+}

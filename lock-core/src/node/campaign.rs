@@ -1,0 +1,298 @@
+//! When a node starts an election: only after a pre-vote round says it could win.
+//!
+//! Raft as openraft 0.9 runs it lets any voter that stops hearing from a leader raise its term
+//! and campaign. A member that cannot reach the others (a one-sided partition, a wrong peer
+//! secret) or that was removed from the cluster but still runs does so every election timeout,
+//! and its term climbs. When it is heard again, an append to it or its vote request carries
+//! that higher term, and the healthy leader steps down: an election, and a pause in service,
+//! for nothing.
+//!
+//! So this node never lets raft campaign on its own (its `elect` switch stays off). This task
+//! keeps raft's election timing instead: a follower that has heard from no leader for the
+//! leader lease plus a random election timeout asks every voter first whether it *would* vote
+//! for it (`/raft/pre-vote`, which changes nothing on either side). A voter says yes only if it
+//! is not the leader, has not heard from a leader within the lease itself, and the candidate's
+//! log is at least as complete as its own: the conditions under which its real vote could be
+//! granted. With a yes from a majority of every configuration the node asks raft to elect;
+//! otherwise it tries again after another election timeout, its term unchanged.
+//!
+//! The cost is one round trip before each election. A node of an earlier version answers the
+//! pre-vote path with 404; that counts as a yes, so its real vote decides as before.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use openraft::{LogId, ServerState};
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinSet;
+
+use super::Node;
+use crate::net::PeerError;
+use crate::timing::RaftTiming;
+
+/// Where a node asks another whether it would get its vote.
+pub const PRE_VOTE_PATH: &str = "/raft/pre-vote";
+
+/// "Would you vote for me?": the candidate and the last entry of its log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreVoteRequest {
+    pub candidate: u64,
+    pub last_log_id: Option<LogId<u64>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreVoteResponse {
+    pub granted: bool,
+}
+
+/// When this node last heard from a leader: an append or snapshot chunk it accepted.
+#[derive(Default)]
+pub struct LeaderContact(Mutex<Option<Instant>>);
+
+impl LeaderContact {
+    pub fn heard(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    pub fn last(&self) -> Option<Instant> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn within(&self, window: Duration) -> bool {
+        self.last().is_some_and(|at| at.elapsed() < window)
+    }
+}
+
+/// What a voter knows when it is asked for a pre-vote.
+#[derive(Clone, Copy, Debug)]
+pub struct VoterView {
+    pub is_leader: bool,
+    /// It heard from a leader within the leader lease.
+    pub heard_leader: bool,
+    /// It holds back its vote for this candidate (it started empty; see `VoteHold`).
+    pub holds_vote: bool,
+    pub last_log_id: Option<LogId<u64>>,
+}
+
+/// Whether a voter in `view` grants `req`: exactly when its real vote could be granted.
+pub fn grants(view: VoterView, req: &PreVoteRequest) -> bool {
+    !view.is_leader && !view.heard_leader && !view.holds_vote && req.last_log_id >= view.last_log_id
+}
+
+/// Whether the nodes in `granted` are a majority of each configuration in `configs` (one
+/// outside a membership change, two during one).
+pub fn is_quorum(configs: &[BTreeSet<u64>], granted: &HashSet<u64>) -> bool {
+    configs
+        .iter()
+        .all(|voters| voters.iter().filter(|v| granted.contains(v)).count() * 2 > voters.len())
+}
+
+/// This node's answer to a pre-vote request.
+pub fn answer(node: &Node, req: &PreVoteRequest) -> PreVoteResponse {
+    let is_leader = node.raft.metrics().borrow().state == ServerState::Leader;
+    let view = VoterView {
+        is_leader,
+        heard_leader: node.leader_contact.within(leader_lease(&node.config.raft)),
+        holds_vote: node.config.founder().is_some_and(|f| {
+            node.vote_hold
+                .refuses_candidate(req.candidate, req.last_log_id, f)
+        }),
+        last_log_id: node.raft.data_metrics().borrow().last_log,
+    };
+    let granted = grants(view, req);
+    tracing::debug!(candidate = req.candidate, granted, ?view, "pre-vote asked");
+    PreVoteResponse { granted }
+}
+
+/// How long a voter refuses to vote after hearing from a leader (openraft's leader lease: the
+/// longest election timeout).
+fn leader_lease(timing: &RaftTiming) -> Duration {
+    Duration::from_millis(timing.election_timeout_max_ms())
+}
+
+fn election_timeout(timing: &RaftTiming) -> Duration {
+    Duration::from_millis(rand::random_range(
+        timing.election_timeout_ms..=timing.election_timeout_max_ms(),
+    ))
+}
+
+/// Whether this node may campaign at all. A node holding back its vote does not, except the
+/// founding member of a brand-new cluster until a leader has reached it.
+fn may_campaign(node: &Node) -> bool {
+    !node.vote_hold.is_held()
+        || (node.config.founder() == Some(node.id) && node.leader_contact.last().is_none())
+}
+
+/// Runs the election timer: see the module documentation.
+pub async fn run(node: Arc<Node>) {
+    let timing = node.config.raft;
+    let tick = Duration::from_millis((timing.heartbeat_ms / 2).max(5));
+    // The quiet time is counted from the later of the last leader contact and the last
+    // attempt; after a leader contact the voters' lease must run out as well.
+    let mut quiet_from = Instant::now();
+    let mut after_leader = false;
+    let mut timeout = election_timeout(&timing);
+    loop {
+        tokio::time::sleep(tick).await;
+        if let Some(heard) = node.leader_contact.last().filter(|h| *h > quiet_from) {
+            quiet_from = heard;
+            after_leader = true;
+        }
+        let (campaigns, voter_configs) = {
+            let m = node.raft.metrics();
+            let m = m.borrow();
+            let membership = m.membership_config.membership();
+            let is_voter = membership.voter_ids().any(|v| v == node.id);
+            (
+                m.state != ServerState::Leader && is_voter,
+                membership.get_joint_config().clone(),
+            )
+        };
+        if !campaigns || !may_campaign(&node) {
+            quiet_from = Instant::now();
+            after_leader = false;
+            continue;
+        }
+        let wait = if after_leader {
+            timeout + leader_lease(&timing)
+        } else {
+            timeout
+        };
+        if quiet_from.elapsed() < wait {
+            continue;
+        }
+        quiet_from = Instant::now();
+        after_leader = false;
+        timeout = election_timeout(&timing);
+        if pre_vote(&node, &voter_configs, timing).await {
+            tracing::info!(node = node.id, "pre-vote won: starting an election");
+            node.metrics.pre_votes.with_label_values(&["won"]).inc();
+            if let Err(e) = node.raft.trigger().elect().await {
+                tracing::warn!(error = %e, "could not start an election");
+            }
+        } else {
+            node.metrics.pre_votes.with_label_values(&["lost"]).inc();
+        }
+    }
+}
+
+/// Asks every other voter for a pre-vote; true if the answers (with this node's own) make a
+/// quorum.
+async fn pre_vote(node: &Arc<Node>, configs: &[BTreeSet<u64>], timing: RaftTiming) -> bool {
+    let req = PreVoteRequest {
+        candidate: node.id,
+        last_log_id: node.raft.data_metrics().borrow().last_log,
+    };
+    let mut granted = HashSet::from([node.id]);
+    let voters: BTreeSet<u64> = configs.iter().flatten().copied().collect();
+    let mut asks = JoinSet::new();
+    let timeout = Duration::from_millis(timing.election_timeout_ms);
+    for voter in voters.into_iter().filter(|v| *v != node.id) {
+        let Some(addr) = node.member_addr(voter) else {
+            continue;
+        };
+        let (node, req) = (node.clone(), req.clone());
+        asks.spawn(async move {
+            let answer: Result<PreVoteResponse, PeerError> = node
+                .peers
+                .post(voter, &addr, PRE_VOTE_PATH, &req, timeout)
+                .await;
+            let yes = match answer {
+                Ok(a) => a.granted,
+                // A node of an earlier version: its real vote decides.
+                Err(PeerError::Status { status: 404, .. }) => true,
+                Err(e) => {
+                    tracing::debug!(voter, error = %e, "no pre-vote answer");
+                    false
+                }
+            };
+            (voter, yes)
+        });
+    }
+    while let Some(done) = asks.join_next().await {
+        if let Ok((voter, true)) = done {
+            granted.insert(voter);
+        }
+    }
+    let won = is_quorum(configs, &granted);
+    tracing::debug!(node = node.id, ?granted, won, "pre-vote round");
+    won
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::CommittedLeaderId;
+
+    use super::*;
+
+    fn log(term: u64, index: u64) -> Option<LogId<u64>> {
+        Some(LogId::new(CommittedLeaderId::new(term, 1), index))
+    }
+
+    fn view(last_log_id: Option<LogId<u64>>) -> VoterView {
+        VoterView {
+            is_leader: false,
+            heard_leader: false,
+            holds_vote: false,
+            last_log_id,
+        }
+    }
+
+    fn ask(last_log_id: Option<LogId<u64>>) -> PreVoteRequest {
+        PreVoteRequest {
+            candidate: 3,
+            last_log_id,
+        }
+    }
+
+    #[test]
+    fn a_voter_grants_only_when_its_real_vote_could_be_granted() {
+        assert!(grants(view(log(4, 100)), &ask(log(4, 100))));
+        assert!(
+            grants(view(log(4, 100)), &ask(log(5, 90))),
+            "a later term wins"
+        );
+        assert!(grants(view(None), &ask(None)));
+        assert!(!grants(view(log(4, 100)), &ask(log(4, 99))), "shorter log");
+        assert!(!grants(view(log(5, 1)), &ask(log(4, 100))), "older term");
+        assert!(!grants(view(log(4, 1)), &ask(None)));
+        let leader = VoterView {
+            is_leader: true,
+            ..view(None)
+        };
+        assert!(!grants(leader, &ask(log(4, 100))));
+        let following = VoterView {
+            heard_leader: true,
+            ..view(None)
+        };
+        assert!(!grants(following, &ask(log(4, 100))));
+        let holding = VoterView {
+            holds_vote: true,
+            ..view(None)
+        };
+        assert!(!grants(holding, &ask(log(4, 100))));
+    }
+
+    #[test]
+    fn a_quorum_is_a_majority_of_every_configuration() {
+        let config = |ids: &[u64]| ids.iter().copied().collect::<BTreeSet<u64>>();
+        let granted = |ids: &[u64]| ids.iter().copied().collect::<HashSet<u64>>();
+        let three = [config(&[1, 2, 3])];
+        assert!(is_quorum(&three, &granted(&[1, 3])));
+        assert!(!is_quorum(&three, &granted(&[3])));
+        assert!(
+            !is_quorum(&three, &granted(&[3, 4, 5])),
+            "outsiders do not count"
+        );
+        let four = [config(&[1, 2, 3, 4])];
+        assert!(
+            !is_quorum(&four, &granted(&[1, 2])),
+            "half is not a majority"
+        );
+        let joint = [config(&[1, 2, 3]), config(&[3, 4, 5])];
+        assert!(!is_quorum(&joint, &granted(&[1, 2, 3])));
+        assert!(is_quorum(&joint, &granted(&[2, 3, 4])));
+        assert!(is_quorum(&[config(&[1])], &granted(&[1])), "a single voter");
+    }
+}
