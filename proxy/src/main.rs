@@ -132,7 +132,17 @@ async fn main() -> ExitCode {
     }
     match args.cmd {
         Cmd::Dev(a) => served(dev::run(a).await),
-        Cmd::Node(a) => served(node::run(&a.config).await),
+        Cmd::Node(a) => match node::load(&a.config) {
+            Err(e) => {
+                eprintln!("error: {}", one_line(&e));
+                ExitCode::from(cli::exit::USAGE)
+            }
+            Ok(loaded) if a.check => {
+                println!("{}: valid: {}", a.config.display(), loaded.summary());
+                ExitCode::SUCCESS
+            }
+            Ok(loaded) => served(node::run(loaded).await),
+        },
         Cmd::DemoStore { listen, journal } => served(demo::run(&listen, journal.as_deref()).await),
         Cmd::Cluster(a) => done(cli::cluster(a).await),
         Cmd::Member(a) => done(cli::member(a).await),
