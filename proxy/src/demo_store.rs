@@ -22,7 +22,9 @@
 //! `X-Demo-Hold: NAME`: the order is created, then the answer waits until
 //! `POST /holds/NAME/release` (at most 60 s) — how tests lose an answer after the effect; or
 //! `X-Demo-Answer-Delay-Ms: N`: the order is created, then the answer waits N ms (at most 60 s)
-//! — how the chaos harness makes the proxy's upstream timeout lose answers.
+//! — how the chaos harness makes the proxy's upstream timeout lose answers; or
+//! `X-Demo-Delay-Ms: N`: the store waits N ms (at most 60 s) before it creates the order, like a
+//! store that applies a request some time after receiving it.
 //!
 //! Opened on a journal file ([`DemoStore::open`], as `fencegate dev` does under its data
 //! directory), the store appends every accepted write to it before answering, and replays it at
@@ -390,26 +392,27 @@ async fn create_order(State(shared): State<Shared>, headers: HeaderMap, body: By
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)
     };
-    let order = {
-        let mut s = lock(&shared);
-        let order = Order {
-            id: format!("ord-{}", s.orders.len() + 1),
-            tenant: tenant_of(&headers),
-            idempotency_key: text("idempotency-key"),
-            body: String::from_utf8_lossy(&body).into_owned(),
-        };
-        let entry = LogEntry {
-            seq: s.log.len() as u64 + 1,
-            key: format!("order:{}", order.id),
-            fence_token: None,
-            value: order.body.clone(),
-            idempotency_key: order.idempotency_key.clone(),
-            tenant: Some(order.tenant.clone()),
-        };
-        if let Err(e) = s.accept(entry, &body) {
-            return journal_failed(&e);
+    let make = {
+        let (shared, tenant, key, body) = (
+            shared.clone(),
+            tenant_of(&headers),
+            text("idempotency-key"),
+            body.clone(),
+        );
+        let before = text("x-demo-delay-ms").and_then(|v| v.trim().parse::<u64>().ok());
+        async move {
+            if let Some(ms) = before {
+                tokio::time::sleep(Duration::from_millis(ms.min(60_000))).await;
+            }
+            add_order(&shared, tenant, key, &body)
         }
-        order
+    };
+    // Once received, the order is made even if the client goes away meanwhile (the connection's
+    // end would otherwise cancel this handler).
+    let order = match tokio::spawn(make).await {
+        Ok(Ok(order)) => order,
+        Ok(Err(e)) => return journal_failed(&e),
+        Err(e) => return journal_failed(&io::Error::other(e)),
     };
     if let Some(name) = text("x-demo-hold") {
         // The effect has happened; the answer waits for the test to release it.
@@ -429,6 +432,32 @@ async fn create_order(State(shared): State<Shared>, headers: HeaderMap, body: By
         tokio::time::sleep(Duration::from_millis(ms.min(60_000))).await;
     }
     (StatusCode::CREATED, Json(order)).into_response()
+}
+
+/// Creates and journals an order; the error is the journal's.
+fn add_order(
+    shared: &Shared,
+    tenant: String,
+    idempotency_key: Option<String>,
+    body: &Bytes,
+) -> io::Result<Order> {
+    let mut s = lock(shared);
+    let order = Order {
+        id: format!("ord-{}", s.orders.len() + 1),
+        tenant,
+        idempotency_key,
+        body: String::from_utf8_lossy(body).into_owned(),
+    };
+    let entry = LogEntry {
+        seq: s.log.len() as u64 + 1,
+        key: format!("order:{}", order.id),
+        fence_token: None,
+        value: order.body.clone(),
+        idempotency_key: order.idempotency_key.clone(),
+        tenant: Some(order.tenant.clone()),
+    };
+    s.accept(entry, body)?;
+    Ok(order)
 }
 
 async fn order_by_key(

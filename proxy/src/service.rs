@@ -280,6 +280,88 @@ async fn respond_error(session: &mut Session, status: u16, body: &ErrorBody) -> 
     Ok(())
 }
 
+/// Requests the proxy does not pass on, whatever the route: an upgrade (WebSocket, h2c), whose
+/// tunnel would carry writes no fence could check, and a transfer coding other than chunked,
+/// which it could not forward unchanged. nginx answers the latter 501 as well.
+fn unsupported_framing(session: &Session) -> Option<(u16, &'static str, &'static str)> {
+    let req = session.req_header();
+    // curl and others offer h2c on plain requests; like nginx, the proxy answers in HTTP/1.1
+    // (the offer is not forwarded).
+    let only_h2c = req.headers.get_all("upgrade").iter().all(|v| {
+        v.to_str()
+            .is_ok_and(|v| v.split(',').all(|p| p.trim().eq_ignore_ascii_case("h2c")))
+    });
+    if !only_h2c {
+        return Some((
+            501,
+            "upgrade_not_supported",
+            "The fencing proxy does not switch protocols (WebSocket and the like): writes inside \
+             an upgraded connection could not be fenced. Send plain HTTP requests.",
+        ));
+    }
+    let codings = req.headers.get_all("transfer-encoding");
+    if codings.iter().count() > 0
+        && !codings.iter().all(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.trim().eq_ignore_ascii_case("chunked"))
+        })
+    {
+        return Some((
+            501,
+            "unsupported_transfer_encoding",
+            "The fencing proxy forwards request bodies as they are or chunked; other transfer \
+             codings (gzip, deflate, compress) are not supported. Use Content-Encoding instead.",
+        ));
+    }
+    None
+}
+
+/// How many headers carry `name`, counting spellings with `_` for `-`: CGI-style servers
+/// (WSGI, Rack, PHP) read `Fence_Token` and `Fence-Token` as one variable, so a second
+/// spelling is a second copy the store might read instead.
+fn copies(req: &RequestHeader, name: &str) -> usize {
+    req.headers
+        .iter()
+        .filter(|(n, _)| {
+            let n = n.as_str();
+            n.len() == name.len()
+                && n.bytes().zip(name.bytes()).all(|(a, b)| {
+                    let a = if a == b'_' { b'-' } else { a };
+                    a.eq_ignore_ascii_case(&b)
+                })
+        })
+        .count()
+}
+
+/// The options a request's `Connection` headers list (lower case): the headers they name
+/// describe this hop and are not passed on.
+pub(crate) fn connection_options(req: &RequestHeader) -> impl Iterator<Item = String> + '_ {
+    req.headers
+        .get_all("connection")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+}
+
+/// Removes an h2c upgrade offer (the only kind let through) from a request going upstream.
+fn drop_upgrade_offer(req: &mut RequestHeader) -> Result<()> {
+    if !req.headers.contains_key("upgrade") {
+        return Ok(());
+    }
+    req.remove_header("upgrade");
+    req.remove_header("http2-settings");
+    let kept: Vec<String> = connection_options(req)
+        .filter(|t| t != "upgrade" && t != "http2-settings")
+        .collect();
+    req.remove_header("connection");
+    if !kept.is_empty() {
+        req.insert_header("connection", kept.join(", "))?;
+    }
+    Ok(())
+}
+
 async fn respond_json(session: &mut Session, status: u16, body: &Value) -> Result<()> {
     let body = Bytes::from(body.to_string());
     let mut resp = ResponseHeader::build(status, Some(3))?;
@@ -313,6 +395,12 @@ impl ProxyHttp for FenceProxy {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
+        if let Some((status, code, message)) = unsupported_framing(session) {
+            ctx.outcome = code;
+            let body = json!({ "error": code, "message": message });
+            respond_json(session, status, &body).await?;
+            return Ok(true);
+        }
         let req = session.req_header();
         if let Err(why) = check_path(req.uri.path()) {
             ctx.outcome = "invalid_path";
@@ -375,7 +463,7 @@ impl ProxyHttp for FenceProxy {
         let local = (|| {
             lock_core::wire::validate_resource(&m.resource).map_err(Rejection::BadResource)?;
             for name in [FENCE_TOKEN_HEADER, FENCE_RESOURCE_HEADER] {
-                if req.headers.get_all(name).iter().count() > 1 {
+                if copies(req, name) > 1 {
                     return Err(Rejection::DuplicateHeader(name));
                 }
             }
@@ -480,6 +568,7 @@ impl ProxyHttp for FenceProxy {
         upstream_request: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        drop_upgrade_offer(upstream_request)?;
         let (Some(tenant), Some(route)) =
             (&ctx.key_tenant, ctx.route.and_then(|i| self.routes.get(i)))
         else {
@@ -550,6 +639,15 @@ impl ProxyHttp for FenceProxy {
         upstream_response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> Result<()> {
+        // No upgrade is forwarded, so a 101 is the upstream's error; a tunnel through the
+        // proxy would carry writes no fence checks.
+        if upstream_response.status.as_u16() == 101 {
+            return Err(Error::explain(
+                ErrorType::InvalidHTTPHeader,
+                "the upstream switched protocols (101) although no upgrade was asked for",
+            )
+            .into_up());
+        }
         // A final answer means the upstream has the whole request (1xx, e.g. 100 Continue,
         // asks for the body that is still to be sent).
         if !upstream_response.status.is_informational() {
@@ -560,7 +658,42 @@ impl ProxyHttp for FenceProxy {
         Ok(())
     }
 
+    /// An HTTP/1.0 client cannot read a chunked body: a response the upstream sent without a
+    /// length goes to it as HTTP/1.0 does it, delimited by closing the connection (pingora
+    /// converts such responses to chunked for HTTP/1.1 clients).
+    async fn response_filter(
+        &self,
+        session: &mut Session,
+        response: &mut ResponseHeader,
+        _ctx: &mut Ctx,
+    ) -> Result<()> {
+        if session.req_header().version == pingora::http::Version::HTTP_10
+            && response.headers.contains_key("transfer-encoding")
+        {
+            response.remove_header("transfer-encoding");
+            response.set_version(pingora::http::Version::HTTP_10);
+            response.insert_header("connection", "close")?;
+        }
+        Ok(())
+    }
+
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        if let Some(sent) = session.response_written() {
+            // The upstream's answer has begun to reach the client. An error written now would
+            // become part of its body, and with the body's end after it the client would take
+            // a cut-off answer for a complete one: the connection is closed instead, without
+            // the body's end, so the client sees the answer is incomplete.
+            let status = sent.status.as_u16();
+            ctx.outcome = "cut_off";
+            self.metrics
+                .upstream_errors
+                .with_label_values(&["after_response_began"])
+                .inc();
+            return FailToProxy {
+                error_code: status,
+                can_reuse_downstream: false,
+            };
+        }
         if ctx.send_guard.as_ref().is_some_and(SendGuard::was_cut) {
             ctx.outcome = "send_deadline";
             self.metrics
@@ -601,10 +734,12 @@ impl ProxyHttp for FenceProxy {
                 .with_label_values(&[kind])
                 .inc();
         }
-        let body = json!({
-            "error": code,
-            "message": format!("The request could not be proxied: {e}. It may or may not have reached the upstream."),
-        });
+        let message = if kind == "connect" {
+            format!("The upstream could not be reached: {e}. Nothing was sent to it.")
+        } else {
+            format!("The request could not be proxied: {e}. It may or may not have reached the upstream.")
+        };
+        let body = json!({ "error": code, "message": message });
         let code = match respond_json(session, status, &body).await {
             Ok(()) => status,
             Err(_) => 0,

@@ -1200,6 +1200,27 @@ async fn the_quota_panel_shows_the_dev_quota_and_a_run_time_change() {
     })
     .await;
 
+    // A burst over the quota's burst (200), so some of acme's requests are refused.
+    let mut refused = 0;
+    for _ in 0..400 {
+        let r = cluster
+            .http
+            .get(format!("http://{proxy}/limited/k"))
+            .header("X-Tenant", "acme")
+            .send()
+            .await;
+        if r.is_ok_and(|r| r.status().as_u16() == 429) {
+            refused += 1;
+        }
+        if refused >= 5 {
+            break;
+        }
+    }
+    assert!(
+        refused > 0,
+        "400 requests at once stayed within acme's quota"
+    );
+
     // Keep acme busy: a tenant quiet for two lease durations gives its shares back.
     let busy = {
         let (http, url) = (cluster.http.clone(), format!("http://{proxy}/limited/k"));

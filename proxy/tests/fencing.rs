@@ -8,6 +8,8 @@
 
 mod common;
 // Further tests of this binary live in tests/fencing/.
+#[path = "fencing/framing.rs"]
+mod framing;
 #[path = "fencing/send_deadline.rs"]
 mod send_deadline;
 
@@ -369,8 +371,8 @@ async fn t30_no_quorum_is_503_and_nothing_is_forwarded() {
     h.shutdown().await;
 }
 
-/// A fence header sent twice is refused: a store that reads another copy than the one the
-/// proxy checked would see another token. Nothing is forwarded.
+/// A fence header sent twice (also spelled with `_`) is refused: a store that reads another
+/// copy than the one the proxy checked would see another token. Nothing is forwarded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t21_duplicate_fence_headers_are_refused() {
     let h = FenceHarness::start().await;
@@ -382,7 +384,9 @@ async fn t21_duplicate_fence_headers_are_refused() {
     let twice_resource = Write::put("d", a.token, "twice")
         .header("fence-resource", "kv:d")
         .header("fence-resource", "kv:other");
-    for w in [twice_token, twice_resource] {
+    // CGI-style stores read Fence_Token as Fence-Token.
+    let underscored = Write::put("d", a.token, "twice").header("fence_token", 1);
+    for w in [twice_token, twice_resource, underscored] {
         let r = c.send(1, &w).await;
         assert_eq!(
             (r.status, r.code()),

@@ -743,3 +743,76 @@ async fn t80_unreachable_upstream_releases_the_key() {
     }
     h.shutdown().await;
 }
+
+/// A store may apply a request some time after it received it. When the proxy's upstream
+/// timeout ends the exchange first, the key stays in use until the owner's lease is over, so no
+/// reconciliation lookup runs before the store has had that time: the retry then finds the
+/// order and replays it instead of creating a second one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t81_a_request_applied_after_the_timeout_is_reconciled_not_run_twice() {
+    let h = FenceHarness::start().await;
+    let body = r#"{"item":"late"}"#;
+
+    phase("the store applies the order 1.3 s after receiving it; the proxy gives up at 1 s");
+    let a = post_order(&h, 1, Some("late-1"), body, &[("x-demo-delay-ms", "1300")]).await;
+    assert_eq!((a.status, a.code()), (504, "upstream_timeout"), "{a:?}");
+
+    phase("a retry at once is told the key is in use, with Retry-After");
+    let b = post_order(&h, 2, Some("late-1"), body, &[("x-demo-delay-ms", "1300")]).await;
+    assert_eq!(
+        (b.status, b.code()),
+        (409, "idempotency_key_in_use"),
+        "{b:?}"
+    );
+    assert!(b.retry_after.is_some(), "{b:?}");
+
+    phase("after the owner's lease the retry is reconciled with the order the store made");
+    let settled = post_until_settled(&h, 3, "late-1", body).await;
+    assert_eq!(
+        (settled.status, settled.reconciled),
+        (200, true),
+        "{settled:?}"
+    );
+    assert_eq!(orders_with_key(&h, "late-1").await.len(), 1, "one effect");
+    h.shutdown().await;
+}
+
+/// On a route whose tenant comes from a header, a request without it belongs to the route's
+/// default tenant: the store must hear the same tenant the reconciliation lookup asks for, or
+/// the lookup misses the request's own effect and the request runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t82_the_default_tenant_reaches_the_store_and_its_lookup_alike() {
+    let h = FenceHarness::start_with(|c| {
+        let orders = c
+            .routes
+            .iter_mut()
+            .find(|r| r.path == "/orders")
+            .expect("orders route");
+        orders.idempotency_options.default_tenant = "acme".into();
+    })
+    .await;
+    let body = r#"{"item":"anvil"}"#;
+
+    phase("no X-Tenant: the order is made, its answer is lost to the upstream timeout");
+    let a = post_order(
+        &h,
+        1,
+        Some("dflt-1"),
+        body,
+        &[("x-demo-answer-delay-ms", "1500")],
+    )
+    .await;
+    assert_eq!((a.status, a.code()), (504, "upstream_timeout"), "{a:?}");
+
+    phase("the retry is reconciled: the lookup for tenant acme finds the order");
+    let settled = post_until_settled(&h, 2, "dflt-1", body).await;
+    assert_eq!(
+        (settled.status, settled.reconciled),
+        (200, true),
+        "{settled:?}"
+    );
+    let orders = orders_with_key(&h, "dflt-1").await;
+    assert_eq!(orders.len(), 1, "one effect: {orders:?}");
+    assert_eq!(orders[0].tenant.as_deref(), Some("acme"), "{orders:?}");
+    h.shutdown().await;
+}

@@ -188,6 +188,7 @@ impl IdempotencyLayer {
                 }
             },
         };
+        let tenant_for_upstream = tenant.clone();
         let Some(body) = read_body(session).await? else {
             let msg = format!(
                 "Requests on idempotent routes may carry at most {MAX_REQUEST_BODY} bytes of body."
@@ -226,7 +227,7 @@ impl IdempotencyLayer {
             method: reqwest::Method::from_bytes(req.method.as_str().as_bytes())
                 .unwrap_or(reqwest::Method::POST),
             path_and_query,
-            headers: forwarded_headers(req, route, key_tenant),
+            headers: forwarded_headers(req, route, key_tenant, &tenant_for_upstream),
             body,
         };
         self.run(session, route, &request, admit).await?;
@@ -424,6 +425,15 @@ impl IdempotencyLayer {
                       format!("The upstream's answer was lost ({e}); it may or may not have acted, and a retry with the same key will say so."))),
             ),
         };
+        // With no answer the upstream may still act on what it received, so the record stays
+        // `processing` until the owner's lease ends and turns it `unknown`: until then a retry
+        // is told the key is in use, and no reconciliation lookup can run before the upstream
+        // has had the lease's time to apply the request.
+        if let (Err(_), Some((code, msg))) = (&result, &reply) {
+            if completion == Completion::Unknown {
+                return respond_error(session, code.clone(), msg, None).await;
+            }
+        }
         let cmd = IdemCommand::Complete {
             scope: req.scope.clone(),
             attempt,
@@ -534,6 +544,15 @@ async fn read_body(session: &mut Session) -> Result<Option<Bytes>> {
     if declared.is_some_and(|n| n > MAX_REQUEST_BODY) {
         return Ok(None);
     }
+    let expects_continue = session
+        .req_header()
+        .headers
+        .get("expect")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if expects_continue {
+        // The client waits for this before it sends the body.
+        session.write_continue_response().await?;
+    }
     let mut body = Vec::new();
     while let Some(chunk) = session.read_request_body().await? {
         body.extend_from_slice(&chunk);
@@ -559,14 +578,18 @@ async fn read_answer(resp: reqwest::Response) -> Result<Answer, reqwest::Error> 
     })
 }
 
-/// Request headers that describe this hop, not the request: not forwarded by the client.
-/// The request headers the upstream gets. On a route that takes the tenant from the API key,
-/// the key is not passed on (it is a credential for this cluster, not for the store) and the
-/// route's tenant headers carry the key's tenant, as the streaming path forwards them.
+/// The request headers the upstream gets: the client's, with `Host`, less those that describe
+/// this hop (the fixed ones and those the client's `Connection` names), as the streaming path
+/// forwards them. The upstream always learns the request's `tenant`, the one its record and
+/// the reconciliation lookup are scoped to: a header-tenant request without the header gets
+/// the route's default in it. On a route that takes the tenant from the API key, the key is not
+/// passed on (it is a credential for this cluster, not for the store) and the route's tenant
+/// headers carry the key's tenant.
 fn forwarded_headers(
     req: &pingora::http::RequestHeader,
     route: &Route,
     key_tenant: Option<&str>,
+    tenant: &str,
 ) -> Vec<(String, Vec<u8>)> {
     let tenant_header = |n: &str| {
         route
@@ -574,22 +597,28 @@ fn forwarded_headers(
             .tenant_headers()
             .any(|h| h.eq_ignore_ascii_case(n))
     };
+    let hop_named: Vec<String> = crate::service::connection_options(req).collect();
     let mut headers: Vec<(String, Vec<u8>)> = req
         .headers
         .iter()
-        .filter(|(n, _)| forwarded_header(n.as_str()))
+        .filter(|(n, _)| forwarded_header(n.as_str()) && !hop_named.iter().any(|h| h == n.as_str()))
         .filter(|(n, _)| {
             key_tenant.is_none() || !(*n == "authorization" || tenant_header(n.as_str()))
         })
         .map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec()))
         .collect();
-    if let Some(tenant) = key_tenant {
+    if key_tenant.is_some() {
         headers.extend(
             route
                 .config
                 .tenant_headers()
                 .map(|h| (h.to_string(), tenant.as_bytes().to_vec())),
         );
+    } else {
+        let header = &route.config.idempotency_options.tenant_header;
+        if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(header)) {
+            headers.push((header.to_string(), tenant.as_bytes().to_vec()));
+        }
     }
     headers
 }
@@ -597,8 +626,7 @@ fn forwarded_headers(
 fn forwarded_header(name: &str) -> bool {
     !matches!(
         name,
-        "host"
-            | "connection"
+        "connection"
             | "keep-alive"
             | "transfer-encoding"
             | "content-length"
@@ -724,7 +752,7 @@ mod tests {
         ] {
             req.insert_header(n, v).expect("header");
         }
-        let keyed = forwarded_headers(&req, &route, Some("acme"));
+        let keyed = forwarded_headers(&req, &route, Some("acme"), "acme");
         let names: Vec<&str> = keyed.iter().map(|(n, _)| n.as_str()).collect();
         assert!(!names.contains(&"authorization"), "{names:?}");
         assert_eq!(
@@ -736,8 +764,40 @@ mod tests {
             [b"acme".as_slice()]
         );
         // A header-tenant route forwards everything as it came.
-        let open = forwarded_headers(&req, &route, None);
+        let open = forwarded_headers(&req, &route, None, "acme");
         assert_eq!(open.len(), 3);
+    }
+
+    #[test]
+    fn the_upstream_gets_the_host_the_tenant_and_no_hop_headers() {
+        let route = Route::compile(crate::route::RouteConfig::new("/o", "o", "127.0.0.1:9"))
+            .expect("route");
+        let mut req = pingora::http::RequestHeader::build("POST", b"/o", None).expect("head");
+        for (n, v) in [
+            ("host", "shop.example"),
+            ("connection", "keep-alive, X-Drop"),
+            ("x-drop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("content-type", "text/plain"),
+        ] {
+            req.insert_header(n, v).expect("header");
+        }
+        let sent = forwarded_headers(&req, &route, None, "demo");
+        let value = |name: &str| {
+            sent.iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        };
+        assert_eq!(value("host").as_deref(), Some("shop.example"));
+        assert_eq!(
+            value("x-tenant").as_deref(),
+            Some("demo"),
+            "the default tenant"
+        );
+        assert_eq!(value("content-type").as_deref(), Some("text/plain"));
+        for hop in ["connection", "x-drop", "keep-alive"] {
+            assert_eq!(value(hop), None, "{hop} was forwarded");
+        }
     }
 
     #[test]

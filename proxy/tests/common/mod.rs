@@ -28,6 +28,9 @@ pub struct StoreWrite {
     pub key: String,
     pub fence_token: Option<u64>,
     pub value: String,
+    /// For an order: the tenant the store created it for.
+    #[serde(default)]
+    pub tenant: Option<String>,
 }
 
 /// An answer from a proxy (or the store), with the instant it arrived.
