@@ -248,14 +248,28 @@ pub async fn run(loaded: Loaded) -> anyhow::Result<()> {
         }
         _ => None,
     };
-    shutdown_signal().await;
-    tracing::info!(node = id, "stopping");
+    // A node whose raft stopped on its own (a full or failing disk) serves nothing: it exits
+    // with an error, so that its supervisor restarts it, instead of staying up half-dead.
+    let failed = tokio::select! {
+        _ = shutdown_signal() => None,
+        cause = handle.node.raft_failed() => Some(cause),
+    };
+    match &failed {
+        None => tracing::info!(node = id, "stopping"),
+        Some(cause) => tracing::error!(node = id, %cause, "raft stopped on its own: exiting"),
+    }
     let _ = stop_tx.send(true);
     if let Some(t) = proxy_task {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
     }
     handle.stopped().await;
-    Ok(())
+    match failed {
+        None => Ok(()),
+        Some(cause) => Err(anyhow::anyhow!(
+            "raft stopped on node {id}: {cause} (free disk space or fix the storage, then start \
+             the node again)"
+        )),
+    }
 }
 
 /// The bootstrap admin credential from the `[node]` table, inline or from its file.

@@ -358,14 +358,31 @@ async fn probe(addr: Option<String>) -> bool {
         .is_ok_and(|r| r.status().is_success())
 }
 
-pub async fn healthz() -> Json<HealthStatus> {
-    Json(HealthStatus {
+/// Alive unless raft has stopped on its own (a full or failing disk): such a node serves
+/// nothing until it is restarted, so a supervisor that probes this should restart it.
+pub async fn healthz(State(node): State<Arc<Node>>) -> Result<Json<HealthStatus>, ApiError> {
+    if let Some(cause) = node.raft_failure() {
+        return Err(raft_stopped(&cause));
+    }
+    Ok(Json(HealthStatus {
         status: "ok".into(),
-    })
+    }))
+}
+
+fn raft_stopped(cause: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::NodeStopped,
+        format!(
+            "Raft stopped on this node ({cause}); it serves nothing until restarted. See its log."
+        ),
+    )
 }
 
 /// Ready when this node knows a leader (it can then serve every call).
 pub async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<ReadyStatus>, ApiError> {
+    if let Some(cause) = node.raft_failure() {
+        return Err(raft_stopped(&cause));
+    }
     match node.current_leader() {
         Some(leader_id) => Ok(Json(ReadyStatus {
             status: "ready".into(),

@@ -238,6 +238,7 @@ impl Metrics {
         register(Box::new(m.waiter_timeouts.clone()));
         register(Box::new(m.renew_failures.clone()));
         register(Box::new(m.leader_changes.clone()));
+        register(Box::new(m.pre_votes.clone()));
         register(Box::new(m.election_seconds.clone()));
         register(Box::new(m.active_locks.clone()));
         register(Box::new(m.waiters.clone()));

@@ -88,6 +88,38 @@ impl Node {
         self.stopping.send_replace(true);
     }
 
+    /// Why raft stopped on its own (a disk that is full or failing, a storage error), if it
+    /// did: the node then serves nothing, and only a restart can bring it back.
+    pub fn raft_failure(&self) -> Option<String> {
+        if *self.stopping.borrow() {
+            return None;
+        }
+        let m = self.raft.metrics();
+        let failure = match &m.borrow().running_state {
+            Ok(()) | Err(openraft::error::Fatal::Stopped) => None,
+            Err(e) => Some(e.to_string()),
+        };
+        failure
+    }
+
+    /// Completes, with the cause, when raft stops on its own (see [`Node::raft_failure`]);
+    /// never during a shutdown.
+    pub async fn raft_failed(&self) -> String {
+        let mut rx = self.raft.metrics();
+        loop {
+            if let Some(cause) = self.raft_failure() {
+                return cause;
+            }
+            if rx.changed().await.is_err() {
+                // The metrics end with raft's core; read the cause it left, if any.
+                if let Some(cause) = self.raft_failure() {
+                    return cause;
+                }
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
     /// Completes once the node has begun to shut down.
     pub async fn stopping(&self) {
         let mut stopping = self.stopping.subscribe();

@@ -78,6 +78,7 @@ pub async fn start(
         move |source| NodeError::DataDir { path, source }
     };
     std::fs::create_dir_all(&config.data_dir).map_err(in_data_dir(&config.data_dir))?;
+    claim_data_dir(&config.data_dir, config.id)?;
     let audit_dir = config.data_dir.join("audit");
     let audit = AuditLog::open(&audit_dir, config.audit_max_bytes, config.audit_keep)
         .map_err(in_data_dir(&audit_dir))?;
@@ -195,6 +196,48 @@ async fn storage_is_empty(
         && state.last_log_id.is_none()
         && state.last_purged_log_id.is_none()
         && applied.is_none())
+}
+
+/// The file in a data directory naming the node it belongs to.
+const OWNER_FILE: &str = "node-id";
+
+/// A data directory belongs to one node: its id is written into it at the first start, and a
+/// node with another id refuses to start on it. A copy of another member's data would make this
+/// node vote with a log that is not its own; a quorum of such votes can elect a leader that
+/// lacks acknowledged entries, and granted leases would be lost.
+fn claim_data_dir(dir: &Path, id: u64) -> Result<(), NodeError> {
+    let path = dir.join(OWNER_FILE);
+    let failed = |source| NodeError::DataDir {
+        path: path.clone(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let owner = text.trim();
+            if owner == id.to_string() {
+                return Ok(());
+            }
+            Err(NodeError::Config(format!(
+                "data directory {} belongs to node {owner} (its {OWNER_FILE} file), but this is \
+                 node {id}. A node starts only on its own data directory: one copied from another \
+                 member votes with that member's log, and acknowledged writes can be lost. To \
+                 replace this node's data, start it on an empty directory.",
+                dir.display()
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // First start here (or a directory from a version without the file): claim it.
+            let tmp = dir.join(format!("{OWNER_FILE}.tmp"));
+            let mut f = std::fs::File::create(&tmp).map_err(failed)?;
+            std::io::Write::write_all(&mut f, format!("{id}\n").as_bytes()).map_err(failed)?;
+            f.sync_all().map_err(failed)?;
+            std::fs::rename(&tmp, &path).map_err(failed)?;
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(failed)
+        }
+        Err(e) => Err(failed(e)),
+    }
 }
 
 /// On a first start, where `initial_members` is the membership, this node's own entry must
@@ -341,7 +384,8 @@ const LEADERLESS_WARN_EVERY: Duration = Duration::from_secs(10);
 async fn watch_leader(node: Arc<Node>) {
     let mut rx = node.raft.server_metrics();
     let mut last_leader = rx.borrow().current_leader;
-    let mut leaderless_since: Option<Instant> = last_leader.is_none().then(Instant::now);
+    let started = Instant::now();
+    let mut leaderless_since: Option<Instant> = last_leader.is_none().then_some(started);
     let mut tick = tokio::time::interval(LEADERLESS_WARN_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -352,7 +396,7 @@ async fn watch_leader(node: Arc<Node>) {
                 }
             }
             _ = tick.tick() => {
-                warn_if_leaderless(&node, leaderless_since);
+                warn_if_leaderless(&node, started);
                 continue;
             }
         }
@@ -390,17 +434,28 @@ async fn watch_leader(node: Arc<Node>) {
 
 /// A node that has known no leader for [`LEADERLESS_WARN_EVERY`] or longer says so (each
 /// time the interval passes), with its term and role: a stuck candidate is otherwise silent.
-fn warn_if_leaderless(node: &Node, leaderless_since: Option<Instant>) {
-    let Some(since) = leaderless_since.filter(|s| s.elapsed() >= LEADERLESS_WARN_EVERY) else {
-        return;
+/// A follower counts from the last append or snapshot chunk a leader sent it (raft's metrics
+/// keep naming a leader that has gone silent), anyone else from `started`.
+fn warn_if_leaderless(node: &Node, started: Instant) {
+    let (term, state) = {
+        let m = node.raft.metrics();
+        let m = m.borrow();
+        (m.current_term, m.state)
     };
-    let m = node.raft.metrics().borrow().clone();
+    if state == openraft::ServerState::Leader {
+        return;
+    }
+    let since = node.leader_contact.last().unwrap_or(started);
+    if since.elapsed() < LEADERLESS_WARN_EVERY {
+        return;
+    }
     tracing::warn!(
         node = node.id,
-        term = m.current_term,
-        state = ?m.state,
-        "no leader known for {} s: this node cannot reach a majority of the members (down, \
-         partitioned, another peer secret) or is held back while it catches up",
+        term,
+        state = ?state,
+        "no leader heard from for {} s: this node cannot reach a majority of the members \
+         (down, partitioned, another peer secret), is not a member any more, or is held back \
+         while it catches up",
         since.elapsed().as_secs()
     );
 }
@@ -423,6 +478,23 @@ mod tests {
             .collect();
         let secret = PeerSecret::new("0123456789abcdef0123").expect("secret");
         NodeConfig::new(id, "/tmp/unused", members, secret)
+    }
+
+    #[test]
+    fn a_data_directory_belongs_to_the_node_that_first_used_it() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        claim_data_dir(dir.path(), 2).expect("first start claims it");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(OWNER_FILE)).unwrap(),
+            "2\n"
+        );
+        claim_data_dir(dir.path(), 2).expect("its own node starts again");
+        let err = claim_data_dir(dir.path(), 1).expect_err("another node is refused");
+        let said = err.to_string();
+        assert!(
+            said.contains("belongs to node 2") && said.contains("this is node 1"),
+            "{said}"
+        );
     }
 
     fn announcing(api: &str, peer: &str) -> NodeInfo {

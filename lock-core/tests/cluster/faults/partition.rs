@@ -180,6 +180,14 @@ async fn an_isolated_follower_returns_without_forcing_an_election() {
         pre_votes(f) > lost_before,
         "the isolated follower never tried to campaign"
     );
+    let scraped = c.node(f).node.metrics.render();
+    assert!(
+        scraped
+            .lines()
+            .any(|l| l.starts_with("fencegate_raft_pre_votes_total{")
+                && l.contains("outcome=\"lost\"")),
+        "the pre-votes are not in /metrics"
+    );
 
     phase("heal: the same leader in the same term serves the returning follower");
     c.heal();
