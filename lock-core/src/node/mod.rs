@@ -146,8 +146,16 @@ impl Node {
         campaign::answer(self, req)
     }
 
+    /// The leader as this node knows it. A node that names itself but is not leader (one
+    /// that was leader and was removed from the voters) knows none: raft's metrics keep
+    /// naming it, and a call would wait on a leader that is not there.
     pub fn current_leader(&self) -> Option<u64> {
-        self.raft.metrics().borrow().current_leader
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        match m.current_leader {
+            Some(l) if l == self.id && m.state != ServerState::Leader => None,
+            known => known,
+        }
     }
 
     /// The peer address of a member (where forwarded commands go), from the current

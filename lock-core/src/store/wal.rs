@@ -314,6 +314,20 @@ fn make_spares(dir: &Path, bytes: u64, asked: &Receiver<()>, done: &SyncSender<S
         if asked.recv().is_err() {
             return;
         }
+        // Allocating ahead takes a whole segment at once: on a nearly full disk that could
+        // leave the current segment's appends (and the snapshots) without room. With less than
+        // two segments' worth free, segments grow as they are written instead.
+        match free_bytes(dir) {
+            Ok(free) if free < bytes.saturating_mul(2) => {
+                tracing::warn!(
+                    free_mib = free >> 20,
+                    dir = %dir.display(),
+                    "little free disk space: raft log segments are no longer allocated ahead"
+                );
+                return;
+            }
+            _ => {}
+        }
         let path = dir.join(format!("{n}{SPARE_SUFFIX}"));
         let file = match allocate(&path, bytes) {
             Ok(file) => file,
@@ -329,6 +343,19 @@ fn make_spares(dir: &Path, bytes: u64, asked: &Receiver<()>, done: &SyncSender<S
             return;
         }
     }
+}
+
+/// Bytes an unprivileged writer may still use on the file system holding `dir`.
+fn free_bytes(dir: &Path) -> io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: statvfs is plain data, zero is a valid value of it, and the call only writes it.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a NUL-terminated string and `st` a valid, writable statvfs.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
 }
 
 /// Creates a file at `path` with `bytes` allocated (reading as zeros) and syncs it, size and
