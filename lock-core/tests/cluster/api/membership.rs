@@ -291,6 +291,18 @@ async fn removing_the_leader_hands_leadership_over() {
         },
     )
     .await;
+
+    phase("the removed leader does not go on naming itself leader");
+    eventually(
+        Duration::from_secs(10),
+        "the removed leader no longer claims to lead",
+        async || {
+            let (code, ready) = c.get(leader, "/readyz").await;
+            code == 503 || ready["leader_id"].as_u64().is_some_and(|l| l != leader)
+        },
+    )
+    .await;
+    assert_ne!(c.node(leader).node.current_leader(), Some(leader));
     c.stop_and_forget(leader).await;
 
     phase("the new configuration commits and keeps the earlier lock");
