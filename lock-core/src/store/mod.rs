@@ -219,7 +219,22 @@ fn encode_into<T: serde::Serialize, W: std::io::Write + ?Sized>(
     let failed = |detail: String| StoreError::Encode { what, detail };
     out.write_all(&[FORMAT_MSGPACK])
         .map_err(|e| failed(e.to_string()))?;
-    rmp_serde::encode::write_named(out, value).map_err(|e| failed(e.to_string()))
+    rmp_serde::encode::write_named(out, value).map_err(|e| failed(with_causes(&e)))
+}
+
+/// An error's message followed by those of its causes: an encoder's "error while writing a
+/// value" alone hides that the disk was full.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.contains(&said) {
+            text = format!("{text}: {said}");
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// [`decode`] for a value that must use up exactly the next `len` bytes of `input` (a
@@ -294,6 +309,38 @@ mod tests {
         name: String,
         #[serde(default)]
         added_later: Option<u64>,
+    }
+
+    /// A writer on a full disk: the first byte fits, nothing after it.
+    struct Full(usize);
+
+    impl std::io::Write for Full {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.0 == 0 {
+                return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            self.0 -= 1;
+            Ok(buf.len().min(1))
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn an_encoding_cut_short_by_a_full_disk_says_so() {
+        let v = Value {
+            index: 7,
+            name: "x".repeat(100),
+            added_later: None,
+        };
+        let err = encode_into("snapshot", &v, &mut Full(1)).expect_err("the disk is full");
+        let said = err.to_string();
+        assert!(
+            said.contains("snapshot") && said.contains("No space left on device"),
+            "{said}"
+        );
     }
 
     #[test]
