@@ -295,9 +295,24 @@ impl FenceGate {
                 }
                 Ok(admitted)
             }
-            Local::Reject(r) => Err(r),
+            Local::Reject(r) => Err(self.refused_here(resource, token, r)),
             Local::Consult => self.consult(resource, token, upstream_timeout, need).await,
         }
+    }
+
+    /// A refusal decided from this proxy's own grant, without a commit: counted for the
+    /// operators' hot-resources view as the cluster counts the ones it decides.
+    fn refused_here(&self, resource: &str, token: u64, r: Rejection) -> Rejection {
+        let outcome = match &r {
+            Rejection::Stale { .. } => Some("stale"),
+            Rejection::Ended { .. } => Some("ended"),
+            Rejection::Unknown { .. } => Some("unknown"),
+            _ => None,
+        };
+        if let Some(outcome) = outcome {
+            self.node.record_fence_refusal(resource, token, outcome);
+        }
+        r
     }
 
     fn refresh_in_background(self: &Arc<Self>, resource: &str, token: u64, timeout: Duration) {
@@ -338,7 +353,7 @@ impl FenceGate {
         // Someone may have refreshed the grant while we queued for the stripe.
         match self.decide_locally(resource, token, need, upstream_timeout) {
             Local::Forward(admitted) => return Ok(admitted),
-            Local::Reject(r) => return Err(r),
+            Local::Reject(r) => return Err(self.refused_here(resource, token, r)),
             Local::Consult => {}
         }
         let cmd = Command::Admit {

@@ -403,6 +403,42 @@ async fn t21_duplicate_fence_headers_are_refused() {
     h.shutdown().await;
 }
 
+/// The operators' hot-resources view counts a zombie's refused writes: the common case, a
+/// proxy refusing a token older than the grant it holds, is decided without asking the cluster
+/// and must be counted all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t24_writes_a_proxy_refuses_on_its_own_show_in_the_hot_view() {
+    let h = FenceHarness::start().await;
+    let c = h.client.clone();
+    let a = h.acquire("kv:zombie", "A", 30_000, 0).await;
+    assert_eq!(c.put(1, "zombie", a.token, "a").await.status, 200);
+    h.release(&a).await;
+    let b = h.acquire("kv:zombie", "B", 30_000, 0).await;
+    assert_eq!(c.put(1, "zombie", b.token, "b").await.status, 200);
+
+    phase("A's late writes through the proxy that holds B's grant are refused there");
+    for _ in 0..5 {
+        let r = c.put(1, "zombie", a.token, "late").await;
+        assert_eq!(
+            (r.status, r.code()),
+            (412, "stale_fencing_token"),
+            "{}",
+            r.body
+        );
+    }
+    let (s, hot) = h.cluster.get(1, "/v1/admin/hot").await;
+    assert_eq!(s, 200, "{hot}");
+    let counted = hot["by_fence_rejections"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["resource"] == "kv:zombie"))
+        .and_then(|r| r["value"].as_f64());
+    assert!(
+        counted.is_some_and(|n| n >= 5.0),
+        "kv:zombie's refusals are not counted: {hot}"
+    );
+    h.shutdown().await;
+}
+
 /// Path aliasing: a path a store could resolve to another resource than the one fenced (dot
 /// segments, empty segments, encoded separators) is refused before any fence check, and
 /// nothing reaches the store — A's valid token for kv:a cannot write kv:b by spelling.

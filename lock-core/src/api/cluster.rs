@@ -109,6 +109,23 @@ pub(super) async fn relay_to_leader<B: Serialize>(
     }
 }
 
+/// `host:port` with a port number and a host name or address (IPv6 in brackets).
+fn is_host_port(addr: &str) -> bool {
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return false;
+    };
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+        }
+    };
+    host_ok && port.parse::<u16>().is_ok_and(|p| p > 0)
+}
+
 fn membership_error(e: impl std::fmt::Display) -> ApiError {
     ApiError::new(
         ErrorCode::MembershipChangeFailed,
@@ -156,7 +173,7 @@ pub(super) async fn add(
     req: AddMemberRequest,
     authorization: Option<&str>,
 ) -> Result<Response, ApiError> {
-    if req.addr.is_empty() || req.peer_addr.is_empty() {
+    if !is_host_port(&req.addr) || !is_host_port(&req.peer_addr) {
         return Err(ApiError::invalid(
             "Fields 'addr' (its API) and 'peer_addr' (its peer listener) must be host:port.",
         ));
@@ -378,19 +395,20 @@ fn raft_stopped(cause: &str) -> ApiError {
     )
 }
 
-/// Ready when this node knows a leader (it can then serve every call).
+/// Ready when this node is in touch with a leader (it can then serve every call).
 pub async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<ReadyStatus>, ApiError> {
     if let Some(cause) = node.raft_failure() {
         return Err(raft_stopped(&cause));
     }
-    match node.current_leader() {
+    match node.leader_in_touch() {
         Some(leader_id) => Ok(Json(ReadyStatus {
             status: "ready".into(),
             leader_id,
         })),
         None => Err(ApiError::new(
             ErrorCode::NoLeader,
-            "This node does not know a leader yet (election in progress or partitioned).",
+            "This node is not in touch with a leader (election in progress, partitioned, or \
+             not a member any more).",
         )),
     }
 }
@@ -414,18 +432,66 @@ fn faults_enabled(node: &Node) -> Result<(), ApiError> {
     }
 }
 
-pub async fn get_faults(State(node): State<Arc<Node>>) -> Result<Json<FaultSnapshot>, ApiError> {
+pub async fn get_faults(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+) -> Result<Json<FaultSnapshot>, ApiError> {
     faults_enabled(&node)?;
+    check_admin_if_configured(&node, &headers)?;
     Ok(Json(node.faults().snapshot()))
 }
 
 /// `PUT /v1/admin/faults`: replaces this node's fault rules (per peer id) and clock offset.
+/// Needs the admin credential when the node has one: a partition or a clock offset is an
+/// outage an anonymous caller must not be able to cause.
 pub async fn put_faults(
     State(node): State<Arc<Node>>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<FaultSnapshot>, ApiError> {
     faults_enabled(&node)?;
+    check_admin_if_configured(&node, &headers)?;
     let snapshot: FaultSnapshot = parse_json(&body)?;
     node.faults().replace(snapshot);
+    node.record_operator_action(
+        "set_faults",
+        "fault-injection",
+        None,
+        None,
+        "done",
+        Some(format!(
+            "{} peer rules",
+            node.faults().snapshot().peers.len()
+        )),
+    );
     Ok(Json(node.faults().snapshot()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_host_port;
+
+    #[test]
+    fn member_addresses_must_be_host_and_port() {
+        for good in [
+            "10.0.4.10:7001",
+            "node4.example:7101",
+            "[::1]:7001",
+            "localhost:1",
+        ] {
+            assert!(is_host_port(good), "{good}");
+        }
+        for bad in [
+            "nonsense",
+            "",
+            ":7001",
+            "host:",
+            "host:0",
+            "host:99999",
+            "a b:1",
+            "[zz]:1",
+        ] {
+            assert!(!is_host_port(bad), "{bad}");
+        }
+    }
 }

@@ -137,8 +137,41 @@ impl Node {
         self.clock.stamp(term, log_now)
     }
 
+    /// This node's wall clock, for what operators read next to other logs: audit lines, the
+    /// hot-resource events, metric samples, elections, probes. Never for lease time, which is
+    /// log time ([`Node::now_ms`]): log time pauses during elections and so falls behind the
+    /// wall clock by their length.
+    pub fn wall_ms(&self) -> u64 {
+        clock::unix_ms()
+    }
+
     fn write_timeout(&self) -> Duration {
         Duration::from_millis(self.config.policy.write_timeout_ms)
+    }
+
+    /// The leader this node is in touch with: as a follower, one it heard from (an append or a
+    /// snapshot chunk) within the election timeout's upper end twice over; as the leader,
+    /// itself while a quorum acknowledged it that recently. `None` for a node cut off from the
+    /// cluster, which raft's own view does not show: it keeps naming the last leader it knew.
+    pub fn leader_in_touch(&self) -> Option<u64> {
+        let window =
+            std::time::Duration::from_millis(2 * self.config.raft.election_timeout_max_ms());
+        let (state, quorum_ack_ms, voters) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            let voters = m.membership_config.membership().voter_ids().count();
+            (m.state, m.millis_since_quorum_ack, voters)
+        };
+        if state == ServerState::Leader {
+            let acked =
+                voters <= 1 || quorum_ack_ms.is_some_and(|ms| u128::from(ms) <= window.as_millis());
+            return acked.then_some(self.id);
+        }
+        let heard = self
+            .leader_contact
+            .last()
+            .is_some_and(|at| at.elapsed() <= window);
+        self.current_leader().filter(|_| heard)
     }
 
     /// This node's answer to a candidate asking whether it would get its vote.
@@ -189,7 +222,7 @@ impl Node {
         m.last_applied
             .set(rm.last_applied.map_or(0, |l| l.index) as i64);
         // The top resources change: the series of those that left the top go with them.
-        let [by_rate, _, by_rejections] = self.ops.hot.top(self.now_ms(), HOT_IN_METRICS);
+        let [by_rate, _, by_rejections] = self.ops.hot.top(self.wall_ms(), HOT_IN_METRICS);
         for (gauge, top) in [
             (&m.hot_acquire_rate, by_rate),
             (&m.hot_fence_rejections, by_rejections),

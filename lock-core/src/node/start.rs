@@ -415,7 +415,7 @@ async fn watch_leader(node: Arc<Node>) {
                     node.metrics.election_seconds.observe(took.as_secs_f64());
                 }
                 node.ops.record_election(ElectionRecord {
-                    at_ms: node.now_ms(),
+                    at_ms: node.wall_ms(),
                     duration_ms: took.map_or(0, |t| t.as_millis() as u64),
                     leader_id: l,
                     // The full metrics' term: the server metrics carry the persisted vote,

@@ -57,7 +57,7 @@ pub async fn overview(State(node): State<Arc<Node>>) -> Json<ClusterOverview> {
                 voter: voters.contains(id),
                 up: true,
                 leader_id: m.current_leader,
-                last_seen_ms: Some(node.now_ms()),
+                last_seen_ms: Some(node.wall_ms()),
                 error: None,
                 role: None,
                 matched_index: matched,
@@ -177,7 +177,8 @@ pub async fn hot(
     q: Result<Query<LimitQuery>, QueryRejection>,
 ) -> Result<Json<HotResources>, ApiError> {
     let limit = bounded(query(q, "limit (1–1000)")?.limit, 10)?;
-    let [by_acquire_rate, by_wait_ms, by_fence_rejections] = node.ops.hot.top(node.now_ms(), limit);
+    let [by_acquire_rate, by_wait_ms, by_fence_rejections] =
+        node.ops.hot.top(node.wall_ms(), limit);
     let by_queue_depth = node
         .machine
         .read(|m| m.deepest_queues(limit))

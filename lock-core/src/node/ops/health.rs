@@ -79,7 +79,7 @@ pub(in crate::node) async fn run(node: Arc<Node>) {
             let node = node.clone();
             async move {
                 let answer = probe(&http, &addr).await;
-                let now = node.now_ms();
+                let now = node.wall_ms();
                 node.ops.health.set(id, |p| match answer {
                     Ok((ready, leader_id)) => {
                         *p = Probe {

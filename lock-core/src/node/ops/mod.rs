@@ -80,7 +80,7 @@ pub struct LockCallRecord<'a> {
 impl super::Node {
     /// Audits a lock call that reached the state machine and counts it for the resource.
     pub fn record_lock_call(&self, call: LockCallRecord<'_>) {
-        let now = self.now_ms();
+        let now = self.wall_ms();
         self.ops.hot.event(
             call.resource,
             Activity {
@@ -118,7 +118,7 @@ impl super::Node {
         outcome: &str,
         detail: Option<String>,
     ) {
-        let now = self.now_ms();
+        let now = self.wall_ms();
         if let Some(resource) = resource {
             self.ops.hot.event(
                 resource,
@@ -155,7 +155,7 @@ impl super::Node {
     pub fn record_denial(&self, reason: &str, caller: Option<String>, detail: String) {
         self.ops.audit.record(
             &AuditLine {
-                time_ms: self.now_ms(),
+                time_ms: self.wall_ms(),
                 node_id: self.id,
                 op: "denied",
                 resource: None,
@@ -177,10 +177,20 @@ impl super::Node {
             AdmitOutcome::Unknown => "unknown",
             AdmitOutcome::Ended => "ended",
         };
+        self.record_fence_event(resource, token, outcome);
+    }
+
+    /// Counts a write this node's proxy refused on its own, from the grant it holds (`stale`,
+    /// `ended` or `unknown`), without asking the cluster: the usual case for a zombie's write.
+    pub fn record_fence_refusal(&self, resource: &str, token: u64, outcome: &'static str) {
+        self.record_fence_event(resource, token, outcome);
+    }
+
+    fn record_fence_event(&self, resource: &str, token: u64, outcome: &'static str) {
         self.ops.hot.event(
             resource,
             Activity {
-                at_ms: self.now_ms(),
+                at_ms: self.wall_ms(),
                 kind: "fence",
                 fencing_token: Some(token),
                 outcome,

@@ -141,7 +141,7 @@ fn sample(node: &Node, before: &Totals, now: &Totals, secs: f64) -> MetricsSampl
     let stats = node.machine.read(|m| m.stats());
     let m = node.raft.metrics().borrow().clone();
     MetricsSample {
-        at_ms: node.now_ms(),
+        at_ms: node.wall_ms(),
         latency,
         commits_per_s: now.applied.saturating_sub(before.applied) as f64 / secs,
         active_locks: stats.active_locks,

@@ -204,3 +204,35 @@ async fn an_isolated_follower_returns_without_forcing_an_election() {
     }
     c.shutdown().await;
 }
+
+/// `/readyz` says whether a node can serve, not only whether it once knew a leader: a follower
+/// cut off from the others, and a leader cut off from its followers, turn unready within a few
+/// election timeouts (raft's own view keeps naming the old leader), and ready again on healing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_turns_503_on_a_node_cut_off_and_200_when_healed() {
+    let c = TestCluster::start(3).await;
+    let leader = c.wait_leader(EVENT).await;
+    let f = c.followers(leader)[0];
+    for id in c.running() {
+        eventually(EVENT, &format!("node {id} ready"), async || {
+            c.get(id, "/readyz").await.0 == 200
+        })
+        .await;
+    }
+
+    for cut in [f, leader] {
+        phase(&format!("cut node {cut} off"));
+        c.isolate(cut);
+        eventually(EVENT, &format!("node {cut} unready"), async || {
+            let (s, v) = c.get(cut, "/readyz").await;
+            s == 503 && v["error"] == "no_leader"
+        })
+        .await;
+        c.heal();
+        eventually(EVENT, &format!("node {cut} ready again"), async || {
+            c.get(cut, "/readyz").await.0 == 200
+        })
+        .await;
+    }
+    c.shutdown().await;
+}
