@@ -42,7 +42,8 @@ pub struct DevArgs {
     /// Port of the bundled demo store.
     #[arg(long, default_value_t = 9000)]
     demo_store_port: u16,
-    /// Serve /v1/admin/faults on every node (for chaos experiments).
+    /// Serve /v1/admin/faults on every node (for chaos experiments; calls need the admin
+    /// credential printed at start).
     #[arg(long)]
     enable_fault_injection: bool,
     /// Require API keys on the lock API: every /v1 call then needs `Authorization: Bearer
