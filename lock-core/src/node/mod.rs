@@ -221,6 +221,11 @@ impl Node {
         m.is_leader.set(i64::from(rm.state == ServerState::Leader));
         m.last_applied
             .set(rm.last_applied.map_or(0, |l| l.index) as i64);
+        // With API keys on, /metrics (open to scrapers without a credential) names no
+        // resource: names carry tenants and what they lock. The admin API's hot view has them.
+        if self.auth_on() {
+            return;
+        }
         // The top resources change: the series of those that left the top go with them.
         let [by_rate, _, by_rejections] = self.ops.hot.top(self.wall_ms(), HOT_IN_METRICS);
         for (gauge, top) in [

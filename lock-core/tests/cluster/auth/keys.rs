@@ -45,10 +45,22 @@ async fn every_v1_call_needs_a_valid_key_and_health_stays_open() {
         assert_eq!(nobody.get(leader, path).await.status, 200, "{path}");
     }
 
+    phase("the open metrics name no resource, also when one is hot");
+    let admin = As::key(&cluster, ADMIN_TOKEN);
+    for i in 0..5 {
+        admin
+            .acquire(leader, "payroll:run", &format!("hot-{i}"))
+            .await;
+    }
+    let scraped = nobody.get(leader, "/metrics").await.text;
+    assert!(
+        !scraped.contains("payroll"),
+        "/metrics names a resource with keys on"
+    );
+
     phase("refusals are counted by reason and audited with a key id, never the key");
     assert!(counter(&cluster, leader, "auth_denied_total", "reason=\"missing\"").await >= 5);
     assert!(counter(&cluster, leader, "auth_denied_total", "reason=\"invalid\"").await >= 1);
-    let admin = As::key(&cluster, ADMIN_TOKEN);
     let audit: AuditTail = admin
         .get(leader, "/v1/admin/audit?outcome=invalid&limit=100")
         .await
