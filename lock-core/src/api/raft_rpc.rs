@@ -62,9 +62,10 @@ pub async fn append(State(node): State<Arc<Node>>, headers: HeaderMap, body: Byt
         node.vote_hold.heard(&rpc);
     }
     let sent = rpc.entries.last().map(|e| e.log_id).or(rpc.prev_log_id);
+    let term = rpc.vote.leader_id.term;
     let answer = node.raft.append_entries(rpc).await;
     if !matches!(answer, Ok(AppendEntriesResponse::HigherVote(_)) | Err(_)) {
-        node.leader_contact.heard();
+        node.leader_contact.heard(term);
     }
     if !held {
         return reply(&answer);
@@ -132,7 +133,7 @@ pub async fn snapshot(State(node): State<Arc<Node>>, headers: HeaderMap, body: B
             let answer = node.raft.install_snapshot(rpc).await;
             // Answered with a vote other than the sender's: the sender is no longer leader.
             if answer.as_ref().is_ok_and(|a| a.vote == sender) {
-                node.leader_contact.heard();
+                node.leader_contact.heard(sender.leader_id.term);
             }
             if node.vote_hold.is_held() {
                 let last_log = node.raft.metrics().borrow().last_log_index;

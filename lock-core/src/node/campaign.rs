@@ -46,17 +46,56 @@ pub struct PreVoteResponse {
     pub granted: bool,
 }
 
-/// When this node last heard from a leader: an append or snapshot chunk it accepted.
+/// When this node last heard from a leader (an append or snapshot chunk it accepted), and
+/// when it last heard from the leader of the term before: how long an election left it
+/// without one.
 #[derive(Default)]
-pub struct LeaderContact(Mutex<Option<Instant>>);
+pub struct LeaderContact(Mutex<Contacts>);
+
+#[derive(Default)]
+struct Contacts {
+    /// The latest contact and the leader's term.
+    last: Option<(Instant, u64)>,
+    /// The first contact in that term, and the last one in the term before it.
+    term_began: Option<(Instant, Option<Instant>)>,
+}
 
 impl LeaderContact {
-    pub fn heard(&self) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    /// Notes a contact from the leader of `term`.
+    pub fn heard(&self, term: u64) {
+        let now = Instant::now();
+        let mut c = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match c.last {
+            Some((_, t)) if t >= term => {}
+            previous => c.term_began = Some((now, previous.map(|(at, _)| at))),
+        }
+        c.last = Some((now, term));
     }
 
     pub fn last(&self) -> Option<Instant> {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .last
+            .map(|(at, _)| at)
+    }
+
+    /// How long this node heard from no leader before the current one: from the last contact
+    /// of the previous term to the first of this one; for a node that became leader itself,
+    /// from its last contact as a follower until now.
+    pub fn silence_before_leader(&self, leader_is_self: bool) -> Option<Duration> {
+        let c = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if leader_is_self {
+            return c.last.map(|(at, _)| at.elapsed());
+        }
+        let (began, previous) = c.term_began?;
+        previous.map(|p| began.saturating_duration_since(p))
+    }
+
+    /// Whether a leader of `term` (or later) has been heard from.
+    pub fn heard_in(&self, term: u64) -> bool {
+        let c = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        c.last.is_some_and(|(_, t)| t >= term)
     }
 
     fn within(&self, window: Duration) -> bool {
@@ -272,6 +311,30 @@ mod tests {
             ..view(None)
         };
         assert!(!grants(holding, &ask(log(4, 100))));
+    }
+
+    #[test]
+    fn the_silence_before_a_leader_runs_from_the_old_terms_last_contact() {
+        let contact = LeaderContact::default();
+        assert_eq!(contact.silence_before_leader(false), None);
+        contact.heard(1);
+        let before_last_of_1 = Instant::now();
+        contact.heard(1);
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(!contact.heard_in(2));
+        contact.heard(2);
+        let after_first_of_2 = Instant::now();
+        std::thread::sleep(Duration::from_millis(20));
+        contact.heard(2);
+        let silent = contact.silence_before_leader(false).expect("a gap");
+        assert!(
+            silent >= Duration::from_millis(60) && silent <= after_first_of_2 - before_last_of_1,
+            "{silent:?}: from the last contact of term 1 to the first of term 2"
+        );
+        assert!(contact.heard_in(2));
+        let checked = Instant::now();
+        let as_leader = contact.silence_before_leader(true).expect("a last contact");
+        assert!(as_leader <= checked.elapsed() + (checked - after_first_of_2));
     }
 
     #[test]

@@ -408,9 +408,17 @@ async fn watch_leader(node: Arc<Node>) {
             None => leaderless_since = Some(Instant::now()),
             Some(l) => {
                 node.metrics.leader_changes.inc();
-                // A node may see the new leader without having seen "no leader" first (it
-                // voted and heard from the winner at once): that election took it no time.
-                let took = leaderless_since.take().map(|since| since.elapsed());
+                // How long no leader was heard from: raft's view keeps naming a leader that
+                // went silent, so "no leader" in its metrics covers only the vote itself. A
+                // node that never knew the previous leader counts from when it saw none.
+                let silent = if l == node.id {
+                    node.leader_contact.silence_before_leader(true)
+                } else {
+                    // The new leader's first append may still be on its way.
+                    wait_for_contact(&node).await
+                };
+                let unseen = leaderless_since.take().map(|since| since.elapsed());
+                let took = silent.max(unseen);
                 if let Some(took) = took {
                     node.metrics.election_seconds.observe(took.as_secs_f64());
                 }
@@ -429,6 +437,19 @@ async fn watch_leader(node: Arc<Node>) {
             }
         }
         last_leader = leader;
+    }
+}
+
+/// How long this follower heard from no leader before the current one, once the new
+/// leader's first append arrived (waiting at most an election timeout's worth for it).
+async fn wait_for_contact(node: &Node) -> Option<Duration> {
+    let term = node.raft.metrics().borrow().current_term;
+    let deadline = Instant::now() + Duration::from_millis(node.config.raft.election_timeout_ms);
+    loop {
+        if node.leader_contact.heard_in(term) || Instant::now() >= deadline {
+            return node.leader_contact.silence_before_leader(false);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

@@ -29,6 +29,33 @@ async fn t10_dedup_across_leader_kill() {
     assert_ne!(new, old);
     let survivor = c.followers(new)[0];
 
+    phase("the survivors record the election with the time they heard from no leader");
+    let timeout = c.config(new).raft.election_timeout_ms;
+    for id in [new, survivor] {
+        eventually(
+            EVENT,
+            &format!("node {id} records the election"),
+            async || {
+                let elections = c.node(id).node.ops.elections();
+                elections.last().is_some_and(|e| e.leader_id == new)
+            },
+        )
+        .await;
+        let recorded = c
+            .node(id)
+            .node
+            .ops
+            .elections()
+            .last()
+            .cloned()
+            .expect("one");
+        assert!(
+            recorded.duration_ms >= timeout,
+            "node {id}: {} ms without a leader, though none can be elected within {timeout} ms",
+            recorded.duration_ms
+        );
+    }
+
     phase("retry the same request_id on the surviving follower and on the new leader");
     for id in [survivor, new] {
         let (s, v) = acquire_answered(&c, id, "dedup:job", "req-dedup", 20_000).await;
