@@ -7,7 +7,6 @@ use std::sync::Arc;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::Json;
-use openraft::ServerState;
 use serde::Deserialize;
 
 use crate::api::cluster::{cluster_status, role};
@@ -65,17 +64,24 @@ pub async fn overview(State(node): State<Arc<Node>>) -> Json<ClusterOverview> {
             };
             if *id == node.id {
                 peer.role = Some(role(m.state));
+                peer.leader_id = node.leader_in_touch();
+                peer.up = peer.leader_id.is_some();
+                if !peer.up {
+                    peer.error = Some(NOT_IN_TOUCH.into());
+                }
             } else {
                 let probe = node.ops.health.get(*id).unwrap_or_default();
-                peer.up = probe.up;
+                // Up means serving: answering, and in touch with a leader.
+                peer.up = probe.up && probe.ready;
                 peer.leader_id = probe.leader_id;
                 peer.last_seen_ms = probe.last_seen_ms;
-                peer.error = if probe.up || probe.error.is_some() {
-                    probe.error
-                } else {
-                    Some("not probed yet".into())
+                peer.error = match (&probe.error, probe.up) {
+                    (Some(e), _) => Some(e.clone()),
+                    (None, true) if !probe.ready => Some(NOT_IN_TOUCH.into()),
+                    (None, true) => None,
+                    (None, false) => Some("not probed yet".into()),
                 };
-                peer.role = peer_role(*id, voters.contains(id), &m, probe.up);
+                peer.role = peer_role(*id, voters.contains(id), &probe);
             }
             peer
         })
@@ -89,23 +95,20 @@ pub async fn overview(State(node): State<Arc<Node>>) -> Json<ClusterOverview> {
     })
 }
 
-/// Another member's role, as far as this node can tell without asking it.
-fn peer_role(
-    id: u64,
-    voter: bool,
-    m: &openraft::RaftMetrics<u64, crate::raft::NodeInfo>,
-    up: bool,
-) -> Option<Role> {
-    if !up {
+const NOT_IN_TOUCH: &str =
+    "answers, but is not in touch with a leader (cut off, removed or electing)";
+
+/// Another member's role, from its own answer to the probe: the leader it names (itself, if
+/// it leads). Unknown while it answers without one.
+fn peer_role(id: u64, voter: bool, probe: &crate::node::ops::Probe) -> Option<Role> {
+    if !probe.up || !probe.ready {
         return None;
     }
-    if m.current_leader == Some(id) {
-        return Some(Role::Leader);
+    match probe.leader_id? {
+        l if l == id => Some(Role::Leader),
+        _ if voter => Some(Role::Follower),
+        _ => Some(Role::Learner),
     }
-    if !voter {
-        return Some(Role::Learner);
-    }
-    (m.current_leader.is_some() || m.state == ServerState::Leader).then_some(Role::Follower)
 }
 
 /// `GET /v1/admin/resources/{resource}`: linearizable, like `GET /v1/locks/{resource}`.
