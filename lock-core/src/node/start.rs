@@ -386,7 +386,8 @@ async fn watch_leader(node: Arc<Node>) {
     let mut last_leader = rx.borrow().current_leader;
     let started = Instant::now();
     let mut leaderless_since: Option<Instant> = last_leader.is_none().then_some(started);
-    let mut tick = tokio::time::interval(LEADERLESS_WARN_EVERY);
+    let mut warned: Option<Instant> = None;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -396,7 +397,11 @@ async fn watch_leader(node: Arc<Node>) {
                 }
             }
             _ = tick.tick() => {
-                warn_if_leaderless(&node, started);
+                if warned.is_none_or(|at| at.elapsed() >= LEADERLESS_WARN_EVERY)
+                    && warn_if_leaderless(&node, started)
+                {
+                    warned = Some(Instant::now());
+                }
                 continue;
             }
         }
@@ -453,22 +458,22 @@ async fn wait_for_contact(node: &Node) -> Option<Duration> {
     }
 }
 
-/// A node that has known no leader for [`LEADERLESS_WARN_EVERY`] or longer says so (each
-/// time the interval passes), with its term and role: a stuck candidate is otherwise silent.
-/// A follower counts from the last append or snapshot chunk a leader sent it (raft's metrics
-/// keep naming a leader that has gone silent), anyone else from `started`.
-fn warn_if_leaderless(node: &Node, started: Instant) {
+/// A node that has known no leader for [`LEADERLESS_WARN_EVERY`] or longer says so (at most
+/// once per interval), with its term and role: a stuck candidate is otherwise silent. A
+/// follower counts from the last append or snapshot chunk a leader sent it (raft's metrics
+/// keep naming a leader that has gone silent), anyone else from `started`. True if it warned.
+fn warn_if_leaderless(node: &Node, started: Instant) -> bool {
     let (term, state) = {
         let m = node.raft.metrics();
         let m = m.borrow();
         (m.current_term, m.state)
     };
     if state == openraft::ServerState::Leader {
-        return;
+        return false;
     }
     let since = node.leader_contact.last().unwrap_or(started);
     if since.elapsed() < LEADERLESS_WARN_EVERY {
-        return;
+        return false;
     }
     tracing::warn!(
         node = node.id,
@@ -479,6 +484,7 @@ fn warn_if_leaderless(node: &Node, started: Instant) {
          while it catches up",
         since.elapsed().as_secs()
     );
+    true
 }
 
 #[cfg(test)]
