@@ -3,13 +3,30 @@
 "use strict";
 
 const POLL_MS = 1000;
+/** A read that gets no answer this soon counts as failed, so a hung node shows as stale. */
+const READ_TIMEOUT_MS = 5000;
+/** While this node refuses the page's reads for want of an admin key, the same credential is
+ *  asked again only this often: every refused call is a line in the node's audit log. */
+const DENIED_RETRY_MS = 30000;
+/** A credential being typed is tried once the typing paused this long, not at each key. */
+const TYPING_MS = 800;
 const state = {
   view: "cluster",
   overview: null,
   locks: { prefix: "", pages: [null], page: 0, list: null, fetchedAt: 0 },
   series: { samples: [], elections: [], last: 0 },
   resource: null,
+  // Set once a read was refused for want of an admin key (API keys on): from then on the
+  // credential box shows on every view, not only on those that act.
+  readsNeedKey: false,
+  // The last refusal of the reads, { token, at }, while it holds (see `heldBack`).
+  denied: null,
+  // When the last refresh got everything it asked for (wall clock, ms): what the page shows
+  // is as of then when a later one fails.
+  lastOk: 0,
 };
+// When the admin token field last changed (performance.now()).
+let typedAt = 0;
 
 // ---- small helpers ------------------------------------------------------------------------
 
@@ -32,11 +49,63 @@ function el(tag, attrs, ...children) {
   return e;
 }
 
-function replaceRows(tbody, rows) {
-  tbody.replaceChildren(...rows);
+/** Sets an element's text only when it differs: rewriting the same text would still replace
+ *  its text node, losing a selection in it and re-announcing an aria-live region. */
+function setText(e, text) {
+  const t = String(text);
+  if (e.textContent !== t) e.textContent = t;
 }
 
-const fmtTime = (ms) => (ms ? new Date(ms).toLocaleTimeString() : "—");
+// What each region showed when it was last rendered, as HTML. The page polls every second and
+// most polls bring the same content: replacing the nodes anyway would drop the keyboard focus
+// to <body> and clear a text selection each time. (Compared with what was rendered, not with
+// the live DOM, which the countdown edits between polls.)
+const rendered = new WeakMap();
+
+/** Whether the user has a text selection touching `region` (they are reading or copying). */
+function selectionIn(region) {
+  const sel = document.getSelection();
+  if (!sel || sel.isCollapsed) return false;
+  for (let i = 0; i < sel.rangeCount; i += 1) {
+    if (sel.getRangeAt(i).intersectsNode(region)) return true;
+  }
+  return false;
+}
+
+const FOCUSABLE = "a[href], button, input, select, textarea, [tabindex]";
+
+/**
+ * Puts `nodes` in `region` in place of its children, unless they are what it shows already
+ * or the user has text selected in it (then the next poll tries again). Focus inside the
+ * region moves to the new element with the same `data-focus-key` (the same link or button of
+ * the same row), else to the one at the same place, so a keyboard user keeps their place.
+ */
+function render(region, nodes) {
+  const html = nodes.map((n) => n.outerHTML).join("");
+  if (rendered.get(region) === html || selectionIn(region)) return;
+  const focused = document.activeElement;
+  const inside = focused && focused !== region && region.contains(focused);
+  const key = inside ? focused.dataset.focusKey : undefined;
+  const at = inside ? [...region.querySelectorAll(FOCUSABLE)].indexOf(focused) : -1;
+  region.replaceChildren(...nodes);
+  rendered.set(region, html);
+  if (!inside) return;
+  const all = [...region.querySelectorAll(FOCUSABLE)];
+  const same = key !== undefined ? region.querySelector(`[data-focus-key="${CSS.escape(key)}"]`) : null;
+  // The element is gone (its row left the table): the one now in its place, else the
+  // main content, never <body>.
+  const next = same || all[Math.min(Math.max(at, 0), all.length - 1)] || $("#main");
+  next.focus({ preventScroll: true });
+}
+
+/** The date is left out when it is today (most of what the page shows is minutes old). */
+function fmtTime(ms) {
+  if (!ms) return "—";
+  const d = new Date(ms);
+  return d.toDateString() === new Date().toDateString() ? d.toLocaleTimeString() : d.toLocaleString();
+}
+/** Time of day only, for spans known to be short (a chart's ten minutes). */
+const fmtClock = (ms) => new Date(ms).toLocaleTimeString();
 const dash = (v) => (v === null || v === undefined || v === "" ? "—" : v);
 
 function fmtLeft(ms) {
@@ -45,33 +114,103 @@ function fmtLeft(ms) {
   return s >= 60 ? `${Math.floor(s / 60)} min ${Math.floor(s % 60)} s` : `${s.toFixed(1)} s`;
 }
 
-async function getJson(path) {
+/** The node answered, but refused: its status and the API's error code and message. */
+class ApiError extends Error {
+  constructor(status, body, statusText) {
+    const code = body.error || statusText || "error";
+    const message = body.message || statusText || "no message";
+    super(`${status} ${code}: ${message}`);
+    this.status = status;
+    this.code = code;
+    this.detail = message;
+  }
+
+  /** A refusal for want of a (valid, admin) credential. */
+  get denied() {
+    return this.status === 401 || this.status === 403;
+  }
+}
+
+/** No answer at all: the node is down or unreachable, or it did not answer in time. */
+class Unreachable extends Error {}
+
+/** The admin token typed into the credential box ("" when none). */
+const typedToken = () => $("#admin-token").value;
+
+/** The Authorization header of the admin token typed in, if any. */
+function credential() {
+  const token = typedToken();
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
+/** A GET of this node's API that times out; throws `Unreachable` or `ApiError`. */
+async function fetchRead(path) {
   // With authentication on, the page's reads need an admin key too: the one in the
   // credential field (the page itself is served without one).
-  const headers = { Accept: "application/json" };
-  const token = $("#admin-token") && $("#admin-token").value;
-  if (token) headers.Authorization = `Bearer ${token}`;
-  const r = await fetch(path, { headers });
+  try {
+    return await fetch(path, {
+      headers: { Accept: "application/json", ...credential() },
+      signal: AbortSignal.timeout(READ_TIMEOUT_MS),
+    });
+  } catch (e) {
+    throw new Unreachable(e.name === "TimeoutError" ? `no answer within ${READ_TIMEOUT_MS / 1000} s` : e.message);
+  }
+}
+
+async function getJson(path) {
+  const r = await fetchRead(path);
   const body = await r.json().catch(() => ({}));
-  if (!r.ok) throw new Error(`${r.status} ${body.error || ""}: ${body.message || r.statusText}`);
+  if (!r.ok) throw new ApiError(r.status, body, r.statusText);
   return body;
 }
 
+/**
+ * Whether a read that was refused for want of a credential (`denial`, { token, at }) should
+ * not be asked again yet: with the same credential only every DENIED_RETRY_MS; with a new
+ * one as soon as the typing pauses.
+ */
+function heldBack(denial) {
+  if (!denial) return false;
+  if (typedToken() !== denial.token) return performance.now() - typedAt < TYPING_MS;
+  return Date.now() - denial.at < DENIED_RETRY_MS;
+}
+
+/** Shows why the last refresh failed (or hides the banner), and marks what it left stale. */
 function showError(e) {
   const p = $("#error");
-  if (e) {
-    p.textContent = `Could not reach this node's API: ${e.message || e}`;
-    p.hidden = false;
-  } else {
+  // Data from an earlier answer stays on screen, dimmed (style.css). A 400 is the node
+  // answering that the request was bad (a prefix no name can start with): the view it was
+  // for is cleared, and everything else was just read.
+  document.body.classList.toggle("stale", !!e && !(e instanceof ApiError && e.status === 400));
+  if (!e) {
     p.hidden = true;
+    return;
   }
+  let text;
+  if (e instanceof ApiError) {
+    text = `This node answered ${e.status} ${e.code}: ${e.detail}`;
+    if (e.denied) {
+      text += ` Enter an admin key under Credential; the page asks again when it changes, or in ${DENIED_RETRY_MS / 1000} s.`;
+    }
+  } else if (e instanceof Unreachable) {
+    text = `Could not reach this node's API: ${e.message}.`;
+  } else {
+    text = `The page could not show this node's answer: ${e.message}.`;
+  }
+  if (document.body.classList.contains("stale")) {
+    text += state.lastOk ? ` What is shown is as of ${fmtClock(state.lastOk)}.` : " Nothing was read yet.";
+  }
+  setText(p, text);
+  p.hidden = false;
 }
 
 // ---- routing ------------------------------------------------------------------------------
 
 function route() {
   const hash = decodeURIComponent(location.hash.slice(1)) || "cluster";
-  let view = hash;
+  // "#main" is the skip link's target, not a view (a click on the link never gets here; an
+  // address ending in it does): stay on the view shown.
+  let view = hash === "main" ? state.view : hash;
   if (hash.startsWith("resource/")) {
     view = "resource";
     state.resource = hash.slice("resource/".length);
@@ -79,12 +218,22 @@ function route() {
   if (!document.querySelector(`[data-view="${view}"]`)) view = "cluster";
   state.view = view;
   for (const s of document.querySelectorAll("[data-view]")) s.hidden = s.dataset.view !== view;
-  for (const s of document.querySelectorAll("[data-views]")) s.hidden = !s.dataset.views.split(" ").includes(view);
+  placeCredential();
   for (const a of document.querySelectorAll("nav a")) {
     if (a.getAttribute("href") === `#${view}`) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
   }
   refresh();
+}
+
+/**
+ * The credential box shows on the views that need the admin credential (its data-views:
+ * Actions and Unknown outcomes) and, once this node refused a read for want of one (API keys
+ * on: every /v1 read needs an admin key), on every view, since no view works without it.
+ */
+function placeCredential() {
+  const box = $("#credential");
+  box.hidden = !(state.readsNeedKey || box.dataset.views.split(" ").includes(state.view));
 }
 
 // ---- cluster ------------------------------------------------------------------------------
@@ -93,24 +242,27 @@ async function refreshOverview() {
   const o = await getJson("/v1/admin/overview");
   state.overview = o;
   const s = o.status;
-  $("#served-by").textContent = `node ${s.node_id}`;
-  $("#leader").textContent = s.leader_id ? `node ${s.leader_id}` : "none (election in progress)";
-  $("#term").textContent = s.term;
+  setText($("#served-by"), `node ${s.node_id}`);
+  setText($("#leader"), s.leader_id ? `node ${s.leader_id}` : "none (election in progress)");
+  setText($("#term"), s.term);
   $("#actions-off").hidden = o.actions_enabled;
   if (state.view !== "cluster") return;
-  $("#role").textContent = s.role;
-  $("#last-log").textContent = dash(s.last_log_index);
-  $("#applied").textContent = s.last_applied;
-  $("#snapshot-index").textContent = dash(s.snapshot_index);
-  $("#purged-index").textContent = dash(s.purged_index);
-  $("#active-locks").textContent = s.locks.active_locks;
-  $("#waiters").textContent = s.locks.waiters;
-  $("#last-token").textContent = s.locks.last_token;
+  setText($("#role"), s.role);
+  setText($("#last-log"), dash(s.last_log_index));
+  setText($("#applied"), s.last_applied);
+  setText($("#snapshot-index"), dash(s.snapshot_index));
+  setText($("#purged-index"), dash(s.purged_index));
+  setText($("#active-locks"), s.locks.active_locks);
+  setText($("#waiters"), s.locks.waiters);
+  setText($("#last-token"), s.locks.last_token);
   const last = o.elections[o.elections.length - 1];
-  $("#last-election").textContent = last
-    ? `${fmtTime(last.at_ms)}: node ${last.leader_id} won term ${last.term}, ${last.duration_ms} ms without a leader`
-    : "none seen";
-  replaceRows(
+  setText(
+    $("#last-election"),
+    last
+      ? `${fmtTime(last.at_ms)}: node ${last.leader_id} won term ${last.term}, ${last.duration_ms} ms without a leader`
+      : "none seen",
+  );
+  render(
     $("#members tbody"),
     o.peers.map((p) =>
       el(
@@ -128,7 +280,7 @@ async function refreshOverview() {
       ),
     ),
   );
-  replaceRows(
+  render(
     $("#elections"),
     o.elections
       .slice()
@@ -147,25 +299,49 @@ async function refreshLocks() {
   const after = L.pages[L.page];
   const q = new URLSearchParams({ prefix: L.prefix, limit: size });
   if (after) q.set("after", after);
-  const list = await getJson(`/v1/locks?${q}`);
+  const tbody = $("#locks-table tbody");
+  let list;
+  try {
+    list = await getJson(`/v1/locks?${q}`);
+  } catch (e) {
+    // The node refused the search (a prefix no name can start with, say): no rows of the
+    // previous search may stay under it. Without an answer the rows stay, marked stale.
+    if (e instanceof ApiError) {
+      L.list = null;
+      render(tbody, []);
+      setText($("#page-info"), `page ${L.page + 1} · no result`);
+      $("#prev-page").disabled = L.page === 0;
+      $("#next-page").disabled = true;
+    }
+    throw e;
+  }
   L.list = list;
   L.fetchedAt = performance.now();
   L.pages[L.page + 1] = list.next_after || undefined;
-  replaceRows(
-    $("#locks-table tbody"),
-    list.locks.map((l) =>
-      el(
-        "tr",
-        { "data-resource": l.resource },
-        el("th", { scope: "row" }, el("a", { href: `#resource/${encodeURIComponent(l.resource)}` }, l.resource)),
-        el("td", {}, dash(l.holder)),
-        el("td", { class: "token" }, dash(l.fencing_token)),
-        el("td", { class: "left", "data-expires": l.expires_at_ms || "" }, l.expires_at_ms ? "" : "—"),
-        el("td", {}, l.waiters),
-      ),
-    ),
+  const none = L.prefix
+    ? `No held or waited-on resource starts with “${L.prefix}”${L.page ? " after the previous page" : ""}.`
+    : `No resource is held or waited on${L.page ? " after the previous page" : ""}.`;
+  render(
+    tbody,
+    list.locks.length
+      ? list.locks.map((l) =>
+          el(
+            "tr",
+            { "data-resource": l.resource },
+            el(
+              "th",
+              { scope: "row" },
+              el("a", { href: `#resource/${encodeURIComponent(l.resource)}`, "data-focus-key": l.resource }, l.resource),
+            ),
+            el("td", {}, dash(l.holder)),
+            el("td", { class: "token" }, dash(l.fencing_token)),
+            el("td", { class: "left", "data-expires": l.expires_at_ms || "" }, l.expires_at_ms ? "" : "—"),
+            el("td", {}, l.waiters),
+          ),
+        )
+      : [el("tr", { class: "none" }, el("td", { colSpan: 5, class: "empty" }, none))],
   );
-  $("#page-info").textContent = `page ${L.page + 1} · ${list.locks.length} shown`;
+  setText($("#page-info"), `page ${L.page + 1} · ${list.locks.length} shown`);
   $("#prev-page").disabled = L.page === 0;
   $("#next-page").disabled = !list.next_after;
   tickCountdown();
@@ -178,16 +354,28 @@ function tickCountdown() {
   const serverNow = L.list.now_ms + (performance.now() - L.fetchedAt);
   for (const td of document.querySelectorAll("#locks-table td.left[data-expires]")) {
     const exp = Number(td.dataset.expires);
-    if (exp) td.textContent = fmtLeft(exp - serverNow);
+    if (exp) setText(td, fmtLeft(exp - serverNow));
   }
 }
 
 // ---- resource -----------------------------------------------------------------------------
 
+/** A list, or the sentence that says it is empty (not a list item numbered "1."). */
+const listOr = (tag, items, none) => (items.length ? el(tag, {}, ...items) : el("p", { class: "empty" }, none));
+
 async function refreshResource() {
   const name = state.resource;
-  $("#resource-name").textContent = name;
-  const d = await getJson(`/v1/admin/resources/${name.split("/").map(encodeURIComponent).join("/")}`);
+  setText($("#resource-name"), name);
+  let d;
+  try {
+    d = await getJson(`/v1/admin/resources/${name.split("/").map(encodeURIComponent).join("/")}`);
+  } catch (e) {
+    // Refused (a name no resource can have): show nothing of the resource shown before.
+    if (e instanceof ApiError) {
+      for (const id of ["#resource-facts", "#resource-queue", "#resource-grants", "#resource-events tbody"]) render($(id), []);
+    }
+    throw e;
+  }
   const facts = [
     ["Held", d.view.held ? "yes" : "no"],
     ["Holder", dash(d.lease && d.lease.holder)],
@@ -198,20 +386,22 @@ async function refreshResource() {
     ["Highest token admitted by a proxy", d.admitted],
     ["Next token deferred until", d.reissue_at_ms ? fmtTime(d.reissue_at_ms) : "—"],
   ];
-  $("#resource-facts").replaceChildren(...facts.map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", {}, v))));
-  replaceRows(
-    $("#resource-queue"),
-    d.queue.length
-      ? d.queue.map((w) => el("li", {}, `${dash(w.holder)} — waits until ${fmtTime(w.deadline_ms)}, ttl ${w.ttl_ms} ms`))
-      : [el("li", { class: "empty" }, "nobody waits")],
-  );
-  replaceRows(
-    $("#resource-grants"),
-    d.grants.length
-      ? d.grants.map((g) => el("li", {}, `proxy ${g.proxy}: token ${g.fencing_token} until ${fmtTime(g.until_ms)}`))
-      : [el("li", { class: "empty" }, "none live")],
-  );
-  replaceRows(
+  render($("#resource-facts"), facts.map(([k, v]) => el("div", {}, el("dt", {}, k), el("dd", {}, v))));
+  render($("#resource-queue"), [
+    listOr(
+      "ol",
+      d.queue.map((w) => el("li", {}, `${dash(w.holder)} — waits until ${fmtTime(w.deadline_ms)}, ttl ${w.ttl_ms} ms`)),
+      "Nobody waits.",
+    ),
+  ]);
+  render($("#resource-grants"), [
+    listOr(
+      "ul",
+      d.grants.map((g) => el("li", {}, `proxy ${g.proxy}: token ${g.fencing_token} until ${fmtTime(g.until_ms)}`)),
+      "None live.",
+    ),
+  ]);
+  render(
     $("#resource-events tbody"),
     d.events.length
       ? d.events
@@ -232,18 +422,25 @@ async function refreshHot() {
     ["By queue depth", h.by_queue_depth, (v) => v],
     ["By fencing rejections (last minute)", h.by_fence_rejections, (v) => v],
   ];
-  $("#hot-lists").replaceChildren(
-    ...lists.map(([title, entries, fmt]) =>
+  render(
+    $("#hot-lists"),
+    lists.map(([title, entries, fmt], i) =>
       el(
         "section",
         { class: "card" },
         el("h3", {}, title),
-        el(
+        listOr(
           "ol",
-          {},
-          ...(entries.length
-            ? entries.map((e) => el("li", {}, el("a", { href: `#resource/${encodeURIComponent(e.resource)}` }, e.resource), ` — ${fmt(e.value)}`))
-            : [el("li", { class: "empty" }, "nothing yet")]),
+          entries.map((e) =>
+            el(
+              "li",
+              {},
+              // A resource may be in several lists: the key names the list too.
+              el("a", { href: `#resource/${encodeURIComponent(e.resource)}`, "data-focus-key": `${i} ${e.resource}` }, e.resource),
+              ` — ${fmt(e.value)}`,
+            ),
+          ),
+          "Nothing yet.",
         ),
       ),
     ),
@@ -254,11 +451,15 @@ async function refreshHot() {
 
 const pct = (f) => `${(f * 100).toFixed(0)} %`;
 
+/** A table in a box of its own that scrolls sideways on a narrow screen, not the page. */
+const scrolling = (table) => el("div", { class: "scroll" }, table);
+
 async function refreshQuotas() {
   const l = await getJson("/v1/admin/quotas");
-  $("#quota-rebalances").textContent = l.rebalances;
-  $("#quota-list").replaceChildren(
-    ...(l.quotas.length
+  setText($("#quota-rebalances"), l.rebalances);
+  render(
+    $("#quota-list"),
+    l.quotas.length
       ? l.quotas.map((q) =>
           el(
             "section",
@@ -272,46 +473,50 @@ async function refreshQuotas() {
                 (q.set_at_run_time ? " · set at run time" : " · from the proxies' config"),
             ),
             el("h4", {}, "Per tenant"),
-            el(
-              "table",
-              {},
-              el("thead", {}, el("tr", {}, ...["Tenant", "Leased of R", "Demand of R"].map((h) => el("th", { scope: "col" }, h)))),
+            scrolling(
               el(
-                "tbody",
+                "table",
                 {},
-                ...(q.tenants.length
-                  ? q.tenants.map((t) => el("tr", {}, el("td", {}, t.tenant), el("td", {}, pct(t.leased_fraction)), el("td", {}, pct(t.demand_fraction))))
-                  : [el("tr", {}, el("td", { colSpan: 3, class: "empty" }, "no tenant has used it recently"))]),
+                el("thead", {}, el("tr", {}, ...["Tenant", "Leased of R", "Demand of R"].map((h) => el("th", { scope: "col" }, h)))),
+                el(
+                  "tbody",
+                  {},
+                  ...(q.tenants.length
+                    ? q.tenants.map((t) => el("tr", {}, el("td", {}, t.tenant), el("td", {}, pct(t.leased_fraction)), el("td", {}, pct(t.demand_fraction))))
+                    : [el("tr", {}, el("td", { colSpan: 3, class: "empty" }, "no tenant has used it recently"))]),
+                ),
               ),
             ),
             el("h4", {}, "Shares per proxy (the leases that count now)"),
-            el(
-              "table",
-              {},
-              el("thead", {}, el("tr", {}, ...["Tenant", "Proxy", "Rate share /s", "Burst share", "Leases", "Until", "Demand /s"].map((h) => el("th", { scope: "col" }, h)))),
+            scrolling(
               el(
-                "tbody",
+                "table",
                 {},
-                ...(q.shares.length
-                  ? q.shares.map((s) =>
-                      el(
-                        "tr",
-                        {},
-                        el("td", {}, s.tenant),
-                        el("td", {}, `node ${s.proxy}`),
-                        el("td", {}, s.rate_per_s.toFixed(1)),
-                        el("td", {}, s.burst.toFixed(1)),
-                        el("td", {}, s.leases),
-                        el("td", {}, fmtTime(s.expires_at_ms)),
-                        el("td", {}, s.demand_per_s.toFixed(1)),
-                      ),
-                    )
-                  : [el("tr", {}, el("td", { colSpan: 7, class: "empty" }, "no shares leased now"))]),
+                el("thead", {}, el("tr", {}, ...["Tenant", "Proxy", "Rate share /s", "Burst share", "Leases", "Until", "Demand /s"].map((h) => el("th", { scope: "col" }, h)))),
+                el(
+                  "tbody",
+                  {},
+                  ...(q.shares.length
+                    ? q.shares.map((s) =>
+                        el(
+                          "tr",
+                          {},
+                          el("td", {}, s.tenant),
+                          el("td", {}, `node ${s.proxy}`),
+                          el("td", {}, s.rate_per_s.toFixed(1)),
+                          el("td", {}, s.burst.toFixed(1)),
+                          el("td", {}, s.leases),
+                          el("td", {}, fmtTime(s.expires_at_ms)),
+                          el("td", {}, s.demand_per_s.toFixed(1)),
+                        ),
+                      )
+                    : [el("tr", {}, el("td", { colSpan: 7, class: "empty" }, "no shares leased now"))]),
+                ),
               ),
             ),
           ),
         )
-      : [el("p", { class: "empty" }, "No quota is defined yet: a proxy defines its configured quotas when it first limits a request.")]),
+      : [el("p", { class: "empty" }, "No quota is defined yet: a proxy defines its configured quotas when it first limits a request.")],
   );
 }
 
@@ -355,8 +560,8 @@ function lineChart(title, series, unit) {
   add("text", { x: L - 4, y: T + 10, "text-anchor": "end", class: "tick" }, vmax.toPrecision(3));
   add("text", { x: L - 4, y: H - B, "text-anchor": "end", class: "tick" }, "0");
   if (all.length) {
-    add("text", { x: L, y: H - 4, class: "tick" }, fmtTime(t0));
-    add("text", { x: W - R, y: H - 4, "text-anchor": "end", class: "tick" }, fmtTime(t1));
+    add("text", { x: L, y: H - 4, class: "tick" }, fmtClock(t0));
+    add("text", { x: W - R, y: H - 4, "text-anchor": "end", class: "tick" }, fmtClock(t1));
   } else {
     add("text", { x: (L + W) / 2, y: H / 2, "text-anchor": "middle", class: "tick" }, "no data yet");
   }
@@ -397,7 +602,7 @@ function drawCharts() {
       points: S.filter((s) => s.latency[op] && s.latency[op].count > 0).map((s) => [s.at_ms, s.latency[op][`${q}_ms`]]),
     }));
   const fenceKeys = [...new Set(S.flatMap((s) => Object.keys(s.fence)))].sort();
-  $("#charts-grid").replaceChildren(
+  render($("#charts-grid"), [
     lineChart("Acquire latency", lat("acquire"), "ms"),
     lineChart("Renew latency", lat("renew"), "ms"),
     lineChart("Release latency", lat("release"), "ms"),
@@ -415,7 +620,7 @@ function drawCharts() {
       fenceKeys.map((k) => ({ name: k, points: pts((s) => s.fence[k] || 0) })),
       "per s",
     ),
-  );
+  ]);
 }
 
 // ---- audit --------------------------------------------------------------------------------
@@ -428,7 +633,7 @@ async function refreshAudit() {
     limit: "200",
   });
   const t = await getJson(`/v1/admin/audit?${q}`);
-  replaceRows(
+  render(
     $("#audit-table tbody"),
     t.entries
       .slice()
@@ -490,12 +695,6 @@ async function runAction(what, path, body, out = $("#action-result")) {
   refresh();
 }
 
-/** The Authorization header of the admin token typed in, if any. */
-function credential() {
-  const token = $("#admin-token").value;
-  return token ? { Authorization: `Bearer ${token}` } : {};
-}
-
 // ---- idempotency keys with an unknown outcome ---------------------------------------------
 
 // The cursors of the pages before the one shown (empty: the first page), and the next one's.
@@ -515,37 +714,49 @@ function wireIdempotencyPages() {
   });
 }
 
+// The last refusal of the list for want of a credential ({ token, at }) while it holds: it is
+// asked again with another credential, or after DENIED_RETRY_MS (see heldBack).
+let idemDenied = null;
+
+/** A time as a <time> element, with the date when it is not today. */
+const when = (ms) => (ms ? el("time", { dateTime: new Date(ms).toISOString() }, fmtTime(ms)) : "—");
+
 async function refreshIdempotency() {
   const note = $("#idem-note");
-  const auth = credential();
-  if (!auth.Authorization) {
-    note.textContent = "Enter the admin token above to list the keys.";
-    replaceRows($("#idem-table tbody"), []);
+  const tbody = $("#idem-table tbody");
+  if (!typedToken()) {
+    setText(note, "Enter the admin token above to list the keys.");
+    render(tbody, []);
     return;
   }
+  if (heldBack(idemDenied)) return;
+  idemDenied = null;
   const after = idemPages.at(-1);
   const query = `limit=50${after ? `&after=${encodeURIComponent(after)}` : ""}`;
-  const r = await fetch(`/v1/admin/idempotency/unknown?${query}`, {
-    headers: { Accept: "application/json", ...auth },
-  });
+  const r = await fetchRead(`/v1/admin/idempotency/unknown?${query}`);
   const page = await r.json().catch(() => ({}));
   if (!r.ok) {
-    note.textContent = `Cannot list (${r.status} ${page.error || ""}): ${page.message || r.statusText}`;
-    replaceRows($("#idem-table tbody"), []);
+    const e = new ApiError(r.status, page, r.statusText);
+    if (e.denied) idemDenied = { token: typedToken(), at: Date.now() };
+    setText(note, `Cannot list (${e.status} ${e.code}): ${e.detail}`);
+    render(tbody, []);
+    $("#idem-next").disabled = true;
     return;
   }
   idemNext = page.next || null;
   $("#idem-next").disabled = !idemNext;
   $("#idem-first").disabled = idemPages.length === 0;
   const pageNo = idemPages.length + 1;
-  note.textContent =
+  setText(
+    note,
     page.records.length === 0
       ? pageNo === 1
         ? "No key has an unknown outcome."
         : `Page ${pageNo}: no more keys.`
-      : `Page ${pageNo}: ${page.records.length} key(s)${idemNext ? "; more on the next page" : ""}.`;
-  replaceRows(
-    $("#idem-table tbody"),
+      : `Page ${pageNo}: ${page.records.length} key(s)${idemNext ? "; more on the next page" : ""}.`,
+  );
+  render(
+    tbody,
     page.records.map((rec) => {
       const name = `key ${rec.key} of tenant ${rec.tenant} on ${rec.route}`;
       const resolve = (resolution, label, cls) =>
@@ -554,6 +765,7 @@ async function refreshIdempotency() {
           {
             type: "button",
             class: `resolve-${resolution} ${cls}`,
+            "data-focus-key": JSON.stringify([resolution, rec.tenant, rec.route, rec.key]),
             onclick: () =>
               runAction(
                 `resolve ${name} as "${label}"`,
@@ -571,8 +783,8 @@ async function refreshIdempotency() {
         el("td", {}, rec.route),
         el("td", { class: "key" }, rec.key),
         el("td", {}, rec.attempt),
-        el("td", {}, fmtTime(rec.created_ms)),
-        el("td", {}, fmtTime(rec.expires_at_ms)),
+        el("td", {}, when(rec.created_ms)),
+        el("td", {}, when(rec.expires_at_ms)),
         el("td", { class: "row" }, resolve("succeeded", "It ran", ""), resolve("never_ran", "It never ran", "danger")),
       );
     }),
@@ -621,6 +833,9 @@ async function refresh() {
     again = true;
     return;
   }
+  // Refused for want of an admin key: asking again each second would only write a refusal a
+  // second to the audit log (86,400 lines a day per open tab). The banner says what to do.
+  if (heldBack(state.denied)) return;
   busy = true;
   try {
     await refreshOverview();
@@ -631,8 +846,17 @@ async function refresh() {
     if (state.view === "quotas") await refreshQuotas();
     if (state.view === "audit") await refreshAudit();
     if (state.view === "idempotency") await refreshIdempotency();
+    state.denied = null;
+    state.lastOk = Date.now();
     showError(null);
   } catch (e) {
+    if (e instanceof ApiError && e.denied) {
+      state.denied = { token: typedToken(), at: Date.now() };
+      state.readsNeedKey = true;
+      placeCredential();
+    } else {
+      state.denied = null;
+    }
     showError(e);
   } finally {
     busy = false;
@@ -671,6 +895,15 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#audit-filters").addEventListener("submit", (ev) => {
     ev.preventDefault();
     refresh();
+  });
+  // The skip link moves focus to the main content of the view shown; followed as a link, its
+  // "#main" would be routed like a view's address.
+  $(".skip").addEventListener("click", (ev) => {
+    ev.preventDefault();
+    $("#main").focus();
+  });
+  $("#admin-token").addEventListener("input", () => {
+    typedAt = performance.now();
   });
   wireActions();
   wireIdempotencyPages();

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use fantoccini::{Client, ClientBuilder, Locator};
 use fencegate_proxy::config::ProxyConfig;
 use lock_core::net::PeerSecret;
-use lock_core::node::{MemberAddrs, NodeConfig};
+use lock_core::node::{AuthMode, MemberAddrs, NodeConfig};
 use lock_core::server::{self, NodeHandle};
 use lock_core::testkit::{eventually, phase};
 use lock_core::wire::{
@@ -54,6 +54,12 @@ struct Cluster {
 
 impl Cluster {
     async fn start() -> Cluster {
+        Cluster::start_with(AuthMode::Off).await
+    }
+
+    /// With `AuthMode::On` (API keys) every `/v1` call needs a key: the harness's own calls
+    /// send the admin token (the bootstrap admin key); the browser sends what is typed in.
+    async fn start_with(auth: AuthMode) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut listeners = BTreeMap::new();
         let mut addrs = BTreeMap::new();
@@ -85,6 +91,7 @@ impl Cluster {
                 secret.clone(),
             );
             config.admin_token = Some(ADMIN_TOKEN.to_string());
+            config.auth = auth;
             let handle = server::start(config, l, p, std::future::pending())
                 .await
                 .expect("start node");
@@ -103,6 +110,14 @@ impl Cluster {
             proxies.insert(id, (paddr, Proxy { stop, task }));
             nodes.insert(id, Some(handle));
         }
+        let mut headers = reqwest::header::HeaderMap::new();
+        if auth == AuthMode::On {
+            let bearer = format!("Bearer {ADMIN_TOKEN}");
+            headers.insert(
+                reqwest::header::AUTHORIZATION,
+                bearer.parse().expect("header value"),
+            );
+        }
         let c = Cluster {
             _dir: dir,
             addrs,
@@ -111,6 +126,7 @@ impl Cluster {
             store: store_addr,
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
+                .default_headers(headers)
                 .build()
                 .expect("client"),
         };
@@ -340,13 +356,58 @@ impl Browser {
         e.send_keys(value).await.expect("type");
     }
 
-    /// Rows of the locks table as (resource, token).
+    /// Rows of the locks table as (resource, token); not the row saying that none match.
     async fn lock_rows(&self) -> Vec<(String, String)> {
         self.eval(
-            "return [...document.querySelectorAll('#locks-table tbody tr')]
+            "return [...document.querySelectorAll('#locks-table tbody tr[data-resource]')]
                 .map(r => [r.dataset.resource, r.querySelector('.token').textContent]);",
         )
         .await
+    }
+
+    /// Whether the element `css` matches is rendered (neither it nor an ancestor hidden).
+    async fn shown(&self, css: &str) -> bool {
+        self.eval(&format!(
+            "const e = document.querySelector({css:?}); return !!e && e.getClientRects().length > 0;"
+        ))
+        .await
+    }
+
+    /// Moves the keyboard focus to the element `css` matches (as tabbing to it would) and
+    /// remembers that element for `still_focused`.
+    async fn focus(&self, css: &str) {
+        let focused: bool = self
+            .eval(&format!(
+                "const e = document.querySelector({css:?});
+                 if (!e) return false;
+                 e.focus();
+                 window.fgFocused = e;
+                 return document.activeElement === e;"
+            ))
+            .await;
+        assert!(focused, "focus {css}");
+    }
+
+    /// Whether the element `focus` focused still has the focus (the very element, not a copy).
+    async fn still_focused(&self) -> bool {
+        self.eval("return document.activeElement === window.fgFocused;")
+            .await
+    }
+
+    /// Waits for the page's next `n` answers to requests whose URL contains `path`: with
+    /// n = 3, at least two polls of it have been answered and rendered since the call.
+    async fn wait_polls(&self, path: &str, n: usize) {
+        let _: Option<()> = self
+            .eval("performance.clearResourceTimings(); return null;")
+            .await;
+        let count = format!(
+            "return performance.getEntriesByType('resource')
+                .filter(e => e.name.includes({path:?})).length;"
+        );
+        eventually(EVENT, &format!("{n} polls of {path}"), async || {
+            self.eval::<usize>(&count).await >= n
+        })
+        .await;
     }
 
     async fn screenshot(&self, name: &str) {
@@ -742,6 +803,25 @@ async fn a_killed_leader_shows_as_down_and_the_election_appears() {
     })
     .await;
     browser.screenshot("charts-election").await;
+
+    phase("the page's own node stops answering: what the page shows is marked stale");
+    browser.open(&base, "cluster").await;
+    browser
+        .wait_text("#leader", "the leader", |t| {
+            t == format!("node {new_leader}")
+        })
+        .await;
+    cluster.crash(page_node).await;
+    let banner = browser
+        .wait_text("#error", "the failed refresh in the banner", |t| {
+            t.starts_with("Could not reach this node's API")
+        })
+        .await;
+    assert!(banner.contains("What is shown is as of"), "{banner}");
+    let stale: bool = browser
+        .eval("return document.body.classList.contains('stale');")
+        .await;
+    assert!(stale, "the members table still looks current");
     browser.close().await;
 }
 
@@ -1075,6 +1155,15 @@ async fn unknown_idempotency_outcomes_are_listed_and_resolved_from_the_page() {
         })
         .await;
     browser.screenshot("idempotency").await;
+    // A keyboard user tabs to a button and keeps it across the page's polls.
+    browser
+        .focus(r#"#idem-table tr[data-key="ui-ran"] .resolve-succeeded"#)
+        .await;
+    browser.wait_polls("/v1/admin/idempotency/unknown", 3).await;
+    assert!(
+        browser.still_focused().await,
+        "the focus left 'It ran…' when the page polled"
+    );
     browser
         .click(r#"#idem-table tr[data-key="ui-ran"] .resolve-succeeded"#)
         .await;
@@ -1273,6 +1362,26 @@ async fn the_quota_panel_shows_the_dev_quota_and_a_run_time_change() {
         .await;
     assert!(panel.contains("from the proxies' config"), "{panel}");
     browser.screenshot("quotas").await;
+    // On a phone the tables scroll sideways in their boxes; the page itself does not.
+    browser
+        .client
+        .set_window_size(390, 844)
+        .await
+        .expect("phone size");
+    let (page_width, window_width): (u32, u32) = browser
+        .eval(
+            "return [document.documentElement.scrollWidth, document.documentElement.clientWidth];",
+        )
+        .await;
+    assert!(
+        page_width <= window_width,
+        "the quota panel is {page_width} px wide in a {window_width} px window"
+    );
+    browser
+        .client
+        .set_window_size(1280, 800)
+        .await
+        .expect("desktop size");
 
     phase("a change needs the admin credential and sane numbers");
     let change = SetQuotaRequest {
@@ -1345,5 +1454,253 @@ async fn the_quota_panel_shows_the_dev_quota_and_a_run_time_change() {
     assert!(outcomes.contains(&"done"), "{tail:?}");
     assert!(outcomes.contains(&"invalid_request"), "{tail:?}");
     busy.abort();
+    browser.close().await;
+}
+
+/// The page polls every second, but a poll re-renders a table only when what it shows changed;
+/// when it did, the keyboard focus moves to the same link in the new rows, and a table with
+/// text selected in it waits until the selection is gone. (Before, every poll replaced every
+/// table: the focus fell to `<body>` within a second and a selection vanished.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keyboard_focus_and_a_text_selection_survive_the_refresh() {
+    let cluster = Cluster::start().await;
+    let base = cluster.url(1, "");
+    cluster.acquire(1, "kv:focus-a", "keyboard").await;
+    let browser = Browser::start().await;
+
+    phase("focus on a link of the locks table stays on it while nothing changes");
+    browser.open(&base, "locks").await;
+    eventually(EVENT, "kv:focus-a in the locks table", async || {
+        browser
+            .lock_rows()
+            .await
+            .iter()
+            .any(|r| r.0 == "kv:focus-a")
+    })
+    .await;
+    browser
+        .focus("#locks-table tr[data-resource='kv:focus-a'] a")
+        .await;
+    browser.wait_polls("/v1/locks?", 3).await;
+    assert!(
+        browser.still_focused().await,
+        "the focus left the link when the page polled"
+    );
+
+    phase("a new row re-renders the table; the focus moves to the same link in it");
+    cluster.acquire(1, "kv:focus-b", "keyboard").await;
+    eventually(EVENT, "kv:focus-b in the locks table", async || {
+        browser
+            .lock_rows()
+            .await
+            .iter()
+            .any(|r| r.0 == "kv:focus-b")
+    })
+    .await;
+    browser.wait_polls("/v1/locks?", 3).await;
+    let focused: (String, String) = browser
+        .eval(
+            "const e = document.activeElement, row = e.closest('tr');
+             return [e.tagName, row ? row.dataset.resource : ''];",
+        )
+        .await;
+    assert_eq!(focused, ("A".to_string(), "kv:focus-a".to_string()));
+
+    phase("text selected in the audit table stays selected while new lines arrive");
+    browser.open(&base, "audit").await;
+    browser
+        .wait_text(
+            "#audit-table tbody",
+            "the acquires in the audit tail",
+            |t| t.contains("kv:focus-b"),
+        )
+        .await;
+    let selected: String = browser
+        .eval(
+            "const cell = [...document.querySelectorAll('#audit-table tbody td')]
+                 .find(td => td.textContent === 'kv:focus-a');
+             const range = document.createRange();
+             range.selectNodeContents(cell);
+             getSelection().removeAllRanges();
+             getSelection().addRange(range);
+             return getSelection().toString();",
+        )
+        .await;
+    assert_eq!(selected, "kv:focus-a");
+    cluster.acquire(1, "kv:focus-c", "keyboard").await;
+    browser.wait_polls("/v1/admin/audit?", 3).await;
+    let selected: String = browser.eval("return getSelection().toString();").await;
+    assert_eq!(
+        selected, "kv:focus-a",
+        "the selection was cleared by a poll"
+    );
+
+    phase("once the selection is gone the table catches up");
+    let _: Option<()> = browser
+        .eval("getSelection().removeAllRanges(); return null;")
+        .await;
+    browser
+        .wait_text("#audit-table tbody", "the newest acquire", |t| {
+            t.contains("kv:focus-c")
+        })
+        .await;
+    browser.close().await;
+}
+
+/// Keyboard navigation and the credential box: the skip link moves the focus to the main
+/// content and keeps the view (its `#main` was routed like a view's address, which jumped to
+/// Cluster); with the node's reads open, the credential box shows on the views that act and
+/// nowhere else (a fieldset's `display: grid` overrode its `hidden`, so it showed everywhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_skip_link_keeps_the_view_and_the_credential_box_shows_only_where_needed() {
+    let cluster = Cluster::start().await;
+    let leader = cluster.wait_leader(None).await;
+    let base = cluster.url(1, "");
+    let browser = Browser::start().await;
+
+    phase("no credential box on the Cluster view while the node's reads are open");
+    browser.open(&base, "cluster").await;
+    browser
+        .wait_text("#leader", "the leader", |t| t == format!("node {leader}"))
+        .await;
+    assert!(!browser.shown("#credential").await, "credential on Cluster");
+
+    phase("it shows on Actions and Unknown outcomes, and only there");
+    for (view, wanted) in [
+        ("locks", false),
+        ("actions", true),
+        ("audit", false),
+        ("idempotency", true),
+        ("cluster", false),
+    ] {
+        browser.click(&format!("nav a[href='#{view}']")).await;
+        let section = format!("#view-{view}");
+        eventually(EVENT, &format!("the {view} view"), async || {
+            browser.shown(&section).await
+        })
+        .await;
+        assert_eq!(
+            browser.shown("#credential").await,
+            wanted,
+            "credential box on the {view} view"
+        );
+    }
+
+    phase("the skip link focuses the main content of the Locks view and stays on it");
+    browser.click("nav a[href='#locks']").await;
+    eventually(EVENT, "the locks view", async || {
+        browser.shown("#view-locks").await
+    })
+    .await;
+    // The link is off screen until it has the focus, as for a keyboard user tabbing to it.
+    browser.focus(".skip").await;
+    browser.click(".skip").await;
+    let (hash, focused): (String, String) = browser
+        .eval("return [location.hash, document.activeElement.id];")
+        .await;
+    assert_eq!((hash.as_str(), focused.as_str()), ("#locks", "main"));
+    browser.wait_polls("/v1/locks?", 2).await;
+    assert!(browser.shown("#view-locks").await, "the Locks view left");
+    assert!(
+        !browser.shown("#view-cluster").await,
+        "the Cluster view came"
+    );
+    browser.close().await;
+}
+
+/// A lock search the node refuses (a prefix no resource name can start with) shows the
+/// node's answer, not "could not reach", and leaves none of the previous rows under it; a
+/// search that matches nothing says so in the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_search_shows_the_answer_and_clears_the_table() {
+    let cluster = Cluster::start().await;
+    let base = cluster.url(1, "");
+    cluster.acquire(1, "kv:search-1", "searcher").await;
+    let browser = Browser::start().await;
+
+    phase("the lock is listed");
+    browser.open(&base, "locks").await;
+    eventually(EVENT, "kv:search-1 in the locks table", async || {
+        browser
+            .lock_rows()
+            .await
+            .iter()
+            .any(|r| r.0 == "kv:search-1")
+    })
+    .await;
+
+    phase("a prefix with a space: the node's 400 in the banner, no rows");
+    browser.fill("#prefix", "kv search").await;
+    browser.click("#search").await;
+    let banner = browser
+        .wait_text("#error", "the refusal in the banner", |t| {
+            t.starts_with("This node answered 400 invalid_request: prefix")
+        })
+        .await;
+    assert!(!banner.contains("Could not reach"), "{banner}");
+    assert_eq!(browser.lock_rows().await, [], "rows of the previous search");
+
+    phase("a prefix that matches nothing: the table says so, the banner goes");
+    browser.fill("#prefix", "nomatch:").await;
+    browser.click("#search").await;
+    browser
+        .wait_text("#locks-table tbody", "the no-match row", |t| {
+            t.contains("No held or waited-on resource starts with “nomatch:”")
+        })
+        .await;
+    assert!(!browser.shown("#error").await, "the banner stayed");
+    browser.close().await;
+}
+
+/// With API keys on, a tab without a valid admin key is refused each read and each refusal is
+/// an audit line: the page shows the node's answer and the credential box on every view and
+/// stops asking (it asked every second: 86,400 audit lines a day per tab) until the key
+/// changes; with a key typed in it reads again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_an_admin_key_the_page_backs_off_instead_of_filling_the_audit_log() {
+    use lock_core::wire::AuditTail;
+    let cluster = Cluster::start_with(AuthMode::On).await;
+    let leader = cluster.wait_leader(None).await;
+    let base = cluster.url(1, "");
+    let refusals = async || {
+        let tail: AuditTail = cluster
+            .get(1, "/v1/admin/audit?outcome=missing&limit=1000")
+            .await;
+        tail.entries
+            .iter()
+            .filter(|e| e.detail.as_deref() == Some("GET /v1/admin/overview"))
+            .count()
+    };
+    let browser = Browser::start().await;
+
+    phase("without a key: the node's 401 in the banner, the credential box on Cluster");
+    browser.open(&base, "cluster").await;
+    let banner = browser
+        .wait_text("#error", "the refusal in the banner", |t| {
+            t.starts_with("This node answered 401")
+        })
+        .await;
+    assert!(banner.contains("Enter an admin key"), "{banner}");
+    assert!(browser.shown("#credential").await, "no credential box");
+    let refused = refusals().await;
+    assert!(refused >= 1, "the refusal is audited");
+
+    phase("it does not ask again each second");
+    // What is checked is that nothing happens for a while: a sleep is the measurement here.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    assert_eq!(refusals().await, refused, "the page kept polling");
+
+    phase("with the admin key typed in, the page reads again, on every view");
+    browser.fill("#admin-token", ADMIN_TOKEN).await;
+    browser
+        .wait_text("#leader", "the leader", |t| t == format!("node {leader}"))
+        .await;
+    assert!(!browser.shown("#error").await, "the banner stayed");
+    assert_eq!(refusals().await, refused, "a partly typed key was tried");
+    browser.open(&base, "locks").await;
+    browser
+        .wait_text("#page-info", "the locks view", |t| t.starts_with("page 1"))
+        .await;
+    assert!(browser.shown("#credential").await, "no credential box");
     browser.close().await;
 }

@@ -20,10 +20,13 @@ pub(super) async fn run(node: Arc<Node>) {
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
+        // Every node reads its clock each tick, so that it stays anchored in the current term
+        // and what a follower judges by log time (claims whose lease ended, say) moves on
+        // while nothing is committed.
+        let now = node.now_ms();
         if node.current_leader() != Some(node.id) {
             continue;
         }
-        let now = node.now_ms();
         let (next, has_leases, log_now) = node
             .machine
             .read(|m| (m.next_deadline(), m.has_leases(), m.now_ms()));
