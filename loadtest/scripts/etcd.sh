@@ -4,7 +4,7 @@
 #   etcd.sh install                         install Debian's etcd-server and etcd-client if missing
 #   etcd.sh start DIR C1,C2,C3 P1,P2,P3     start members m1..m3 (client ports C, peer ports P),
 #                                           data in DIR/mN, logs in DIR/mN.log, pids in DIR/mN.pid;
-#                                           waits until every member is healthy
+#                                           waits (at most 60 s) until every member is healthy
 #   etcd.sh stop DIR                        stop every member started in DIR (SIGTERM, then SIGKILL)
 #   etcd.sh stop-member DIR N               stop member N only
 #
@@ -71,14 +71,18 @@ start)
     for i in 0 1 2; do
         endpoints="${endpoints:+$endpoints,}http://127.0.0.1:${cports[$i]}"
     done
-    for _ in $(seq 1 150); do
-        if ETCDCTL_API=3 etcdctl --endpoints "$endpoints" endpoint health >/dev/null 2>&1; then
+    # 60 s in all: each check is bounded too (etcdctl's own timeouts would let 150 failed
+    # checks take some 13 minutes).
+    deadline=$((SECONDS + 60))
+    while [ "$SECONDS" -lt "$deadline" ]; do
+        if ETCDCTL_API=3 etcdctl --endpoints "$endpoints" --dial-timeout=1s --command-timeout=2s \
+            endpoint health >/dev/null 2>&1; then
             echo "$endpoints"
             exit 0
         fi
         sleep 0.2
     done
-    echo "etcd cluster in $dir did not become healthy; see $dir/m*.log" >&2
+    echo "etcd cluster in $dir did not become healthy within 60 s; see $dir/m*.log" >&2
     exit 1
     ;;
 stop)

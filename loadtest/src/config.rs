@@ -3,7 +3,7 @@
 //! Every figure of the seed workload is a flag. A profile (`seed`, `smoke`) fills in the flags the user
 //! did not give; an explicit flag always wins.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -225,6 +225,63 @@ pub struct RunArgs {
     pub max_total_s: u64,
 }
 
+impl RunArgs {
+    /// The flags that shape the run rather than the workload (the workload's are checked by
+    /// [`Workload::resolve`]): refused before anything starts, with what to give instead.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.max_total_s == 0 {
+            bail!("--max-total-s must be at least 1 (seconds)");
+        }
+        if self.scenario == Scenario::Ramp {
+            self.validate_ramp()?;
+        }
+        Ok(())
+    }
+
+    /// The ramp multiplies the rate every step until a bound is passed: a factor of 1 or
+    /// less never gets there (a rate of 0 cannot even be scheduled), and a step of 0 s
+    /// measures nothing.
+    fn validate_ramp(&self) -> anyhow::Result<()> {
+        if self.ramp_step_s == Some(0) {
+            bail!("--ramp-step-s must be at least 1 (seconds per step)");
+        }
+        if !(self.ramp_factor.is_finite() && self.ramp_factor > 1.0) {
+            bail!(
+                "--ramp-factor must be a number above 1 (the rate is multiplied by it every \
+                 step), not {}",
+                self.ramp_factor
+            );
+        }
+        if !(self.ramp_max_rate > 0.0 && self.ramp_max_rate <= MAX_RATE) {
+            bail!("--ramp-max-rate must be in (0, {MAX_RATE}]");
+        }
+        if !(self.ramp_bound_ms.is_finite() && self.ramp_bound_ms > 0.0) {
+            bail!("--ramp-bound-ms must be a positive number of milliseconds");
+        }
+        if !(self.ramp_tight_bound_ms > 0.0 && self.ramp_tight_bound_ms <= self.ramp_bound_ms) {
+            bail!("--ramp-tight-bound-ms must be positive and at most --ramp-bound-ms");
+        }
+        Ok(())
+    }
+}
+
+/// The arrival rates the open loop schedules (per second): the gap between two arrivals
+/// must be a `Duration`.
+pub const MIN_RATE: f64 = 0.01;
+pub const MAX_RATE: f64 = 1_000_000.0;
+
+/// Creates `--out` (if missing) and checks that a file can be written in it, so that a run is
+/// refused before it starts rather than after it ends.
+pub fn prepare_out(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create --out {}", dir.display()))?;
+    tempfile::Builder::new()
+        .prefix(".fencegate-loadtest-probe-")
+        .tempfile_in(dir)
+        .with_context(|| format!("cannot write files in --out {}", dir.display()))?;
+    Ok(())
+}
+
 /// The resolved workload.
 #[derive(Clone, Debug, Serialize)]
 pub struct Workload {
@@ -298,8 +355,8 @@ impl Workload {
         if self.resources == 0 || self.resources > 10_000_000 {
             bail!("--resources must be 1..=10000000");
         }
-        if !(self.rate > 0.0 && self.rate <= 1_000_000.0) {
-            bail!("--rate must be in (0, 1000000]");
+        if !(MIN_RATE..=MAX_RATE).contains(&self.rate) {
+            bail!("--rate must be in [{MIN_RATE}, {MAX_RATE}] (acquisitions per second)");
         }
         if self.active_locks >= self.resources {
             bail!("--active-locks must be below --resources (the harness acquires free resources)");
@@ -401,6 +458,34 @@ mod tests {
 
     fn workload(args: &[&str]) -> Workload {
         Workload::resolve(&run_args(args)).expect("valid workload")
+    }
+
+    /// A ramp that cannot rise (factor ≤ 1: the rate goes to 0, which cannot be scheduled)
+    /// or steps of 0 s (nothing measured, NaN rates) is refused; the defaults pass.
+    #[test]
+    fn ramp_flags_that_cannot_ramp_are_refused() {
+        let ramp = |extra: &[&str]| {
+            let mut args = vec!["--scenario", "ramp"];
+            args.extend_from_slice(extra);
+            run_args(&args).validate()
+        };
+        assert!(ramp(&[]).is_ok());
+        for bad in [
+            &["--ramp-factor", "0"][..],
+            &["--ramp-factor", "1"],
+            &["--ramp-factor", "NaN"],
+            &["--ramp-factor", "inf"],
+            &["--ramp-step-s", "0"],
+            &["--ramp-max-rate", "0"],
+            &["--ramp-bound-ms", "0"],
+            &["--ramp-tight-bound-ms", "300"],
+            &["--max-total-s", "0"],
+        ] {
+            assert!(ramp(bad).is_err(), "{bad:?} accepted");
+        }
+        // Ramp flags are the ramp's: another scenario ignores them.
+        assert!(run_args(&["--ramp-factor", "0"]).validate().is_ok());
+        assert!(Workload::resolve(&run_args(&["--rate", "0"])).is_err());
     }
 
     #[test]

@@ -52,7 +52,32 @@ struct Turn {
     token: u64,
     granted: Instant,
     release_sent: Instant,
+    /// Its write through the proxy succeeded (the proxy then held a grant to revoke).
+    wrote: bool,
 }
+
+/// Errors by count, with the first few for the report (a broken target fails every call:
+/// keeping them all would grow without bound).
+#[derive(Default)]
+struct Errors {
+    count: u64,
+    first: Vec<String>,
+}
+
+impl Errors {
+    /// Counts `e` if `counts`; keeps it as an example while there are few.
+    fn push(errors: &Mutex<Errors>, e: String, counts: bool) {
+        let mut errors = errors.lock().unwrap_or_else(|p| p.into_inner());
+        errors.count += u64::from(counts);
+        if errors.first.len() < 5 && (counts || errors.first.is_empty()) {
+            errors.first.push(e);
+        }
+    }
+}
+
+/// A client that fails waits before it tries again, doubling up to this: a target that is
+/// not a fencegate API answers at once, and the loop must not turn into a flood.
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
 pub async fn run(args: HandoffArgs) -> anyhow::Result<()> {
     for url in args.target.iter().chain(&args.proxy_target) {
@@ -63,11 +88,14 @@ pub async fn run(args: HandoffArgs) -> anyhow::Result<()> {
     if args.clients == 0 || args.proxy_target.is_empty() {
         bail!("need at least one client and one proxy");
     }
+    if args.duration_s == 0 || args.max_cycles == 0 {
+        bail!("--duration-s and --max-cycles must be at least 1");
+    }
     let client = Client::new(args.target.clone()).context("lock client")?;
     let http = reqwest::Client::new();
     let resource = format!("kv:{}", args.key);
     let turns = Arc::new(Mutex::new(Vec::new()));
-    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let errors = Arc::new(Mutex::new(Errors::default()));
     let started = Instant::now();
     let end = started + Duration::from_secs(args.duration_s);
     let cycles = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -88,48 +116,68 @@ pub async fn run(args: HandoffArgs) -> anyhow::Result<()> {
         );
         let max = args.max_cycles;
         tasks.push(tokio::spawn(async move {
+            let mut backoff = Duration::ZERO;
             while Instant::now() < end
                 && cycles.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < max
             {
+                if !backoff.is_zero() {
+                    let left = end.saturating_duration_since(Instant::now());
+                    tokio::time::sleep(backoff.min(left)).await;
+                }
                 let left = end.saturating_duration_since(Instant::now());
                 let opts = AcquireOptions::new(Duration::from_secs(10))
                     .wait_timeout(left.max(Duration::from_millis(1)))
                     .holder(format!("handoff-{i}"));
-                let guard = match client.acquire(&resource, opts).await {
-                    Ok(g) => g,
-                    Err(e) => {
-                        if Instant::now() < end {
-                            errors.lock().expect("errors").push(format!("acquire: {e}"));
-                        }
+                // The client retries an unclear answer for up to its call timeout; the run's
+                // end bounds it here.
+                let acquired = tokio::time::timeout(left, client.acquire(&resource, opts)).await;
+                let guard = match acquired {
+                    Ok(Ok(g)) => g,
+                    Ok(Err(e)) => {
+                        // A waiter the run's end cut off is no error; but the reason of a
+                        // target that never granted anything is kept.
+                        Errors::push(&errors, format!("acquire: {e}"), Instant::now() < end);
+                        backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_BACKOFF);
                         continue;
                     }
+                    Err(_) => break,
                 };
                 let granted = Instant::now();
                 let token = guard.token();
-                match guard
+                let wrote = match guard
                     .fenced_request(&http, reqwest::Method::PUT, &url)
                     .body(format!("client {i} token {token}"))
                     .send()
                     .await
                 {
-                    Ok(r) if r.status().is_success() => {}
-                    Ok(r) => errors
-                        .lock()
-                        .expect("errors")
-                        .push(format!("write with token {token}: {}", r.status())),
-                    Err(e) => errors
-                        .lock()
-                        .expect("errors")
-                        .push(format!("write with token {token}: {e}")),
-                }
+                    Ok(r) if r.status().is_success() => true,
+                    Ok(r) => {
+                        Errors::push(
+                            &errors,
+                            format!("write with token {token}: {}", r.status()),
+                            true,
+                        );
+                        false
+                    }
+                    Err(e) => {
+                        Errors::push(&errors, format!("write with token {token}: {e}"), true);
+                        false
+                    }
+                };
                 let release_sent = Instant::now();
                 if let Err(e) = guard.release().await {
-                    errors.lock().expect("errors").push(format!("release: {e}"));
+                    Errors::push(&errors, format!("release: {e}"), true);
                 }
-                turns.lock().expect("turns").push(Turn {
+                backoff = if wrote {
+                    Duration::ZERO
+                } else {
+                    (backoff * 2).clamp(Duration::from_millis(10), MAX_BACKOFF)
+                };
+                turns.lock().unwrap_or_else(|p| p.into_inner()).push(Turn {
                     token,
                     granted,
                     release_sent,
+                    wrote,
                 });
             }
         }));
@@ -138,16 +186,19 @@ pub async fn run(args: HandoffArgs) -> anyhow::Result<()> {
         t.await.context("client task")?;
     }
     let elapsed = started.elapsed();
-    let mut turns = turns.lock().expect("turns").clone();
+    let mut turns = turns.lock().unwrap_or_else(|p| p.into_inner()).clone();
     turns.sort_by_key(|t| t.token);
+    // A hand-off is measured from a holder whose write went through the proxy (so its release
+    // had a grant to revoke) to the next grant.
     let mut hist = new_hist();
-    for pair in turns.windows(2) {
+    for pair in turns.windows(2).filter(|p| p[0].wrote) {
         let gap = pair[1]
             .granted
             .saturating_duration_since(pair[0].release_sent);
         hist.record(gap.as_micros().max(1) as u64)?;
     }
-    let errors = errors.lock().expect("errors").clone();
+    let errors = std::mem::take(&mut *errors.lock().unwrap_or_else(|p| p.into_inner()));
+    // Counted as before: each grant is the lock passing to a holder.
     println!(
         "hand-offs: {} in {:.1} s = {:.1}/s with {} clients writing through {} proxies",
         turns.len(),
@@ -165,9 +216,19 @@ pub async fn run(args: HandoffArgs) -> anyhow::Result<()> {
             hist.max() as f64 / 1_000.0
         );
     }
-    println!("errors: {}", errors.len());
-    for e in errors.iter().take(5) {
+    println!("errors: {}", errors.count);
+    for e in &errors.first {
         println!("  {e}");
+    }
+    if hist.is_empty() {
+        bail!(
+            "nothing was measured: no hand-off after a write through the proxy ({} grants, {} \
+             writes through the proxy, {} errors). Is --target a fencegate API and \
+             --proxy-target its fencing proxies?",
+            turns.len(),
+            turns.iter().filter(|t| t.wrote).count(),
+            errors.count
+        );
     }
     Ok(())
 }

@@ -59,37 +59,47 @@ struct Logged {
 struct Tally {
     hist: Option<Histogram<u64>>,
     answers: BTreeMap<String, u64>,
+    /// Answers with a 2xx status.
+    success: u64,
+    /// Requests that got an HTTP answer at all.
+    answered: u64,
 }
 
 impl Tally {
-    fn record(&mut self, took: Duration, answer: String) {
+    fn record(&mut self, took: Duration, answer: String, status: Option<u16>) {
         let hist = self.hist.get_or_insert_with(new_hist);
         let _ = hist.record(took.as_micros().max(1) as u64);
         *self.answers.entry(answer).or_default() += 1;
+        if let Some(status) = status {
+            self.answered += 1;
+            self.success += u64::from((200..300).contains(&status));
+        }
     }
 }
 
 type Shared = Arc<Mutex<Tally>>;
 
-/// One request; records its latency and a label for its answer.
-async fn timed(tally: &Shared, req: reqwest::RequestBuilder) {
+/// One request; records its latency and a label for its answer. Whether an HTTP answer came.
+async fn timed(tally: &Shared, req: reqwest::RequestBuilder) -> bool {
     let started = Instant::now();
-    let answer = match req.send().await {
+    let (answer, status) = match req.send().await {
         Ok(r) => {
             let replayed = r.headers().contains_key("idempotent-replayed");
             let status = r.status().as_u16();
             let _ = r.bytes().await;
-            match (status, replayed) {
+            let label = match (status, replayed) {
                 (s, true) => format!("{s} replayed"),
                 (s, false) => s.to_string(),
-            }
+            };
+            (label, Some(status))
         }
-        Err(e) => format!("transport error: {e}"),
+        Err(e) => (format!("transport error: {e}"), None),
     };
     tally
         .lock()
-        .expect("tally")
-        .record(started.elapsed(), answer);
+        .unwrap_or_else(|p| p.into_inner())
+        .record(started.elapsed(), answer, status);
+    status.is_some()
 }
 
 fn order(http: &reqwest::Client, base: &str, key: &str) -> reqwest::RequestBuilder {
@@ -99,11 +109,16 @@ fn order(http: &reqwest::Client, base: &str, key: &str) -> reqwest::RequestBuild
         .body(format!("{{\"item\":\"{key}\"}}"))
 }
 
-/// Runs `clients` loops of `step(client, iteration)` for `duration`.
+/// A client whose request got no answer (nothing listens there) waits this long before the
+/// next, so a wrong address is not hammered in a tight loop.
+const NO_ANSWER_PAUSE: Duration = Duration::from_millis(100);
+
+/// Runs `clients` loops of `step(client, iteration)` for `duration`; `step` says whether its
+/// requests got an answer.
 async fn phase<F, Fut>(clients: usize, duration: Duration, step: F) -> anyhow::Result<()>
 where
     F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
+    Fut: std::future::Future<Output = bool> + Send,
 {
     let step = Arc::new(step);
     let end = Instant::now() + duration;
@@ -113,13 +128,47 @@ where
         tasks.push(tokio::spawn(async move {
             let mut i = 0;
             while Instant::now() < end {
-                step(c, i).await;
+                if !step(c, i).await {
+                    tokio::time::sleep(NO_ANSWER_PAUSE).await;
+                }
                 i += 1;
             }
         }));
     }
     for t in tasks {
         t.await.context("client task")?;
+    }
+    Ok(())
+}
+
+/// The store's log of orders (`GET /log`).
+async fn store_log(http: &reqwest::Client, store: &str) -> anyhow::Result<Vec<Logged>> {
+    let url = format!("{store}/log");
+    let resp = http
+        .get(&url)
+        .send()
+        .await
+        .with_context(|| format!("read the demo store's log at {url}"))?;
+    if !resp.status().is_success() {
+        bail!(
+            "GET {url} answered {}: is --store the demo store of a `fencegate dev`?",
+            resp.status()
+        );
+    }
+    resp.json()
+        .await
+        .with_context(|| format!("GET {url}: not the demo store's log (JSON)"))
+}
+
+/// An error if a phase got no successful answer: its latencies would measure a refusal.
+fn measured(tally: &Shared, what: &str, should_be: &str) -> anyhow::Result<()> {
+    let t = tally.lock().unwrap_or_else(|p| p.into_inner());
+    if t.success == 0 {
+        bail!(
+            "nothing was measured: no request of {what} succeeded (answers: {:?}); is the \
+             target the {should_be}?",
+            t.answers
+        );
     }
     Ok(())
 }
@@ -133,7 +182,17 @@ pub async fn run(args: IdempotencyArgs) -> anyhow::Result<()> {
     if args.clients == 0 || args.proxy_target.is_empty() {
         bail!("need at least one client and one proxy");
     }
+    if args.duration_s == 0 {
+        bail!("--duration-s must be at least 1 (seconds per phase)");
+    }
+    let shares = [args.duplicate_share, args.concurrent_share];
+    if shares.iter().any(|s| !(0.0..=1.0).contains(s)) || shares.iter().sum::<f64>() > 1.0 {
+        bail!("--duplicate-share and --concurrent-share must be in [0, 1] and sum to at most 1");
+    }
     let http = reqwest::Client::new();
+    // The store's log is read at the end; an address that is not the demo store is refused
+    // now, not after three phases.
+    store_log(&http, &args.store).await?;
     let run_id: u32 = rand::random();
     let duration = Duration::from_secs(args.duration_s);
     let proxies = Arc::new(args.proxy_target.clone());
@@ -151,22 +210,28 @@ pub async fn run(args: IdempotencyArgs) -> anyhow::Result<()> {
                     // A retry of one of this client's earlier keys.
                     let earlier = rand::random::<u64>() % i;
                     let key = format!("bench-{run_id}-{c}-{earlier}");
-                    timed(&tally, order(&http, &via(i), &key)).await;
+                    timed(&tally, order(&http, &via(i), &key)).await
                 } else if roll < dup + conc {
                     // One new key through two proxies at once.
                     let key = format!("bench-{run_id}-{c}-{i}");
-                    tokio::join!(
+                    let (a, b) = tokio::join!(
                         timed(&tally, order(&http, &via(i), &key)),
                         timed(&tally, order(&http, &via(i + 1), &key)),
                     );
+                    a && b
                 } else {
                     let key = format!("bench-{run_id}-{c}-{i}");
-                    timed(&tally, order(&http, &via(i), &key)).await;
+                    timed(&tally, order(&http, &via(i), &key)).await
                 }
             }
         })
         .await?;
     }
+    measured(
+        &idem,
+        "POST /orders through the proxies",
+        "fencing proxies of a `fencegate dev`",
+    )?;
 
     let plain = Shared::default();
     {
@@ -175,10 +240,15 @@ pub async fn run(args: IdempotencyArgs) -> anyhow::Result<()> {
             let (http, tally, proxies) = (http.clone(), tally.clone(), proxies.clone());
             async move {
                 let base = &proxies[(c + i as usize) % proxies.len()];
-                timed(&tally, http.get(format!("{base}/kv/bench-{c}"))).await;
+                timed(&tally, http.get(format!("{base}/kv/bench-{c}"))).await
             }
         })
         .await?;
+    }
+    // The store has no key bench-{c}: the proxied route answers 404 from the store, and what
+    // is measured is that round trip. No answer at all measured nothing.
+    if plain.lock().unwrap_or_else(|p| p.into_inner()).answered == 0 {
+        bail!("nothing was measured: GET /kv through the proxies got no answer at all");
     }
 
     let direct = Shared::default();
@@ -188,20 +258,18 @@ pub async fn run(args: IdempotencyArgs) -> anyhow::Result<()> {
             let (http, tally, store) = (http.clone(), tally.clone(), store.clone());
             async move {
                 let key = format!("direct-{run_id}-{c}-{i}");
-                timed(&tally, order(&http, &store, &key)).await;
+                timed(&tally, order(&http, &store, &key)).await
             }
         })
         .await?;
     }
+    measured(
+        &direct,
+        "POST /orders straight to the store",
+        "demo store (--store)",
+    )?;
 
-    let log: Vec<Logged> = http
-        .get(format!("{}/log", args.store))
-        .send()
-        .await
-        .context("store log")?
-        .json()
-        .await
-        .context("store log JSON")?;
+    let log = store_log(&http, &args.store).await?;
     let prefix = format!("bench-{run_id}-");
     let mut per_key: BTreeMap<String, u64> = BTreeMap::new();
     for entry in log {
@@ -212,7 +280,7 @@ pub async fn run(args: IdempotencyArgs) -> anyhow::Result<()> {
     let duplicates: Vec<(&String, &u64)> = per_key.iter().filter(|(_, n)| **n > 1).collect();
 
     let quantiles = |t: &Shared| {
-        let t = t.lock().expect("tally");
+        let t = t.lock().unwrap_or_else(|p| p.into_inner());
         let (p50, p99) = t.hist.as_ref().map_or((0.0, 0.0), |h| {
             (
                 h.value_at_quantile(0.5) as f64 / 1_000.0,

@@ -19,14 +19,16 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
 
 use crate::cluster::process::find_fencegate_bin;
 use crate::cluster::{ClusterSpec, LocalCluster, ProxySpec, QuotaSetup};
+use crate::config::prepare_out;
 use crate::plot::{self, Series};
 use crate::quota_window::{self, Admitted};
+use crate::report::write_file;
 use crate::stats::Event;
 
 #[derive(Args, Clone, Debug)]
@@ -102,7 +104,23 @@ pub struct QuotaReport {
     pub seconds: Vec<QuotaSecond>,
 }
 
+impl QuotaArgs {
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.rate_per_s == 0 || self.offered_per_s == 0 || self.lease_ms == 0 {
+            bail!("--rate-per-s, --offered-per-s and --lease-ms must be positive");
+        }
+        if self.phase_s == 0 {
+            bail!("--phase-s must be at least 1 (seconds per phase)");
+        }
+        Ok(())
+    }
+}
+
 pub async fn run(args: QuotaArgs) -> anyhow::Result<()> {
+    args.validate()?;
+    if let Some(dir) = &args.out {
+        prepare_out(dir)?;
+    }
     let bin = find_fencegate_bin(args.fencegate_bin.as_deref())?;
     let spec = ClusterSpec {
         tmp_prefix: "fencegate-quota-",
@@ -132,10 +150,16 @@ pub async fn run(args: QuotaArgs) -> anyhow::Result<()> {
     let report = analyse(&args, &samples);
     print(&report);
     if let Some(dir) = &args.out {
-        std::fs::create_dir_all(dir)?;
-        std::fs::write(dir.join("quota.json"), serde_json::to_vec_pretty(&report)?)?;
-        draw(&report, &dir.join("quota.svg"))?;
+        write_file(&dir.join("quota.json"), serde_json::to_vec_pretty(&report)?)?;
+        let svg = dir.join("quota.svg");
+        draw(&report, &svg).with_context(|| format!("write {}", svg.display()))?;
         eprintln!("quota: wrote {}/quota.json and quota.svg", dir.display());
+    }
+    if samples.iter().all(|s| !s.admitted) {
+        bail!(
+            "nothing was measured: the proxies admitted none of {} requests (see the nodes' logs)",
+            samples.len()
+        );
     }
     if report.overshoot > 0.0 {
         bail!(

@@ -295,7 +295,11 @@ pub struct Summary {
     pub cluster: String,
     pub machine: Machine,
     pub workload: Workload,
+    /// Seconds measured: the main window as it ran (shorter than asked if `cut_short`).
     pub measured_s: f64,
+    /// `--max-total-s` stopped the run before its planned end.
+    pub cut_short: bool,
+    pub max_total_s: u64,
     pub ops: BTreeMap<String, OpSummary>,
     /// Operations of the measured window still waiting for an answer when the report was
     /// made (bounded wait after the window): under overload, the client-side backlog.
@@ -346,8 +350,18 @@ pub fn cdf_series(w: &Window, prefix: &str) -> Vec<Series> {
 pub fn print_table(s: &Summary) {
     println!();
     println!(
-        "{} · {} · profile {} · {} · {:.0} s measured · offered {:.0} acquires/s",
-        s.system, s.scenario, s.profile, s.cluster, s.measured_s, s.workload.rate
+        "{} · {} · profile {} · {} · {:.0} s measured{} · offered {:.0} acquires/s",
+        s.system,
+        s.scenario,
+        s.profile,
+        s.cluster,
+        s.measured_s,
+        if s.cut_short {
+            " (CUT SHORT by --max-total-s)"
+        } else {
+            ""
+        },
+        s.workload.rate
     );
     println!(
         "{:<8} {:>9} {:>9} {:>7} {:>7} {:>8} {:>8} {:>8} {:>9} {:>9}",
@@ -526,13 +540,18 @@ fn f_opt(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.0}"))
 }
 
+/// Writes `bytes` to `path`; an error names the path.
+pub fn write_file(path: &Path, bytes: impl AsRef<[u8]>) -> anyhow::Result<()> {
+    std::fs::write(path, bytes).with_context(|| format!("write {}", path.display()))
+}
+
 /// summary.json, timeline.json and the SVGs.
 pub fn write_out(dir: &Path, a: &Artifacts<'_>) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let s = a.summary;
-    std::fs::write(dir.join("summary.json"), serde_json::to_vec_pretty(s)?)?;
-    std::fs::write(
-        dir.join("timeline.json"),
+    write_file(&dir.join("summary.json"), serde_json::to_vec_pretty(s)?)?;
+    write_file(
+        &dir.join("timeline.json"),
         serde_json::to_vec(
             &serde_json::json!({ "seconds": a.timeline, "server_samples": a.samples }),
         )?,

@@ -130,7 +130,7 @@ impl Window {
     }
 
     pub fn secs(&self) -> f64 {
-        (self.end - self.start).as_secs_f64()
+        self.end.saturating_sub(self.start).as_secs_f64()
     }
 }
 

@@ -20,13 +20,15 @@ use std::time::{Duration, Instant};
 use lock_core::wire::ErrorCode;
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
-use tokio::time::sleep_until;
 
 use crate::backend::{Backend, Call};
 use crate::cluster::ProxySpec;
 use crate::config::Workload;
 use crate::ledger::Ledger;
 use crate::stats::{Op, Outcome, Recorder};
+// Not tokio's: its millisecond ticks made every operation start up to 1 ms after its slot,
+// and that lateness counts in the latency (see `crate::timer`).
+use crate::timer::sleep_until;
 
 /// Resource slot states in `busy`.
 const FREE: u64 = 0;
@@ -121,7 +123,7 @@ impl Engine {
                 } else {
                     1.0 / rate
                 };
-                sleep_until(next.into()).await;
+                sleep_until(next).await;
                 if ctx.stop.load(Ordering::Relaxed) {
                     break;
                 }
@@ -336,7 +338,7 @@ async fn cycle(ctx: &Ctx, intended: Instant, n: u64, rate: f64, seed: u64) {
     let mut wrote = false;
     for (at, step) in steps {
         tokio::select! {
-            _ = sleep_until(at.into()) => {}
+            _ = sleep_until(at) => {}
             _ = drain.wait_for(|d| *d) => { drained = true; }
         }
         if drained {
@@ -396,7 +398,7 @@ async fn cycle(ctx: &Ctx, intended: Instant, n: u64, rate: f64, seed: u64) {
         (Instant::now(), false)
     } else {
         tokio::select! {
-            _ = sleep_until(hold_end.into()) => (hold_end, true),
+            _ = sleep_until(hold_end) => (hold_end, true),
             _ = drain.wait_for(|d| *d) => (Instant::now(), false),
         }
     };

@@ -8,7 +8,7 @@
 
 mod etcd;
 mod fencegate;
-mod http1;
+pub mod http1;
 
 use std::time::{Duration, Instant};
 

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use anyhow::Context;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -248,7 +249,9 @@ impl History {
     /// crashed run still leaves its history behind).
     pub fn new(path: Option<&Path>) -> anyhow::Result<Self> {
         let file = match path {
-            Some(p) => Some(BufWriter::new(File::create(p)?)),
+            Some(p) => Some(BufWriter::new(
+                File::create(p).with_context(|| format!("create {}", p.display()))?,
+            )),
             None => None,
         };
         Ok(History {
@@ -285,8 +288,13 @@ impl History {
             value,
         };
         if let Some(file) = inner.file.as_mut() {
-            // Best effort: the in-memory history is what the checker reads.
-            let _ = serde_json::to_writer(&mut *file, &event).map(|()| file.write_all(b"\n"));
+            // Best effort: the in-memory history is what the checker reads. One whole line
+            // per write: the buffer then only ever flushes whole lines, so a run that is
+            // interrupted (and flushes on the way out) leaves no line cut in two.
+            if let Ok(mut line) = serde_json::to_vec(&event) {
+                line.push(b'\n');
+                let _ = file.write_all(&line);
+            }
         }
         inner.events.push(event);
     }
@@ -331,7 +339,7 @@ impl History {
 
 /// Reads a `history.jsonl` written by a run (for `--recheck`).
 pub fn load(path: &Path) -> anyhow::Result<Vec<Event>> {
-    let text = std::fs::read_to_string(path)?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {

@@ -49,6 +49,8 @@ use workers::Workload;
 
 use crate::cluster::process::find_fencegate_bin;
 use crate::cluster::{ClusterSpec, LocalCluster, ProxySpec};
+use crate::config::prepare_out;
+use crate::report::write_file;
 
 /// The chaos cluster: fault injection on, a proxy per node. A short grant keeps hand-offs on
 /// contended keys quick (a release defers the next lease by at most one grant,
@@ -142,6 +144,23 @@ pub struct ChaosArgs {
 }
 
 impl ChaosArgs {
+    /// Refuses a run that could only pass by measuring nothing.
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.duration_s == 0 {
+            bail!("--duration-s must be at least 1: the checks need a workload to judge");
+        }
+        if self.workers + self.zombies + self.orderers + self.quota_clients == 0 {
+            bail!(
+                "no clients: --workers, --zombies, --orderers and --quota-clients are all 0, so \
+                 there would be no history to check"
+            );
+        }
+        if self.keys == 0 {
+            bail!("--keys must be at least 1 (the contended keys the workers and zombies use)");
+        }
+        Ok(())
+    }
+
     fn faults(&self) -> Vec<Fault> {
         let mut out = Vec::new();
         for c in &self.nemesis {
@@ -171,6 +190,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.recheck {
         return recheck(dir);
     }
+    args.validate()?;
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -178,7 +198,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     });
     let faults = args.faults();
     if let Some(out) = &args.out {
-        std::fs::create_dir_all(out).with_context(|| format!("create {}", out.display()))?;
+        prepare_out(out)?;
     }
     let bin = find_fencegate_bin(args.fencegate_bin.as_deref())?;
     let data_dir = fresh_data_dir(&args)?;
@@ -279,8 +299,8 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<()> {
     let verdict = run_verdict(&args, seed, &faults, &m, &results, problems, &drops);
     verdict.print(&results);
     if let Some(out) = &args.out {
-        std::fs::write(
-            out.join("verdict.json"),
+        write_file(
+            &out.join("verdict.json"),
             serde_json::to_vec_pretty(&verdict)?,
         )?;
         eprintln!(
@@ -390,7 +410,7 @@ fn spawn_clients(
 ) -> Vec<JoinHandle<()>> {
     let workload = Arc::new(Workload {
         client: client.clone(),
-        keys: (0..args.keys.max(1)).map(|i| format!("k{i}")).collect(),
+        keys: (0..args.keys).map(|i| format!("k{i}")).collect(),
         stop: stop.clone(),
     });
     let workers = (0..args.workers).map(|i| {
@@ -518,8 +538,12 @@ fn recheck(dir: &Path) -> anyhow::Result<()> {
     let results = checker::check_all(&m);
     let verdict = Verdict::new("recheck", &m, &results, Vec::new());
     verdict.print(&results);
-    if verdict.violations_total > 0 {
-        bail!("chaos: {} violation(s)", verdict.violations_total);
+    if !verdict.valid {
+        bail!(
+            "chaos: {} violation(s), {} other problem(s)",
+            verdict.violations_total,
+            verdict.problems.len()
+        );
     }
     Ok(())
 }

@@ -54,6 +54,16 @@ impl Verdict {
         problems: Vec<String>,
     ) -> Verdict {
         let total: u64 = results.iter().map(|r| r.violations).sum();
+        let operations = checker::stats(m);
+        let mut problems = problems;
+        if !operations.measured_anything() {
+            // Every check passes on an empty history: that must not read as a pass.
+            problems.push(
+                "nothing was measured: no client operation succeeded (see the history and the \
+                 nodes' logs)"
+                    .to_string(),
+            );
+        }
         let violations = results
             .iter()
             .map(|r| (format!("{}_{}", r.invariant, r.name), r.clone()))
@@ -62,7 +72,7 @@ impl Verdict {
             valid: total == 0 && problems.is_empty(),
             mode,
             run: None,
-            operations: checker::stats(m),
+            operations,
             faults: Faults {
                 total: m.faults.values().sum(),
                 by_kind: m.faults.clone(),

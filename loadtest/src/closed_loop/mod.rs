@@ -144,6 +144,17 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<()> {
     if s.violations() > 0 {
         bail!("safety violations found (see above)");
     }
+    nothing_measured(&s.empty_lines())
+}
+
+/// An error naming the lines that completed nothing, if any did.
+fn nothing_measured(empty: &[String]) -> anyhow::Result<()> {
+    if !empty.is_empty() {
+        bail!(
+            "nothing was measured on {}: not one call completed (the errors are listed above)",
+            empty.join(", ")
+        );
+    }
     Ok(())
 }
 
@@ -151,12 +162,7 @@ pub async fn run(args: &RunArgs, system: System) -> anyhow::Result<()> {
 /// back to back, taking turns at going first.
 pub async fn compare(args: &RunArgs) -> anyhow::Result<()> {
     let cfg = Config::resolve(args)?;
-    let mut fg_args = args.clone();
-    let mut etcd_args = args.clone();
-    if let Some(d) = &args.data_dir {
-        fg_args.data_dir = Some(d.join("fencegate"));
-        etcd_args.data_dir = Some(d.join("etcd"));
-    }
+    let (fg_args, etcd_args) = crate::compare::split_args(args);
     let http = status_client()?;
     let mut fg = Bench::start(&fg_args, &cfg, System::Fencegate, &http).await?;
     let mut et = match Bench::start(&etcd_args, &cfg, System::Etcd, &http).await {
@@ -188,7 +194,9 @@ pub async fn compare(args: &RunArgs) -> anyhow::Result<()> {
     if fg.violations() + et.violations() > 0 {
         bail!("safety violations found (see above)");
     }
-    Ok(())
+    let mut empty = fg.empty_lines();
+    empty.extend(et.empty_lines());
+    nothing_measured(&empty)
 }
 
 /// The client the harness asks a system's status with (not the load's own connections).

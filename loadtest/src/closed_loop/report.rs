@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::check::CheckReport;
 use super::Config;
 use crate::config::Loop;
-use crate::report::Machine;
+use crate::report::{write_file, Machine};
 use crate::stats::quantiles_ms;
 
 use super::line::Tally;
@@ -116,6 +116,15 @@ pub struct ClosedLoopSummary {
 }
 
 impl ClosedLoopSummary {
+    /// The lines that completed nothing: a line of errors only is no measurement.
+    pub fn empty_lines(&self) -> Vec<String> {
+        self.lines
+            .iter()
+            .filter(|l| l.ok == 0)
+            .map(|l| format!("{} {} × {}", self.system, l.what.name(), l.clients))
+            .collect()
+    }
+
     pub fn violations(&self) -> u64 {
         self.checks.violations() + u64::from(self.server_token_consistent == Some(false))
     }
@@ -201,8 +210,8 @@ impl ClosedLoopSummary {
     /// summary.json and summary.md in `dir`.
     pub fn write_out(&self, dir: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-        std::fs::write(dir.join("summary.json"), serde_json::to_vec_pretty(self)?)?;
-        std::fs::write(dir.join("summary.md"), self.markdown())?;
+        write_file(&dir.join("summary.json"), serde_json::to_vec_pretty(self)?)?;
+        write_file(&dir.join("summary.md"), self.markdown())?;
         Ok(())
     }
 }
@@ -367,15 +376,15 @@ pub fn write_compare(
         etcd: &'a ClosedLoopSummary,
     }
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    std::fs::write(
-        dir.join("compare.json"),
+    write_file(
+        &dir.join("compare.json"),
         serde_json::to_vec_pretty(&Both {
             rows,
             fencegate: fg,
             etcd: et,
         })?,
     )?;
-    std::fs::write(dir.join("compare.md"), compare_markdown(rows, fg, et))?;
+    write_file(&dir.join("compare.md"), compare_markdown(rows, fg, et))?;
     fg.write_out(&dir.join("fencegate"))?;
     et.write_out(&dir.join("etcd"))?;
     Ok(())

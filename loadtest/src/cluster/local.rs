@@ -7,7 +7,7 @@
 //! layer, which a restart clears).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
@@ -101,7 +101,9 @@ pub struct Node {
 
 pub struct LocalCluster {
     pub dir: PathBuf,
-    _tmp: Option<tempfile::TempDir>,
+    /// The temp dir `dir` is, if the harness made it: removed when the cluster is dropped,
+    /// after `Drop` has stopped the processes (fields drop after `drop` runs).
+    tmp: Option<tempfile::TempDir>,
     bin: PathBuf,
     log_env: &'static str,
     pub nodes: Vec<Node>,
@@ -121,13 +123,7 @@ impl LocalCluster {
     /// Writes the three node configs and starts the demo store (with proxies) and the nodes.
     pub fn start(bin: PathBuf, dir: Option<PathBuf>, spec: ClusterSpec) -> anyhow::Result<Self> {
         if let Some(d) = &dir {
-            // Node data from an earlier run holds that run's ports in its membership.
-            if d.join("node1").exists() {
-                bail!(
-                    "--data-dir {} already holds a cluster; give an empty or new directory",
-                    d.display()
-                );
-            }
+            Self::check_data_dir(d)?;
         }
         let (dir, tmp) = cluster_dir(dir, spec.tmp_prefix)?;
         const N: usize = LOCAL_NODES;
@@ -153,7 +149,7 @@ impl LocalCluster {
             .collect();
         let mut cluster = LocalCluster {
             dir: dir.clone(),
-            _tmp: tmp,
+            tmp,
             bin,
             log_env: spec.log_env,
             nodes: Vec::new(),
@@ -208,7 +204,7 @@ impl LocalCluster {
                 }
             }
             let config = dir.join(format!("node{id}.toml"));
-            std::fs::write(&config, toml)?;
+            std::fs::write(&config, toml).with_context(|| format!("write {}", config.display()))?;
             cluster.nodes.push(Node {
                 id,
                 api: format!("http://127.0.0.1:{api_port}"),
@@ -225,6 +221,18 @@ impl LocalCluster {
             cluster.spawn(id)?;
         }
         Ok(cluster)
+    }
+
+    /// Refuses a `--data-dir` with an earlier run's nodes in it: their data holds that run's
+    /// ports in its membership.
+    pub fn check_data_dir(d: &Path) -> anyhow::Result<()> {
+        if d.join("node1").exists() {
+            bail!(
+                "--data-dir {} already holds a cluster; give an empty or new directory",
+                d.display()
+            );
+        }
+        Ok(())
     }
 
     pub fn ids(&self) -> Vec<u64> {
@@ -428,6 +436,18 @@ impl LocalCluster {
                 if port_taken {
                     break;
                 }
+                // Any other exit during start-up will not mend itself: say so now, not when
+                // the timeout runs out.
+                let exited = cluster.exited();
+                if !exited.is_empty() {
+                    let dir = cluster.keep_dir();
+                    bail!(
+                        "{} during start-up; the logs are kept in {}{}",
+                        exited.join(", "),
+                        dir.display(),
+                        cluster.last_log_line(),
+                    );
+                }
                 if let Some(leader) = status::ready_leader(&cluster.http, &cluster.api_urls()).await
                 {
                     return Ok((cluster, leader));
@@ -435,10 +455,13 @@ impl LocalCluster {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             if !port_taken || attempt == ATTEMPTS {
-                return cluster
-                    .wait_ready(Duration::ZERO)
-                    .await
-                    .map(|l| (cluster, l));
+                let ready = cluster.wait_ready(Duration::ZERO).await;
+                if ready.is_err() {
+                    // The logs say why: they must outlive this cluster (its Drop would remove a
+                    // temp dir), and `wait_ready`'s error names the directory.
+                    cluster.keep_dir();
+                }
+                return ready.map(|l| (cluster, l));
             }
             eprintln!(
                 "a node's port was taken by another process before it could bind it; starting \
@@ -450,6 +473,51 @@ impl LocalCluster {
             }
         }
         unreachable!("the last attempt returns")
+    }
+
+    /// The processes (nodes, demo store) that have exited, each with its exit status.
+    fn exited(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(c) = self.store_child.as_mut() {
+            if let Ok(Some(status)) = c.try_wait() {
+                out.push(format!("the demo store exited ({status})"));
+            }
+        }
+        for n in &mut self.nodes {
+            if let Some(c) = n.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    out.push(format!("node {} exited ({status})", n.id));
+                }
+            }
+        }
+        out
+    }
+
+    /// `: "…"` with the last line any node's log has, else nothing.
+    fn last_log_line(&self) -> String {
+        let logs = self.nodes.iter().map(|n| n.log.clone());
+        let store = std::iter::once(self.dir.join(DEMO_STORE_LOG));
+        logs.chain(store)
+            .filter_map(|log| {
+                let text = std::fs::read_to_string(&log).ok()?;
+                let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
+                Some(format!(
+                    "\n{}: {}",
+                    log.file_name()?.to_string_lossy(),
+                    line.trim()
+                ))
+            })
+            .next()
+            .unwrap_or_default()
+    }
+
+    /// Keeps the cluster's directory after it is dropped (a temp dir is otherwise removed
+    /// with it); returns where it is.
+    pub fn keep_dir(&mut self) -> PathBuf {
+        if let Some(t) = self.tmp.take() {
+            let _ = t.keep();
+        }
+        self.dir.clone()
     }
 
     /// Whether a node or the demo store exited because its port was in use (its log says so).

@@ -4,6 +4,7 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -62,7 +63,10 @@ pub fn cluster_dir(
             Ok((d, None))
         }
         None => {
-            let t = tempfile::Builder::new().prefix(prefix).tempdir()?;
+            let t = tempfile::Builder::new()
+                .prefix(prefix)
+                .tempdir()
+                .context("create a temp dir")?;
             Ok((t.path().to_path_buf(), Some(t)))
         }
     }
@@ -74,9 +78,10 @@ pub fn spawn_node(bin: &Path, config: &Path, log: &Path, log_env: &str) -> anyho
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(log)?;
-    Command::new(bin)
-        .arg("node")
+        .open(log)
+        .with_context(|| format!("open {}", log.display()))?;
+    let mut cmd = Command::new(bin);
+    cmd.arg("node")
         .arg("--config")
         .arg(config)
         .env(
@@ -85,21 +90,85 @@ pub fn spawn_node(bin: &Path, config: &Path, log: &Path, log_env: &str) -> anyho
         )
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
-        .stderr(out)
-        .spawn()
-        .with_context(|| format!("start {} node", bin.display()))
+        .stderr(out);
+    spawn_tied(cmd).with_context(|| format!("start {} node", bin.display()))
 }
 
 /// Starts `fencegate demo-store --listen ADDR`, its output in `log`.
 pub fn spawn_demo_store(bin: &Path, addr: &str, log: &Path) -> anyhow::Result<Child> {
-    let out = std::fs::File::create(log)?;
-    Command::new(bin)
-        .args(["demo-store", "--listen", addr])
+    let out = std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
+    let mut cmd = Command::new(bin);
+    cmd.args(["demo-store", "--listen", addr])
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
-        .stderr(out)
-        .spawn()
-        .with_context(|| format!("start {} demo-store", bin.display()))
+        .stderr(out);
+    spawn_tied(cmd).with_context(|| format!("start {} demo-store", bin.display()))
+}
+
+/// Starts `cmd` tied to the harness: in a process group of its own, so that a Ctrl-C in the
+/// terminal reaches only the harness, which then stops its processes in order (a paused node
+/// is continued first); and on Linux with `PR_SET_PDEATHSIG` = SIGKILL, so that it dies with
+/// the harness even when the harness is SIGKILLed and can clean up nothing.
+///
+/// The kernel sends the parent-death signal when the *thread* that forked the child ends, not
+/// the process; tokio's threads come and go (a blocking-pool thread ends after 10 s idle, a
+/// worker that ran `block_in_place` may become one), so every child is forked by one thread
+/// that lives as long as the harness ([`spawner`]).
+pub fn spawn_tied(mut cmd: Command) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0);
+    #[cfg(target_os = "linux")]
+    {
+        let harness = std::process::id();
+        // SAFETY: the hook runs in the forked child before exec and only makes
+        // async-signal-safe system calls (prctl, getppid); it allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The harness may have ended between the fork and the prctl.
+                if libc::getppid() as u32 != harness {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
+    }
+    match spawner() {
+        Some(tx) => {
+            let (reply, answer) = mpsc::sync_channel(1);
+            if tx.send((cmd, reply)).is_err() {
+                return Err(std::io::Error::other("the process spawner thread is gone"));
+            }
+            answer.recv().unwrap_or_else(|_| {
+                Err(std::io::Error::other("the process spawner thread is gone"))
+            })
+        }
+        None => cmd.spawn(),
+    }
+}
+
+type SpawnRequest = (Command, mpsc::SyncSender<std::io::Result<Child>>);
+
+/// The thread that forks every child of the harness (see [`spawn_tied`]); `None` if it could
+/// not be started, and children are then forked by the calling thread.
+fn spawner() -> Option<&'static mpsc::Sender<SpawnRequest>> {
+    static SPAWNER: OnceLock<Option<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    SPAWNER
+        .get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<SpawnRequest>();
+            std::thread::Builder::new()
+                .name("child-spawner".into())
+                .spawn(move || {
+                    for (mut cmd, reply) in rx {
+                        let _ = reply.send(cmd.spawn());
+                    }
+                })
+                .ok()
+                .map(|_| tx)
+        })
+        .as_ref()
 }
 
 pub fn signal(child: &Child, sig: libc::c_int) {

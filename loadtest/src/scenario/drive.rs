@@ -2,7 +2,7 @@
 //! ledger, the server poller, the progress bar, and the end of the run (arrivals stopped,
 //! holds drained, samples collected).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,8 @@ pub struct Drive {
     /// How long the operations of a window may still take after it ends: every retry of
     /// the slowest call, and a little more.
     pub settle: Duration,
+    /// `--max-total-s` ended the measured part before its planned end.
+    cut_short: AtomicBool,
     cpu_start: f64,
     arrivals: JoinHandle<()>,
     poller: Poller,
@@ -89,6 +91,7 @@ impl Drive {
             measured: Duration::from_secs(w.duration_s),
             hard_stop: t0 + Duration::from_secs(args.max_total_s),
             settle: w.request_timeout() * (w.retries + 1) + Duration::from_secs(2),
+            cut_short: AtomicBool::new(false),
             cpu_start,
             arrivals,
             poller,
@@ -102,11 +105,29 @@ impl Drive {
             .add_window(Window::new(self.warmup, self.warmup + self.measured))
     }
 
-    /// Waits for the end of the measured window (or the hard stop), then stops arrivals.
-    pub async fn run_to_end(&self) {
-        let end = (self.t0 + self.warmup + self.measured).min(self.hard_stop);
+    /// Waits for the end of the measured window `window` (or the hard stop), then stops
+    /// arrivals. Stopped by `--max-total-s`, the window ends there: its rates are over the
+    /// time it measured, and the run is [`Drive::cut_short`].
+    pub async fn run_to_end(&self, window: usize) {
+        let planned = self.t0 + self.warmup + self.measured;
+        let end = planned.min(self.hard_stop);
         tokio::time::sleep_until(end.into()).await;
         self.engine.stop_arrivals();
+        if end < planned {
+            self.rec
+                .set_window_end(window, end.saturating_duration_since(self.t0));
+            self.mark_cut_short();
+        }
+    }
+
+    /// `--max-total-s` stopped the run before its planned end.
+    pub fn mark_cut_short(&self) {
+        self.cut_short.store(true, Ordering::Relaxed);
+        self.rec.event("stopped by --max-total-s");
+    }
+
+    pub fn cut_short(&self) -> bool {
+        self.cut_short.load(Ordering::Relaxed)
     }
 
     /// Waits until every operation started in window `idx` has finished, at most `settle`.

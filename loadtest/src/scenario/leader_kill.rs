@@ -39,8 +39,14 @@ pub async fn drive(
     };
     let at = d.t0 + d.warmup + Duration::from_secs(args.fault_at_s.unwrap_or(w.duration_s / 3));
     let fault = tokio::spawn(fault.run(at));
-    d.run_to_end().await;
-    let report = fault.await.ok().and_then(|r| r.ok());
+    d.run_to_end(window).await;
+    let report = if Instant::now() < at {
+        // `--max-total-s` ended the run before the kill: there is no fault to report.
+        fault.abort();
+        None
+    } else {
+        fault.await.ok().and_then(|r| r.ok())
+    };
     d.settle(window).await;
     Ok((window, report))
 }

@@ -27,7 +27,7 @@ use std::time::Duration;
 use anyhow::bail;
 use clap::ValueEnum;
 
-use crate::config::{RunArgs, Scenario, System, Workload};
+use crate::config::{prepare_out, RunArgs, Scenario, System, Workload};
 use crate::poller::{self, Sample};
 use crate::report::{self, Artifacts, Machine, Summary};
 use crate::stats::Second;
@@ -44,6 +44,46 @@ pub struct RunResult {
 }
 
 impl RunResult {
+    /// Why the run does not stand as a measurement, if it does not: nothing was measured, or
+    /// `--max-total-s` cut it short. (Safety violations are [`RunResult::unsafe_`].)
+    pub fn unusable(&self) -> Vec<String> {
+        let s = &self.summary;
+        let mut out = Vec::new();
+        if s.ops.get("acquire").is_none_or(|o| o.ok == 0) {
+            out.push(format!(
+                "nothing was measured: no acquire succeeded in the {:.1} s measured (the failed \
+                 attempts are listed above; is the target a running {} cluster?)",
+                s.measured_s, s.system
+            ));
+        }
+        if s.cut_short {
+            out.push(format!(
+                "--max-total-s {} cut the run short: {:.1} s measured (see the warning above)",
+                s.max_total_s, s.measured_s
+            ));
+        }
+        out
+    }
+
+    /// Safety violations: the client's invariants, or a server token below one it granted.
+    pub fn unsafe_(&self) -> bool {
+        let s = &self.summary;
+        s.invariants.violations_total() > 0 || s.server_token_consistent == Some(false)
+    }
+
+    /// Ok if the run stands: no safety violation, something measured, not cut short.
+    pub fn verdict(&self) -> anyhow::Result<()> {
+        let mut why = Vec::new();
+        if self.unsafe_() {
+            why.push("safety violations found (see above)".to_string());
+        }
+        why.extend(self.unusable());
+        if !why.is_empty() {
+            bail!("{}", why.join("; "));
+        }
+        Ok(())
+    }
+
     /// summary.json, timeline.json and the plots, in `dir`.
     pub fn write_out(&self, dir: &Path) -> anyhow::Result<()> {
         report::write_out(
@@ -73,19 +113,57 @@ pub async fn run_and_print(args: &RunArgs, system: System) -> anyhow::Result<Run
     Ok(result)
 }
 
-/// Runs one scenario against one system.
+/// Checks every flag of a run on `system` (the closed loop's own are checked by
+/// `closed_loop`) and that `--out` can be written, before anything starts: a run must not
+/// fail on its arguments after it has done its work.
+pub fn check_args(args: &RunArgs, system: System) -> anyhow::Result<()> {
+    args.validate()?;
+    let scenario = args.scenario;
+    if args.lose_data && (scenario != Scenario::ReplicaDown || system != System::Fencegate) {
+        bail!("--lose-data applies to fencegate's replica-down scenario only");
+    }
+    if scenario != Scenario::Cycles {
+        let w = workload(args)?;
+        if scenario == Scenario::Ramp && args.ramp_max_rate < w.rate {
+            bail!(
+                "--ramp-max-rate {} is below the first step's rate {} (--rate)",
+                args.ramp_max_rate,
+                w.rate
+            );
+        }
+        if scenario == Scenario::LeaderKill {
+            let at = args.fault_at_s.unwrap_or(w.duration_s / 3);
+            if at >= w.duration_s {
+                bail!(
+                    "--fault-at-s {at} is not within the {} s measured (--duration-s)",
+                    w.duration_s
+                );
+            }
+        }
+    }
+    SystemUnderTest::check(args, system)?;
+    if let Some(out) = &args.out {
+        prepare_out(out)?;
+    }
+    Ok(())
+}
+
+/// The workload of an open-loop run, sized for its scenario.
+fn workload(args: &RunArgs) -> anyhow::Result<Workload> {
+    let mut w = Workload::resolve(args)?;
+    if args.scenario == Scenario::Compaction {
+        compaction::size_run(&mut w, args);
+    }
+    Ok(w)
+}
+
+/// Runs one scenario against one system ([`check_args`] first).
 async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     let scenario = args.scenario;
     if scenario == Scenario::Cycles {
         bail!(CLOSED_LOOP);
     }
-    if args.lose_data && (scenario != Scenario::ReplicaDown || system != System::Fencegate) {
-        bail!("--lose-data applies to fencegate's replica-down scenario only");
-    }
-    let mut w = Workload::resolve(args)?;
-    if scenario == Scenario::Compaction {
-        compaction::size_run(&mut w, args);
-    }
+    let w = workload(args)?;
     let machine = Machine::read();
     let mut warnings = Vec::new();
     let http = reqwest::Client::builder()
@@ -129,6 +207,7 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         Scenario::Cycles => bail!(CLOSED_LOOP),
     };
     let (rec, ledger) = (d.rec.clone(), d.ledger.clone());
+    let cut_short = d.cut_short();
     let driven = d.finish(main_window).await;
     if driven.drain_timed_out {
         warnings.push(
@@ -216,6 +295,17 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
     }
     let client = rec.with_window(main_window, summary::client);
     warnings.extend(client.harness_wait.warning(w.connections, w.leader_only));
+    if cut_short {
+        let asked = match scenario {
+            Scenario::Ramp => "the ramp's steps".to_string(),
+            _ => format!("the {} s asked for", w.duration_s),
+        };
+        warnings.push(format!(
+            "--max-total-s {} stopped the run before its end: {:.1} s measured of {asked}; \
+             the rates above are over the time measured",
+            args.max_total_s, client.measured_s
+        ));
+    }
     let mut summary = Summary {
         system: system.to_string(),
         scenario: value_name(scenario),
@@ -224,6 +314,8 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
         machine,
         workload: w.clone(),
         measured_s: client.measured_s,
+        cut_short,
+        max_total_s: args.max_total_s,
         ops: client.ops,
         unfinished_ops: driven.unfinished_ops,
         client_cpu_cores: driven.client_cpu_cores,
@@ -255,7 +347,7 @@ async fn run(args: &RunArgs, system: System) -> anyhow::Result<RunResult> {
 }
 
 /// A flag value's name as the command line spells it (`replica-down`).
-fn value_name(v: impl ValueEnum) -> String {
+pub fn value_name(v: impl ValueEnum) -> String {
     v.to_possible_value()
         .map(|p| p.get_name().to_string())
         .unwrap_or_default()

@@ -40,16 +40,20 @@ pub async fn drive(d: &Drive, args: &RunArgs, w: &Workload) -> (RampReport, usiz
     };
     let mut rate = w.rate;
     let mut start = d.warmup;
+    // The end of the last step that ran.
+    let mut ran_until = start;
     engine.set_rate(rate);
     let whole = rec.add_window(Window::new(d.warmup, Duration::from_secs(args.max_total_s)));
     loop {
-        let idx = rec.add_window(Window::new(start + skip, start + step));
-        rec.event(format!("{rate:.0}/s"));
         let end = d.t0 + start + step;
         if end > d.hard_stop {
             report.stopped_because = "hit --max-total-s".into();
+            engine.stop_arrivals();
+            d.mark_cut_short();
             break;
         }
+        let idx = rec.add_window(Window::new(start + skip, start + step));
+        rec.event(format!("{rate:.0}/s"));
         tokio::time::sleep_until(end.into()).await;
         let next = rate * args.ramp_factor;
         let last = next > args.ramp_max_rate;
@@ -59,6 +63,7 @@ pub async fn drive(d: &Drive, args: &RunArgs, w: &Workload) -> (RampReport, usiz
             engine.stop_arrivals();
         }
         d.settle(idx).await;
+        ran_until = start + step;
         let st = rec.with_window(idx, |win| step_report(win, rate, args.ramp_bound_ms));
         let over = !st.sustained;
         let why = if st.all_p99_ms > args.ramp_bound_ms {
@@ -85,7 +90,7 @@ pub async fn drive(d: &Drive, args: &RunArgs, w: &Workload) -> (RampReport, usiz
         rate = next;
         start += step;
     }
-    rec.set_window_end(whole, start + step);
+    rec.set_window_end(whole, ran_until);
     for st in &report.steps {
         if st.sustained {
             report.max_rate_under_bound = Some(st.target_rate);

@@ -6,7 +6,7 @@ use super::drive::Drive;
 /// Runs the measured window; returns it.
 pub async fn drive(d: &Drive) -> usize {
     let window = d.measured_window();
-    d.run_to_end().await;
+    d.run_to_end(window).await;
     d.settle(window).await;
     window
 }

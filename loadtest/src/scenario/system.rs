@@ -44,8 +44,48 @@ impl SystemUnderTest {
         match system {
             System::Fencegate if !args.target.is_empty() => Self::target(args, http).await,
             System::Fencegate => Self::local(args, with_proxies).await,
-            System::Etcd => Self::etcd(args),
+            System::Etcd => Self::etcd(args).await,
         }
+    }
+
+    /// What [`SystemUnderTest::start`] would refuse, found before anything runs: `compare`
+    /// checks both systems before its first half.
+    pub fn check(args: &RunArgs, system: System) -> anyhow::Result<()> {
+        let scenario = args.scenario;
+        match system {
+            System::Fencegate if !args.target.is_empty() => {
+                loopback(&args.target)?;
+                loopback(&args.proxy_target)?;
+                if matches!(scenario, Scenario::ReplicaDown | Scenario::LeaderKill) {
+                    bail!(
+                        "--scenario {} stops nodes: it needs a cluster the harness starts (no \
+                         --target)",
+                        super::value_name(scenario)
+                    );
+                }
+            }
+            System::Fencegate => {
+                find_fencegate_bin(args.fencegate_bin.as_deref())?;
+                if let Some(d) = &args.data_dir {
+                    LocalCluster::check_data_dir(d)?;
+                }
+            }
+            System::Etcd => {
+                if !ETCD_SCENARIOS.contains(&scenario) {
+                    bail!(
+                        "the etcd driver runs the steady, replica-down, ramp and cycles scenarios, \
+                         not {}",
+                        super::value_name(scenario)
+                    );
+                }
+                if args.etcd_endpoints.is_empty() {
+                    EtcdCluster::check(&etcd_script(args), args.data_dir.as_deref())?;
+                } else {
+                    loopback(&args.etcd_endpoints)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn new(system: System, bases: Vec<String>, proxies: Vec<String>, desc: String) -> Self {
@@ -96,11 +136,8 @@ impl SystemUnderTest {
         Ok(sut)
     }
 
-    fn etcd(args: &RunArgs) -> anyhow::Result<Self> {
-        if !matches!(
-            args.scenario,
-            Scenario::Steady | Scenario::Ramp | Scenario::ReplicaDown | Scenario::Cycles
-        ) {
+    async fn etcd(args: &RunArgs) -> anyhow::Result<Self> {
+        if !ETCD_SCENARIOS.contains(&args.scenario) {
             bail!("the etcd driver runs the steady, replica-down, ramp and cycles scenarios");
         }
         if !args.etcd_endpoints.is_empty() {
@@ -112,7 +149,7 @@ impl SystemUnderTest {
                 "etcd target".into(),
             ));
         }
-        let c = EtcdCluster::start(etcd_script(args), args.data_dir.clone())?;
+        let c = EtcdCluster::start(etcd_script(args), args.data_dir.clone()).await?;
         let mut sut = Self::new(
             System::Etcd,
             c.endpoints.clone(),
@@ -187,6 +224,14 @@ impl SystemUnderTest {
         drop(self.etcd);
     }
 }
+
+/// The scenarios the etcd driver runs.
+const ETCD_SCENARIOS: [Scenario; 4] = [
+    Scenario::Steady,
+    Scenario::Ramp,
+    Scenario::ReplicaDown,
+    Scenario::Cycles,
+];
 
 /// Only loopback addresses are ever load targets.
 fn loopback(urls: &[String]) -> anyhow::Result<Vec<String>> {

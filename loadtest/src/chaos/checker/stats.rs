@@ -22,6 +22,22 @@ pub struct Operations {
     pub max_forward_clock_offset_ms: f64,
 }
 
+impl Operations {
+    /// Whether any client call succeeded: a lock call, a write, an order or a request on the
+    /// rate-limited route.
+    pub fn measured_anything(&self) -> bool {
+        CLIENT_FUNCTIONS.iter().any(|f| {
+            self.by_function
+                .get(*f)
+                .and_then(|c| c.get("ok"))
+                .is_some_and(|n| *n > 0)
+        })
+    }
+}
+
+/// The history functions of the clients (the rest are the harness's reads and notes).
+const CLIENT_FUNCTIONS: [&str; 6] = ["acquire", "renew", "release", "write", "order", "limited"];
+
 /// Counts for the verdict: operations by function and outcome, and what the clients saw.
 pub fn stats(m: &Model) -> Operations {
     let mut by_function = Counts::new();
