@@ -299,13 +299,11 @@ fn unsupported_framing(session: &Session) -> Option<(u16, &'static str, &'static
              an upgraded connection could not be fenced. Send plain HTTP requests.",
         ));
     }
-    let codings = req.headers.get_all("transfer-encoding");
-    if codings.iter().count() > 0
-        && !codings.iter().all(|v| {
-            v.to_str()
-                .is_ok_and(|v| v.trim().eq_ignore_ascii_case("chunked"))
-        })
-    {
+    let other_coding = req.headers.get_all("transfer-encoding").iter().any(|v| {
+        !v.to_str()
+            .is_ok_and(|v| v.trim().eq_ignore_ascii_case("chunked"))
+    });
+    if other_coding {
         return Some((
             501,
             "unsupported_transfer_encoding",

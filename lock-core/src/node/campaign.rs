@@ -178,15 +178,15 @@ pub async fn run(node: Arc<Node>) {
             quiet_from = heard;
             after_leader = true;
         }
-        let (campaigns, voter_configs) = {
+        let campaigns = {
             let m = node.raft.metrics();
             let m = m.borrow();
-            let membership = m.membership_config.membership();
-            let is_voter = membership.voter_ids().any(|v| v == node.id);
-            (
-                m.state != ServerState::Leader && is_voter,
-                membership.get_joint_config().clone(),
-            )
+            let is_voter = m
+                .membership_config
+                .membership()
+                .voter_ids()
+                .any(|v| v == node.id);
+            m.state != ServerState::Leader && is_voter
         };
         if !campaigns || !may_campaign(&node) {
             quiet_from = Instant::now();
@@ -204,7 +204,7 @@ pub async fn run(node: Arc<Node>) {
         quiet_from = Instant::now();
         after_leader = false;
         timeout = election_timeout(&timing);
-        if pre_vote(&node, &voter_configs, timing).await {
+        if pre_vote(&node, timing).await {
             tracing::info!(node = node.id, "pre-vote won: starting an election");
             node.metrics.pre_votes.with_label_values(&["won"]).inc();
             if let Err(e) = node.raft.trigger().elect().await {
@@ -217,8 +217,16 @@ pub async fn run(node: Arc<Node>) {
 }
 
 /// Asks every other voter for a pre-vote; true if the answers (with this node's own) make a
-/// quorum.
-async fn pre_vote(node: &Arc<Node>, configs: &[BTreeSet<u64>], timing: RaftTiming) -> bool {
+/// quorum of the current configurations.
+async fn pre_vote(node: &Arc<Node>, timing: RaftTiming) -> bool {
+    let configs = node
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .get_joint_config()
+        .clone();
     let req = PreVoteRequest {
         candidate: node.id,
         last_log_id: node.raft.data_metrics().borrow().last_log,
@@ -254,7 +262,7 @@ async fn pre_vote(node: &Arc<Node>, configs: &[BTreeSet<u64>], timing: RaftTimin
             granted.insert(voter);
         }
     }
-    let won = is_quorum(configs, &granted);
+    let won = is_quorum(&configs, &granted);
     tracing::debug!(node = node.id, ?granted, won, "pre-vote round");
     won
 }

@@ -103,9 +103,10 @@ impl Node {
     }
 
     /// Completes, with the cause, when raft stops on its own (see [`Node::raft_failure`]);
-    /// never during a shutdown.
+    /// never during a shutdown. Watches the server metrics, which change with the role and
+    /// end with raft's core, not with every write as the full metrics do.
     pub async fn raft_failed(&self) -> String {
-        let mut rx = self.raft.metrics();
+        let mut rx = self.raft.server_metrics();
         loop {
             if let Some(cause) = self.raft_failure() {
                 return cause;
