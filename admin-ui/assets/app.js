@@ -302,7 +302,8 @@ async function refreshLocks() {
   const tbody = $("#locks-table tbody");
   let list;
   try {
-    list = await getJson(`/v1/locks?${q}`);
+    // Every tenant's locks, by stored name (`tenant#name`), which the resource view reads.
+    list = await getJson(`/v1/admin/locks?${q}`);
   } catch (e) {
     // The node refused the search (a prefix no name can start with, say): no rows of the
     // previous search may stay under it. Without an answer the rows stay, marked stale.

@@ -21,7 +21,8 @@ use lock_core::node::{AuthMode, MemberAddrs, NodeConfig};
 use lock_core::server::{self, NodeHandle};
 use lock_core::testkit::{eventually, phase};
 use lock_core::wire::{
-    AcquireRequest, AcquireResponse, ClusterOverview, ErrorBody, LockView, OperatorRequest,
+    AcquireRequest, AcquireResponse, ClusterOverview, CreateKeyRequest, CreatedKey, ErrorBody,
+    KeyRole, LockView, OperatorRequest,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -1702,5 +1703,48 @@ async fn without_an_admin_key_the_page_backs_off_instead_of_filling_the_audit_lo
         .wait_text("#page-info", "the locks view", |t| t.starts_with("page 1"))
         .await;
     assert!(browser.shown("#credential").await, "no credential box");
+
+    phase("another tenant's lock shows under its stored name and opens its own record");
+    let (status, body) = cluster
+        .post(
+            1,
+            "/v1/admin/keys",
+            &CreateKeyRequest {
+                tenant: "acme".into(),
+                role: KeyRole::Client,
+                label: None,
+            },
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "create key: {body}");
+    let acme: CreatedKey = serde_json::from_str(&body).expect("created key");
+    let req = AcquireRequest {
+        request_id: "acme-1".into(),
+        holder: Some("acme-worker".into()),
+        ttl_ms: Some(120_000),
+        ..Default::default()
+    };
+    let (status, body) = cluster
+        .post(2, "/v1/locks/kv:shared/acquire", &req, Some(&acme.key))
+        .await;
+    assert_eq!(status, 200, "acquire as acme: {body}");
+    let lease: AcquireResponse = serde_json::from_str(&body).expect("acquire response");
+    let row = (
+        "acme#kv:shared".to_string(),
+        lease.fencing_token.to_string(),
+    );
+    eventually(EVENT, "acme#kv:shared in the locks table", async || {
+        browser.lock_rows().await.contains(&row)
+    })
+    .await;
+    browser
+        .click("#locks-table tr[data-resource='acme#kv:shared'] a")
+        .await;
+    browser
+        .wait_text("#resource-facts", "acme's lease on its page", |t| {
+            t.contains("acme-worker") && t.contains(&lease.fencing_token.to_string())
+        })
+        .await;
     browser.close().await;
 }

@@ -90,6 +90,7 @@ pub fn router(node: Arc<Node>) -> Router {
             get(cluster::get_faults).put(cluster::put_faults),
         )
         .route("/v1/admin/overview", get(admin::overview))
+        .route("/v1/admin/locks", get(admin::locks))
         .route("/v1/admin/resources/{*resource}", get(admin::resource))
         .route("/v1/admin/hot", get(admin::hot))
         .route("/v1/admin/series", get(admin::series))

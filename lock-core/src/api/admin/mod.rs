@@ -13,4 +13,4 @@ pub use auth::check_admin_if_configured;
 pub use idempotency::{resolve as idempotency_resolve, unknown as idempotency_unknown};
 pub use keys::{create_key, list_keys, revoke_key};
 pub use quotas::{list as quotas, set as set_quota};
-pub use reads::{audit, hot, overview, resource, series};
+pub use reads::{audit, hot, locks, overview, resource, series};

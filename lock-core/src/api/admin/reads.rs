@@ -1,5 +1,6 @@
-//! What the admin UI reads: the cluster overview with member health, one resource in detail,
-//! hot resources, the metrics series and the audit tail. Open like the other reads.
+//! What the admin UI reads: the cluster overview with member health, the locks of every
+//! tenant, one resource in detail, hot resources, the metrics series and the audit tail.
+//! Open like the other reads.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -10,12 +11,13 @@ use axum::Json;
 use serde::Deserialize;
 
 use crate::api::cluster::{cluster_status, role};
+use crate::api::locks::{list_page, ListQuery, Names};
 use crate::api::ApiError;
 use crate::node::ops::AuditFilter;
 use crate::node::Node;
 use crate::wire::{
     validate_stored_name, AuditTail, ClusterOverview, GrantView, HotEntry, HotResources,
-    LeaseDetail, MetricsSeries, PeerHealth, ResourceDetail, Role, WaiterView,
+    LeaseDetail, LockList, MetricsSeries, PeerHealth, ResourceDetail, Role, WaiterView,
 };
 
 /// Most entries a hot list or an audit tail returns.
@@ -172,6 +174,27 @@ pub async fn resource(
 #[serde(deny_unknown_fields)]
 pub struct LimitQuery {
     limit: Option<usize>,
+}
+
+/// `GET /v1/admin/locks?prefix=&limit=&after=`: like `GET /v1/locks`, across every tenant.
+/// Names, the prefix and the cursor are stored names (`tenant#name`; the default tenant's
+/// names are bare), the names `GET /v1/admin/resources/{resource}` takes.
+pub async fn locks(
+    State(node): State<Arc<Node>>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<LockList>, ApiError> {
+    let q = list_page(q, Names::Stored)?;
+    node.read_barrier().await?;
+    let (locks, next_after, now_ms) = node.machine.read(|m| {
+        let now_ms = m.now_ms();
+        let (page, next) = m.list_after(&q.prefix, q.after.as_deref(), q.limit, now_ms);
+        (page, next, now_ms)
+    });
+    Ok(Json(LockList {
+        locks,
+        next_after,
+        now_ms,
+    }))
 }
 
 /// `GET /v1/admin/hot?limit=`.

@@ -19,6 +19,7 @@ use axum::Json;
 use serde::Serialize;
 
 pub use read::{get, list};
+pub(crate) use read::{list_page, ListQuery, Names};
 pub(crate) use release::wait_revoked;
 
 use super::auth::caller_of;

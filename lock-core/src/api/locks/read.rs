@@ -14,6 +14,7 @@ use crate::api::auth::caller_of;
 use crate::api::ApiError;
 use crate::node::Caller;
 use crate::node::Node;
+use crate::wire::tenant::MAX_TENANT_LEN;
 use crate::wire::MAX_RESOURCE_LEN;
 use crate::wire::{validate_resource, ErrorCode, LockList, LockView, LOCK_ACTIONS, MAX_LIST_LIMIT};
 
@@ -58,13 +59,28 @@ pub struct ListQuery {
     after: Option<String>,
 }
 
-/// `GET /v1/locks?prefix=&limit=&after=`: held or waited-on resources, in name order, one page
-/// at a time.
-pub async fn list(
-    State(node): State<Arc<Node>>,
-    caller: Option<axum::Extension<Caller>>,
+/// A checked listing query: the prefix, the page size and the cursor.
+pub(crate) struct ListPage {
+    pub prefix: String,
+    pub limit: usize,
+    pub after: Option<String>,
+}
+
+/// Which names a listing's prefix is matched against.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Names {
+    /// The caller's own resource names.
+    Own,
+    /// Stored names across tenants (`tenant#name`), for operators.
+    Stored,
+}
+
+/// Checks a listing's query. A prefix no name can start with is refused rather than answered
+/// with an empty page that would read as "no locks".
+pub(crate) fn list_page(
     query: Result<Query<ListQuery>, QueryRejection>,
-) -> Result<Json<LockList>, ApiError> {
+    names: Names,
+) -> Result<ListPage, ApiError> {
     let Query(q) = query.map_err(|e| {
         ApiError::bad_query(
             &e,
@@ -77,24 +93,50 @@ pub async fn list(
             "limit must be 1–{MAX_LIST_LIMIT}."
         )));
     }
-    // A prefix no resource name can start with matches nothing: say so rather than answer
-    // an empty page that reads as "no locks".
-    let prefix_ok = q.prefix.len() <= MAX_RESOURCE_LEN
-        && q.prefix
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b));
+    let resource_byte = |b: u8| b.is_ascii_alphanumeric() || b"._:/-".contains(&b);
+    let prefix_ok = match names {
+        Names::Own => q.prefix.len() <= MAX_RESOURCE_LEN && q.prefix.bytes().all(resource_byte),
+        // A tenant's name (a-z, 0-9, _ and -), `#`, then a resource name.
+        Names::Stored => {
+            q.prefix.len() <= MAX_TENANT_LEN + 1 + MAX_RESOURCE_LEN
+                && q.prefix.bytes().all(|b| resource_byte(b) || b == b'#')
+        }
+    };
     if !prefix_ok {
-        return Err(ApiError::invalid(
-            "prefix: resource names are at most 256 bytes of letters, digits and . _ : / -, \
-             so no lock starts with this prefix.",
-        ));
+        return Err(ApiError::invalid(match names {
+            Names::Own => {
+                "prefix: resource names are at most 256 bytes of letters, digits and . _ : / -, \
+                 so no lock starts with this prefix."
+            }
+            Names::Stored => {
+                "prefix: stored names are a resource name (at most 256 bytes of letters, digits \
+                 and . _ : / -), or a tenant's name, '#' and a resource name, so no lock starts \
+                 with this prefix."
+            }
+        }));
     }
+    Ok(ListPage {
+        prefix: q.prefix,
+        limit,
+        after: q.after,
+    })
+}
+
+/// `GET /v1/locks?prefix=&limit=&after=`: held or waited-on resources, in name order, one page
+/// at a time.
+pub async fn list(
+    State(node): State<Arc<Node>>,
+    caller: Option<axum::Extension<Caller>>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<LockList>, ApiError> {
+    let q = list_page(query, Names::Own)?;
     let scope = Scope::of(&node, caller_of(caller));
     node.read_barrier().await?;
     scope.still_valid(&node)?;
     let tenant = scope.tenant;
     let (locks, next_after, now_ms) = node.machine.read(|m| {
-        let (page, next) = m.list_tenant(&tenant, &q.prefix, q.after.as_deref(), limit, m.now_ms());
+        let (page, next) =
+            m.list_tenant(&tenant, &q.prefix, q.after.as_deref(), q.limit, m.now_ms());
         (page, next, m.now_ms())
     });
     Ok(Json(LockList {

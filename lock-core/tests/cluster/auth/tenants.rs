@@ -4,7 +4,7 @@
 
 use lock_core::node::TenantPolicy;
 use lock_core::testkit::phase;
-use lock_core::wire::ResourceDetail;
+use lock_core::wire::{LockList, ResourceDetail};
 
 use super::support::{two_tenants, As, ADMIN_TOKEN};
 
@@ -78,6 +78,45 @@ async fn tenants_neither_see_nor_touch_each_others_locks() {
         detail.lease.map(|l| l.fencing_token),
         Some(a_lease.fencing_token)
     );
+
+    phase("an operator lists every tenant's locks by stored name; a client key may not");
+    let all: LockList = admin.get(follower, "/v1/admin/locks").await.ok();
+    let stored: Vec<(&str, Option<u64>)> = all
+        .locks
+        .iter()
+        .map(|l| (l.resource.as_str(), l.fencing_token))
+        .collect();
+    assert_eq!(
+        stored,
+        [
+            ("orders/1", Some(default_lease.fencing_token)),
+            ("tenant-a#orders/1", Some(a_lease.fencing_token)),
+            ("tenant-b#orders/1", Some(b_lease.fencing_token)),
+        ]
+    );
+    let one: LockList = admin
+        .get(leader, "/v1/admin/locks?prefix=tenant-b%23&limit=5")
+        .await
+        .ok();
+    assert_eq!(one.locks.len(), 1);
+    assert_eq!(one.locks[0].resource, "tenant-b#orders/1");
+    let first: LockList = admin.get(leader, "/v1/admin/locks?limit=1").await.ok();
+    let after = first.next_after.expect("more than one page");
+    let rest: LockList = admin
+        .get(
+            leader,
+            &format!("/v1/admin/locks?after={}", after.replace('#', "%23")),
+        )
+        .await
+        .ok();
+    assert_eq!(rest.locks.len(), 2, "the pages cover the three locks once");
+    admin
+        .get(leader, "/v1/admin/locks?prefix=a%20b")
+        .await
+        .refused(400, "invalid_request");
+    a.get(leader, "/v1/admin/locks")
+        .await
+        .refused(403, "forbidden");
 
     phase("A releases its own; B's and the default tenant's locks are untouched");
     assert!(a.release(leader, "orders/1", &a_lease).await);
