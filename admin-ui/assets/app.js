@@ -631,6 +631,7 @@ async function refreshAudit() {
     resource: $("#audit-resource").value.trim(),
     outcome: $("#audit-outcome").value.trim(),
     caller: $("#audit-caller").value.trim(),
+    holder: $("#audit-holder").value.trim(),
     limit: "200",
   });
   const t = await getJson(`/v1/admin/audit?${q}`);
@@ -650,6 +651,7 @@ async function refreshAudit() {
           el("td", {}, dash(e.lease_digest)),
           el("td", {}, dash(e.token)),
           el("td", { class: "caller" }, dash(e.caller)),
+          el("td", { class: "holder" }, dash(e.holder)),
           el("td", { class: "outcome" }, e.outcome),
           el("td", {}, dash(e.detail)),
         ),

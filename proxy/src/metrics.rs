@@ -43,6 +43,29 @@ impl ProxyMetrics {
             )
             .unwrap_or_else(|e| panic!("metric: {e}")),
         };
+        // Every fixed combination starts at 0, so the first rejection shows as an increase
+        // (a series that appears with its first count reads to rate() as no change).
+        let decisions: [(&str, &[&str]); 3] = [
+            ("forwarded", &["fast_path", "consensus"]),
+            (
+                "rejected",
+                &[
+                    "fencing_token_required",
+                    "stale_fencing_token",
+                    "unknown_fencing_token",
+                    "no_quorum",
+                ],
+            ),
+            ("passthrough", &["unprotected_method"]),
+        ];
+        for (outcome, reasons) in decisions {
+            for reason in reasons {
+                m.decisions.with_label_values(&[outcome, reason]);
+            }
+        }
+        for kind in ["connect", "timeout", "other"] {
+            m.upstream_errors.with_label_values(&[kind]);
+        }
         // Registering twice (a second proxy in one process) is harmless: keep the first.
         let _ = registry.register(Box::new(m.decisions.clone()));
         let _ = registry.register(Box::new(m.seconds.clone()));

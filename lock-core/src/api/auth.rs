@@ -70,7 +70,9 @@ pub(crate) fn admit(node: &Node, mut req: Request) -> Result<Request, ApiError> 
             return Err(refusal(denied));
         }
     };
-    if path.starts_with("/v1/locks") {
+    // The bootstrap credential (no key id) is the operator's and, like its lock calls, not
+    // bounded by the tenant's rate.
+    if path.starts_with("/v1/locks") && caller.key_id.is_some() {
         if let Err(retry_after_ms) =
             node.tenant_rates
                 .take(&caller.tenant, &node.config.tenants, Instant::now())

@@ -10,6 +10,9 @@ use crate::wire::{ErrorBody, ErrorCode};
 pub struct ApiError {
     pub status: StatusCode,
     pub body: ErrorBody,
+    /// The outcome metrics count it as, when not its code (a wait that timed out answers
+    /// `lock_held` like a refusal at once, but is counted as `wait_timeout`).
+    pub outcome: Option<&'static str>,
 }
 
 impl ApiError {
@@ -20,6 +23,7 @@ impl ApiError {
         ApiError {
             status,
             body: ErrorBody::new(code, message),
+            outcome: None,
         }
     }
 
@@ -56,6 +60,17 @@ impl ApiError {
 
     pub fn code(&self) -> &ErrorCode {
         &self.body.error
+    }
+
+    /// Counted in the outcome metrics and the audit log as `outcome` instead of its code.
+    pub fn counted_as(mut self, outcome: &'static str) -> Self {
+        self.outcome = Some(outcome);
+        self
+    }
+
+    /// The outcome the metrics and the audit log record for it.
+    pub fn outcome(&self) -> &str {
+        self.outcome.unwrap_or_else(|| self.body.error.as_str())
     }
 }
 

@@ -45,6 +45,8 @@ pub(crate) async fn acquire(
         transport: transport.clone(),
         resource: resource.to_string(),
         request_id: request_id.clone(),
+        holder: opts.holder.clone(),
+        ttl_ms: opts.ttl.map(millis),
         armed: true,
     };
     // Whether the server may hold state for this request id (a queued waiter, or a grant we
@@ -167,8 +169,9 @@ fn check_margin(transport: &Transport, ttl: Duration) -> Result<(), Error> {
     Ok(())
 }
 
-/// Checks a resource name like the server does (1–256 bytes of `[A-Za-z0-9._:/-]`), so a bad
-/// name fails before anything is sent and never needs escaping in a URL.
+/// Checks a resource name like the server does (1–256 bytes of `[A-Za-z0-9._:/-]`, no `.` or
+/// `..` segment), so a bad name fails before anything is sent and never needs escaping in a
+/// URL.
 pub(crate) fn validate_resource(resource: &str) -> Result<(), Error> {
     wire::validate_resource(resource)
         .map_err(|why| Error::Invalid(format!("resource '{resource}': {why}")))
@@ -176,12 +179,16 @@ pub(crate) fn validate_resource(resource: &str) -> Result<(), Error> {
 
 /// Cancels the server-side side of an acquire that ends without handing a guard to the
 /// caller: the future was dropped (caller gave up, `select!` lost, timeout), or it failed
-/// after an attempt whose outcome we never learned. Cancel removes a queued waiter, and
-/// releases a grant the caller never saw so the lock does not sit idle for a whole TTL.
+/// after an attempt whose outcome we never learned. Cancel removes a queued waiter. If there
+/// was none, the acquire may have been granted with the answer lost (or handed the lock while
+/// we were going): the same request id, sent once more, returns that grant, which is then
+/// released, so the lock does not sit idle for a whole TTL.
 struct CancelOnDrop {
     transport: Arc<Transport>,
     resource: String,
     request_id: String,
+    holder: Option<String>,
+    ttl_ms: Option<u64>,
     armed: bool,
 }
 
@@ -197,18 +204,65 @@ impl Drop for CancelOnDrop {
         };
         let transport = self.transport.clone();
         let resource = std::mem::take(&mut self.resource);
-        let body = CancelRequest {
+        let replay = AcquireRequest {
             request_id: std::mem::take(&mut self.request_id),
+            holder: self.holder.take(),
+            ttl_ms: self.ttl_ms,
+            wait_timeout_ms: None,
         };
         rt.spawn(async move {
             let until = Instant::now() + transport.opts.call_timeout;
+            let cancel = CancelRequest {
+                request_id: replay.request_id.clone(),
+            };
             match transport
-                .call_until::<_, CancelResponse>(&resource, "cancel", &body, until)
+                .call_until::<_, CancelResponse>(&resource, "cancel", &cancel, until)
                 .await
             {
-                Ok((_, answer)) => tracing::debug!(%resource, cancelled = answer.cancelled, "abandoned acquire cancelled"),
+                Ok((_, answer)) if answer.cancelled => {
+                    tracing::debug!(%resource, "abandoned acquire's wait cancelled");
+                }
+                Ok(_) => release_unseen(&transport, &resource, &replay, until).await,
                 Err(e) => tracing::warn!(%resource, error = ?e, "cancel of an abandoned acquire failed; the server's wait deadline will remove it"),
             }
         });
+    }
+}
+
+/// Releases the grant of an abandoned acquire that was not waiting any more, if it got one:
+/// sent again, its request id returns the grant (a retry never makes a second one). Had the
+/// acquire never reached the server, this try-once call may take the lock now, and it is
+/// released at once as well.
+async fn release_unseen(
+    transport: &Transport,
+    resource: &str,
+    replay: &AcquireRequest,
+    until: Instant,
+) {
+    let lease = match transport
+        .call_until::<_, wire::AcquireResponse>(resource, "acquire", replay, until)
+        .await
+    {
+        Ok((_, lease)) => lease,
+        // Held by another lease (or refused): this acquire holds nothing.
+        Err(CallFailure::Api(_)) => return,
+        Err(e) => {
+            tracing::warn!(%resource, error = ?e, "could not learn whether an abandoned acquire was granted; its TTL bounds it");
+            return;
+        }
+    };
+    let body = LeaseRequest {
+        lease_id: Some(lease.lease_id),
+    };
+    match transport
+        .call_until::<_, wire::ReleaseResponse>(resource, "release", &body, until)
+        .await
+    {
+        Ok((_, r)) => {
+            tracing::debug!(%resource, released = r.released, "abandoned acquire's grant released")
+        }
+        Err(e) => {
+            tracing::warn!(%resource, error = ?e, "release of an abandoned acquire's grant failed; its TTL bounds it")
+        }
     }
 }

@@ -17,7 +17,9 @@ pub struct Metrics {
     pub registry: Registry,
     /// Request latency by operation (acquire, renew, release, cancel, get, list).
     pub op_seconds: HistogramVec,
-    /// Request outcomes by operation and outcome (success, conflict, timeout, no_quorum, ...).
+    /// Request outcomes by operation and outcome: `success`, the error code of a refusal
+    /// (`lock_held`, `lease_lost`, `no_quorum`, ...), `wait_timeout` for a wait that ended
+    /// without the lock, `abandoned` for a call whose caller hung up before the answer.
     pub op_outcomes: IntCounterVec,
     pub commit_seconds: Histogram,
     /// Commands per raft write on the leader (see `node::batcher`).
@@ -73,6 +75,10 @@ pub struct Metrics {
 
 /// How many resources the hot-resource series name: few, as each is a series of its own.
 pub const HOT_IN_METRICS: usize = 10;
+/// A resource is named in `hot_resource_acquires_per_second` only from this rate up.
+pub const HOT_ACQUIRES_PER_S: f64 = 1.0;
+/// A resource is named in `hot_resource_fence_rejections` only from this many rejections up.
+pub const HOT_FENCE_REJECTIONS: f64 = 1.0;
 
 impl Metrics {
     pub fn new(node_id: u64) -> Self {
@@ -201,7 +207,7 @@ impl Metrics {
                 Opts::new(
                     "hot_resource_acquires_per_second",
                     "The 10 resources with the most acquires through this node, per second over \
-                     the last 30 to 60 s",
+                     the last 30 to 60 s, from 1 per second up",
                 ),
                 &["resource"],
             )
@@ -255,7 +261,51 @@ impl Metrics {
         register(Box::new(m.connections_open.clone()));
         register(Box::new(m.hot_acquire_rate.clone()));
         register(Box::new(m.hot_fence_rejections.clone()));
+        m.start_at_zero();
         m
+    }
+
+    /// Creates every fixed label combination at 0. A series that first appears with its
+    /// first count reads to Prometheus' `rate()` and `increase()` as no change, and an alert on
+    /// a series that does not exist yet sees nothing rather than 0: so the first stale token,
+    /// the first lost lease, the first refused key would go unnoticed on each node and after
+    /// each restart.
+    fn start_at_zero(&self) {
+        let outcomes: &[(&str, &[&str])] = &[
+            (
+                "acquire",
+                &["lock_held", "wait_timeout", "too_many_waiters"],
+            ),
+            ("renew", &["lease_lost"]),
+            ("release", &[]),
+            ("cancel", &[]),
+            ("get", &[]),
+            ("list", &[]),
+        ];
+        for (op, own) in outcomes {
+            self.op_seconds.with_label_values(&[op]);
+            for outcome in ["success", "no_quorum", "abandoned"]
+                .iter()
+                .chain(own.iter())
+            {
+                self.op_outcomes.with_label_values(&[op, outcome]);
+            }
+        }
+        let fixed: [(&IntCounterVec, &[&str]); 5] = [
+            (
+                &self.forward_failures,
+                &["unreachable", "status", "codec", "dropped", "count"],
+            ),
+            (&self.pre_votes, &["won", "lost"]),
+            (&self.idem_resolutions, &["succeeded", "never_ran"]),
+            (&self.auth_denied, &["missing", "invalid", "role", "tenant"]),
+            (&self.tenant_limited, &["leases", "waiters", "rate"]),
+        ];
+        for (counter, values) in fixed {
+            for value in values {
+                counter.with_label_values(&[value]);
+            }
+        }
     }
 
     pub fn render(&self) -> String {

@@ -39,7 +39,7 @@ pub use config::{MemberAddrs, NodeConfig, Policy, MAX_FAILOVER_GRACE_MS};
 pub use error::{NodeError, ProposeError};
 pub use forward::{ForwardReply, FORWARD_PATH, PROPOSE_BATCH_PATH};
 pub use limits::{HttpLimits, TlsFiles, MIN_HEADER_BYTES};
-pub use metrics::{Metrics, HOT_IN_METRICS};
+pub use metrics::{Metrics, HOT_ACQUIRES_PER_S, HOT_FENCE_REJECTIONS, HOT_IN_METRICS};
 pub use propose::Committed;
 pub use read_rounds::READ_INDEX_PATH;
 pub use revocations::{Revocation, Revocations};
@@ -227,14 +227,16 @@ impl Node {
         if self.auth_on() {
             return;
         }
-        // The top resources change: the series of those that left the top go with them.
+        // The top resources change: the series of those that left the top go with them. Only
+        // resources that are hot by an absolute bar are named: under an even spread the top
+        // ten change at every scrape, and each new name is a new series for Prometheus.
         let [by_rate, _, by_rejections] = self.ops.hot.top(self.wall_ms(), HOT_IN_METRICS);
-        for (gauge, top) in [
-            (&m.hot_acquire_rate, by_rate),
-            (&m.hot_fence_rejections, by_rejections),
+        for (gauge, top, bar) in [
+            (&m.hot_acquire_rate, by_rate, HOT_ACQUIRES_PER_S),
+            (&m.hot_fence_rejections, by_rejections, HOT_FENCE_REJECTIONS),
         ] {
             gauge.reset();
-            for e in top {
+            for e in top.into_iter().filter(|e| e.value >= bar) {
                 gauge.with_label_values(&[&e.resource]).set(e.value);
             }
         }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -84,13 +85,24 @@ pub async fn start(
         .map_err(in_data_dir(&audit_dir))?;
     let ops = Arc::new(OpsState::new(audit));
 
+    // The entries in the log at start were applied by the previous run (up to its last
+    // commit) and are applied again now: their hand-offs, expiries and timeouts are not new,
+    // and counting them again made the counters jump at every restart.
+    let replayed_until = Arc::new(AtomicU64::new(u64::MAX));
     let sink: EffectSink = {
         let waits = waits.clone();
         let revocations = revocations.clone();
         let metrics = metrics.clone();
         let ops = ops.clone();
-        Arc::new(move |_index, effects: &[Effect]| {
-            dispatch_effects(&waits, &revocations, &metrics, effects);
+        let replayed_until = replayed_until.clone();
+        Arc::new(move |index, effects: &[Effect]| {
+            let replayed = index <= replayed_until.load(Ordering::Relaxed);
+            dispatch_effects(
+                &waits,
+                &revocations,
+                (!replayed).then_some(&metrics),
+                effects,
+            );
             // For the operators' page only: when this node saw it, by its wall clock.
             note_effects(&ops, super::clock::unix_ms(), effects);
         })
@@ -108,9 +120,10 @@ pub async fn start(
     // Read from the storage itself: raft's metrics start out empty and are filled in only
     // once its core has loaded the storage, so right after start they describe every node
     // as new.
-    let empty = storage_is_empty(&mut log_store, &mut sm_store)
+    let (empty, last_index) = storage_at_start(&mut log_store, &mut sm_store)
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
+    replayed_until.store(last_index, Ordering::Relaxed);
     if empty {
         check_own_entry(&config, &advertise)?;
     }
@@ -186,16 +199,18 @@ pub async fn start(
 
 /// Whether the node's storage holds nothing at all: no vote, no log entry (kept or purged),
 /// nothing applied.
-async fn storage_is_empty(
+/// Whether the storage is empty (a new member), and the index of the last entry in its log.
+async fn storage_at_start(
     log: &mut store::LogStore,
     sm: &mut store::StateMachineStore,
-) -> Result<bool, openraft::StorageError<u64>> {
+) -> Result<(bool, u64), openraft::StorageError<u64>> {
     let state = log.get_log_state().await?;
     let (applied, _) = sm.applied_state().await?;
-    Ok(log.read_vote().await?.is_none()
+    let empty = log.read_vote().await?.is_none()
         && state.last_log_id.is_none()
         && state.last_purged_log_id.is_none()
-        && applied.is_none())
+        && applied.is_none();
+    Ok((empty, state.last_log_id.map_or(0, |id| id.index)))
 }
 
 /// The file in a data directory naming the node it belongs to.
@@ -305,16 +320,20 @@ async fn maybe_initialize(node: &Arc<Node>) -> Result<(), NodeError> {
         .map_err(|e| NodeError::Raft(e.to_string()))
 }
 
+/// Hands the effects of an applied entry to whoever waits for them; `metrics` counts them,
+/// unless the entry is being applied again after a restart.
 fn dispatch_effects(
     waits: &WaitRegistry,
     revocations: &Revocations,
-    metrics: &Metrics,
+    metrics: Option<&Metrics>,
     effects: &[Effect],
 ) {
     for e in effects {
         match e {
             Effect::HandedOff { request_id, grant } => {
-                metrics.handoffs.inc();
+                if let Some(m) = metrics {
+                    m.handoffs.inc();
+                }
                 waits.notify(
                     &grant.resource,
                     request_id,
@@ -326,12 +345,16 @@ fn dispatch_effects(
                 request_id,
                 reason,
             } => {
-                if *reason == crate::machine::WaiterGone::TimedOut {
-                    metrics.waiter_timeouts.inc();
+                if let (Some(m), crate::machine::WaiterGone::TimedOut) = (metrics, reason) {
+                    m.waiter_timeouts.inc();
                 }
                 waits.notify(resource, request_id, WaitOutcome::Removed(*reason));
             }
-            Effect::Expired { .. } => metrics.expirations.inc(),
+            Effect::Expired { .. } => {
+                if let Some(m) = metrics {
+                    m.expirations.inc();
+                }
+            }
             Effect::Revoke {
                 resource,
                 fencing_token,

@@ -184,8 +184,13 @@ pub struct AuditEntry {
     /// 64-bit digest of the lease id.
     pub lease_digest: Option<String>,
     pub token: Option<u64>,
-    /// The holder name a lock call gave, or `operator:<name>` for an operator action.
+    /// Who made the call: the API key (`key:<id>`) of a lock call with API keys on (none with
+    /// keys off: then nobody is authenticated), `operator:<name>` for an operator action.
     pub caller: Option<String>,
+    /// The holder name of the lease a lock call concerns, as its acquire gave it (chosen by
+    /// the client, so not proof of who called).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
     pub outcome: String,
     /// For operator actions: what was asked (the target node, the new member).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -203,6 +208,7 @@ impl AuditEntry {
             lease_digest: self.lease_digest.as_deref(),
             token: self.token,
             caller: self.caller.as_deref(),
+            holder: self.holder.as_deref(),
             outcome: &self.outcome,
             detail: self.detail.as_deref(),
         }
@@ -220,6 +226,8 @@ pub struct AuditLine<'a> {
     pub lease_digest: Option<&'a str>,
     pub token: Option<u64>,
     pub caller: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder: Option<&'a str>,
     pub outcome: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<&'a str>,
@@ -305,6 +313,7 @@ mod tests {
             lease_digest: Some("00ff00ff00ff00ff".into()),
             token: Some(u64::MAX),
             caller: Some("operator:ana \n".into()),
+            holder: Some("worker \"1\"".into()),
             outcome: "released".into(),
             detail: Some("node 2".into()),
         };
@@ -313,6 +322,7 @@ mod tests {
             lease_digest: None,
             token: None,
             caller: None,
+            holder: None,
             detail: None,
             ..full.clone()
         };

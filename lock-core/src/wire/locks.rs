@@ -29,6 +29,15 @@ pub fn validate_resource(resource: &str) -> Result<(), String> {
     if !resource.bytes().all(ok_char) {
         return Err("Resource names may only contain letters, digits and . _ : / -".into());
     }
+    // HTTP clients resolve such segments before sending (`x/../kv:a` reaches the server as
+    // `kv:a`, curl's --path-as-is does not): one name would be two locks depending on the client.
+    if resource.split('/').any(|seg| seg == "." || seg == "..") {
+        return Err(
+            "Resource names may not have a '.' or '..' segment: HTTP clients resolve them away \
+             before sending, so the name would not reach the server as written."
+                .into(),
+        );
+    }
     if let Some((_, last)) = resource.rsplit_once('/') {
         if LOCK_ACTIONS.contains(&last) {
             return Err(format!(
@@ -146,5 +155,38 @@ pub struct LockList {
 impl AcquireResponse {
     pub fn ttl(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.ttl_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::validate_resource;
+
+    #[test]
+    fn resource_names_are_checked_like_the_api_documents() {
+        for good in [
+            "kv:a",
+            "a/b.c/..d",
+            "...",
+            "a.b/.c",
+            "x".repeat(256).as_str(),
+            "a_b-c:d",
+        ] {
+            assert!(validate_resource(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "a b",
+            "x/../kv:a",
+            "kv:a/./b",
+            ".",
+            "..",
+            "a/.",
+            "a/acquire",
+            "x".repeat(257).as_str(),
+            "caf\u{e9}",
+        ] {
+            assert!(validate_resource(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -92,6 +92,20 @@ impl IdempotencyLayer {
             &["outcome"],
         )
         .unwrap_or_else(|e| panic!("metric: {e}"));
+        // Starting at 0: the first replay or conflict shows as an increase.
+        for outcome in [
+            "claimed",
+            "replayed",
+            "reconciled",
+            "mismatch",
+            "in_use",
+            "expired",
+            "unknown",
+            "key_required",
+            "no_quorum",
+        ] {
+            outcomes.with_label_values(&[outcome]);
+        }
         // Registering twice (a second proxy in one process) is harmless: keep the first.
         let _ = registry.register(Box::new(outcomes.clone()));
         IdempotencyLayer {

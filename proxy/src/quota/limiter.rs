@@ -199,6 +199,13 @@ impl QuotaLimiter {
         if pools.len() >= MAX_POOLS {
             return None;
         }
+        // The tenant's counts start at 0, so its first rejection shows as an increase.
+        let label = self.metrics.label(tenant);
+        for outcome in ["admitted", "rejected"] {
+            self.metrics
+                .decisions
+                .with_label_values(&[quota, label, outcome]);
+        }
         let mut bucket = Bucket::new(now, allowance_of(spec));
         // The first lease is being asked for right now.
         bucket.set_expected_lease(Some(now));

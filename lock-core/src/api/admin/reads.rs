@@ -248,21 +248,24 @@ pub struct AuditQuery {
     resource: Option<String>,
     outcome: Option<String>,
     caller: Option<String>,
+    holder: Option<String>,
     limit: Option<usize>,
 }
 
-/// `GET /v1/admin/audit?resource=&outcome=&caller=&limit=`: empty filters match everything.
+/// `GET /v1/admin/audit?resource=&outcome=&caller=&holder=&limit=`: empty filters match
+/// everything.
 pub async fn audit(
     State(node): State<Arc<Node>>,
     q: Result<Query<AuditQuery>, QueryRejection>,
 ) -> Result<Json<AuditTail>, ApiError> {
-    let q = query(q, "resource, outcome, caller and limit (1–1000)")?;
+    let q = query(q, "resource, outcome, caller, holder and limit (1–1000)")?;
     let limit = bounded(q.limit, 100)?;
     let nonempty = |s: Option<String>| s.filter(|s| !s.is_empty());
     let filter = AuditFilter {
         resource: nonempty(q.resource),
         outcome: nonempty(q.outcome),
         caller: nonempty(q.caller),
+        holder: nonempty(q.holder),
     };
     Ok(Json(AuditTail {
         entries: node.ops.audit.tail(&filter, limit),

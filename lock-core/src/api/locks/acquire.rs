@@ -10,6 +10,10 @@ use crate::machine::{Acquire, Command, Grant, Response, TenantLimitHit, WaiterGo
 use crate::node::{Node, WaitOutcome, WaitTicket};
 use crate::wire::{AcquireRequest, AcquireResponse, ErrorCode};
 
+/// The outcome metrics and the audit log give a wait that ended without the lock (it answers
+/// `lock_held`, as a refusal at once does).
+const WAIT_TIMEOUT: &str = "wait_timeout";
+
 /// How long a long-poll waits beyond its own timeout for the leader's sweeper to remove it.
 const WAIT_SLACK: Duration = Duration::from_secs(2);
 
@@ -21,6 +25,15 @@ pub(super) async fn acquire(
 ) -> Result<AcquireResponse, ApiError> {
     let started = Instant::now();
     let req: AcquireRequest = parse_json(body)?;
+    let holder = req.holder.clone();
+    let audit = |lease, token| Audit {
+        op: "acquire",
+        resource,
+        lease,
+        token,
+        caller: scope.audit_name.clone(),
+        holder: holder.clone(),
+    };
     let mut cmd = node
         .acquire_command(resource, req)
         .map_err(ApiError::invalid)?;
@@ -40,7 +53,7 @@ pub(super) async fn acquire(
             // The caller hears 503 and retries with the same request_id; the waiter (if the
             // acquire commits after all) stays for that retry, bounded by its wait timeout.
             guard.disarm();
-            return Err(e.into());
+            return Err(audit(None, None).failed(node, e.into(), Some(started)));
         }
     };
     if !matches!(response, Response::Queued { .. }) {
@@ -85,18 +98,11 @@ pub(super) async fn acquire(
         },
         other => Err(unexpected(other)),
     };
-    let audit = |lease, token| Audit {
-        op: "acquire",
-        resource,
-        lease,
-        token,
-        caller: cmd.holder.clone(),
-    };
     match &outcome {
         Ok(g) => {
             audit(Some(&g.lease_id), Some(g.fencing_token)).record(node, "granted", Some(started))
         }
-        Err(e) => audit(None, None).record(node, e.code().as_str(), Some(started)),
+        Err(e) => audit(None, None).record(node, e.outcome(), Some(started)),
     }
     outcome.map(|g| AcquireResponse {
         resource: scope.shown(&g.resource),
@@ -157,7 +163,8 @@ async fn wait_in_queue(
             still_held_ms(node, &cmd.resource),
             "wait_timeout_ms passed before the lock became free; retry after retry_after_ms \
              (the same request_id is fine: the wait is over).",
-        )),
+        )
+        .counted_as(WAIT_TIMEOUT)),
         Ok(Some(WaitOutcome::Removed(WaiterGone::Cancelled))) => Err(ApiError::new(
             ErrorCode::WaitCancelled,
             "The wait was cancelled (a cancel call for this request_id); acquire again to wait \
@@ -174,7 +181,8 @@ async fn wait_in_queue(
             Err(lock_held(
                 still_held_ms(node, &cmd.resource),
                 "wait_timeout_ms passed before the lock became free.",
-            ))
+            )
+            .counted_as(WAIT_TIMEOUT))
         }
     };
     guard.disarm();

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{unexpected, Scope};
+use super::{unexpected, Audit, Scope};
 use crate::api::{parse_json, ApiError};
 use crate::machine::{Command, Response};
 use crate::node::Node;
@@ -20,8 +20,28 @@ pub(super) async fn cancel(
         resource: resource.to_string(),
         request_id: req.request_id,
     };
-    match node.propose(scope.wrap(cmd)).await? {
-        Response::Cancelled(cancelled) => Ok(CancelResponse { cancelled }),
+    let audit = || Audit {
+        op: "cancel",
+        resource,
+        lease: None,
+        token: None,
+        caller: scope.audit_name.clone(),
+        holder: None,
+    };
+    let answer = node.propose(scope.wrap(cmd)).await;
+    match answer.map_err(|e| audit().failed(node, e.into(), None))? {
+        Response::Cancelled(cancelled) => {
+            audit().record(
+                node,
+                if cancelled {
+                    "cancelled"
+                } else {
+                    "not_waiting"
+                },
+                None,
+            );
+            Ok(CancelResponse { cancelled })
+        }
         other => Err(unexpected(other)),
     }
 }

@@ -37,6 +37,8 @@ pub(crate) struct Scope {
     tenant: String,
     /// The API key the call was made with, checked again when its command is applied.
     key_id: Option<String>,
+    /// How the audit log names the caller (`key:<id>`); none with keys off.
+    audit_name: Option<String>,
     limits: Option<TenantLimits>,
 }
 
@@ -45,14 +47,17 @@ impl Scope {
     /// exactly as before tenants existed.
     fn of(node: &Node, caller: Option<Caller>) -> Scope {
         match caller {
+            // The bootstrap credential (no key id) is the operator's: unbounded, as with keys off.
             Some(c) => Scope {
-                limits: Some(node.config.tenants.limits()),
+                limits: c.key_id.is_some().then(|| node.config.tenants.limits()),
+                audit_name: Some(c.audit_name()),
                 tenant: c.tenant,
                 key_id: c.key_id,
             },
             None => Scope {
                 tenant: DEFAULT_TENANT.to_string(),
                 key_id: None,
+                audit_name: None,
                 limits: None,
             },
         }
@@ -118,11 +123,19 @@ pub async fn post(
             "Unknown lock action '{action}'; use acquire, renew, release or cancel."
         )));
     }
-    let started = Instant::now();
     let scope = Scope::of(&node, caller_of(caller));
+    let mut pending = Unanswered {
+        node: &node,
+        op: action,
+        resource: None,
+        caller: scope.audit_name.clone(),
+        started: Instant::now(),
+        answered: false,
+    };
     let result = async {
         validate_resource(resource).map_err(ApiError::invalid)?;
         let resource = &scope.stored(resource);
+        pending.resource = Some(resource.clone());
         match action {
             "acquire" => json(acquire::acquire(&node, &scope, resource, &body).await),
             "renew" => json(renew::renew(&node, &scope, resource, &body).await),
@@ -131,9 +144,60 @@ pub async fn post(
         }
     }
     .await;
-    record(&node, action, started, result.as_ref().err());
+    pending.answered(result.as_ref().err());
     result
 }
+
+/// A lock call being served. Answered, its latency and outcome are counted; if its caller
+/// hangs up first (axum drops the handler's future), it is counted and audited as `abandoned`
+/// on drop, so calls given up on under load are not missing from the latency and the trail.
+/// Whether an abandoned call took effect is unknown to its caller: an acquire's wait is
+/// withdrawn, a committed grant stays until its TTL, a retry with the same request_id finds it.
+struct Unanswered<'a> {
+    node: &'a Node,
+    op: &'a str,
+    /// The stored name, once the name was valid.
+    resource: Option<String>,
+    caller: Option<String>,
+    started: Instant,
+    answered: bool,
+}
+
+impl Unanswered<'_> {
+    fn answered(mut self, error: Option<&ApiError>) {
+        record(
+            self.node,
+            self.op,
+            self.started,
+            error.map(ApiError::outcome),
+        );
+        self.answered = true;
+    }
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        record(self.node, self.op, self.started, Some(ABANDONED));
+        if let Some(resource) = &self.resource {
+            self.node.record_lock_call(LockCallRecord {
+                op: self.op,
+                resource,
+                lease: None,
+                token: None,
+                caller: self.caller.take(),
+                holder: None,
+                outcome: ABANDONED,
+                took_ms: Some(self.started.elapsed().as_millis() as u64),
+            });
+        }
+    }
+}
+
+/// The outcome of a lock call whose caller hung up before the answer.
+const ABANDONED: &str = "abandoned";
 
 fn json<T: Serialize>(result: Result<T, ApiError>) -> Result<HttpResponse, ApiError> {
     result.map(|body| Json(body).into_response())
@@ -145,9 +209,9 @@ fn path_param(path: Result<Path<String>, PathRejection>) -> Result<String, ApiEr
         .map_err(|e| ApiError::invalid(format!("Bad resource in the URL: {}.", e.body_text())))
 }
 
-/// Latency and outcome metrics of one call.
-fn record(node: &Node, op: &str, started: Instant, error: Option<&ApiError>) {
-    let outcome = error.map_or("success", |e| e.code().as_str());
+/// Latency and outcome metrics of one call; `failed` is the outcome of a call that failed.
+fn record(node: &Node, op: &str, started: Instant, failed: Option<&str>) {
+    let outcome = failed.unwrap_or("success");
     node.metrics
         .op_seconds
         .with_label_values(&[op])
@@ -165,7 +229,9 @@ struct Audit<'a> {
     resource: &'a str,
     lease: Option<&'a LeaseId>,
     token: Option<u64>,
+    /// The API key that made the call (the scope's audit name).
     caller: Option<String>,
+    holder: Option<String>,
 }
 
 impl Audit<'_> {
@@ -176,9 +242,17 @@ impl Audit<'_> {
             lease: self.lease,
             token: self.token,
             caller: self.caller,
+            holder: self.holder,
             outcome,
             took_ms: took.map(|t| t.elapsed().as_millis() as u64),
         });
+    }
+
+    /// Audits a call that failed before the state machine answered (no quorum, overload),
+    /// and passes its error on.
+    fn failed(self, node: &Node, error: ApiError, took: Option<Instant>) -> ApiError {
+        self.record(node, error.outcome(), took);
+        error
     }
 }
 

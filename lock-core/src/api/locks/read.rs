@@ -45,7 +45,12 @@ pub async fn get(
         Ok(view)
     }
     .await;
-    record(&node, "get", started, result.as_ref().err());
+    record(
+        &node,
+        "get",
+        started,
+        result.as_ref().err().map(ApiError::outcome),
+    );
     result.map(Json)
 }
 
@@ -129,19 +134,31 @@ pub async fn list(
     caller: Option<axum::Extension<Caller>>,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<LockList>, ApiError> {
-    let q = list_page(query, Names::Own)?;
-    let scope = Scope::of(&node, caller_of(caller));
-    node.read_barrier().await?;
-    scope.still_valid(&node)?;
-    let tenant = scope.tenant;
-    let (locks, next_after, now_ms) = node.machine.read(|m| {
-        let (page, next) =
-            m.list_tenant(&tenant, &q.prefix, q.after.as_deref(), q.limit, m.now_ms());
-        (page, next, m.now_ms())
-    });
-    Ok(Json(LockList {
-        locks,
-        next_after,
-        now_ms,
-    }))
+    let started = Instant::now();
+    let result = async {
+        let q = list_page(query, Names::Own)?;
+        let scope = Scope::of(&node, caller_of(caller));
+        node.read_barrier().await?;
+        scope.still_valid(&node)?;
+        let tenant = scope.tenant;
+        let (locks, next_after, now_ms) = node.machine.read(|m| {
+            let now_ms = m.now_ms();
+            let (page, next) =
+                m.list_tenant(&tenant, &q.prefix, q.after.as_deref(), q.limit, now_ms);
+            (page, next, now_ms)
+        });
+        Ok(LockList {
+            locks,
+            next_after,
+            now_ms,
+        })
+    }
+    .await;
+    record(
+        &node,
+        "list",
+        started,
+        result.as_ref().err().map(ApiError::outcome),
+    );
+    result.map(Json)
 }

@@ -70,18 +70,26 @@ pub(super) async fn release(
         lease_id,
     };
     // Read before the release: afterwards the lease (and its holder's name) is gone.
-    let (caller, token) = lease_facts(node, resource, &lease_id).await;
-    let committed = node.propose_committed(scope.wrap(cmd)).await?;
+    let (holder, token) = lease_facts(node, resource, &lease_id).await;
+    let audit = |token| Audit {
+        op: "release",
+        resource,
+        lease: Some(&lease_id),
+        token,
+        caller: scope.audit_name.clone(),
+        holder: holder.clone(),
+    };
+    let committed = node
+        .propose_committed(scope.wrap(cmd))
+        .await
+        .map_err(|e| audit(None).failed(node, e.into(), None))?;
     match committed.response {
         Response::Released(released) => {
-            Audit {
-                op: "release",
-                resource,
-                lease: Some(&lease_id),
-                token: token.filter(|_| released),
-                caller,
-            }
-            .record(node, if released { "released" } else { "not_held" }, None);
+            audit(token.filter(|_| released)).record(
+                node,
+                if released { "released" } else { "not_held" },
+                None,
+            );
             if released {
                 wait_revoked(node, resource, committed.index).await;
             }

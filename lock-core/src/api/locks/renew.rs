@@ -20,15 +20,17 @@ pub(super) async fn renew(
         resource: resource.to_string(),
         lease_id,
     };
-    let (caller, _) = lease_facts(node, resource, &lease_id).await;
+    let (holder, _) = lease_facts(node, resource, &lease_id).await;
     let audit = |token| Audit {
         op: "renew",
         resource,
         lease: Some(&lease_id),
         token,
-        caller: caller.clone(),
+        caller: scope.audit_name.clone(),
+        holder: holder.clone(),
     };
-    match node.propose(scope.wrap(cmd)).await? {
+    let answer = node.propose(scope.wrap(cmd)).await;
+    match answer.map_err(|e| audit(None).failed(node, e.into(), None))? {
         Response::Renewed(g) => {
             audit(Some(g.fencing_token)).record(node, "renewed", None);
             Ok(RenewResponse {

@@ -41,6 +41,7 @@ pub struct AuditFilter {
     pub resource: Option<String>,
     pub outcome: Option<String>,
     pub caller: Option<String>,
+    pub holder: Option<String>,
 }
 
 impl AuditFilter {
@@ -52,6 +53,7 @@ impl AuditFilter {
         eq(&self.resource, &e.resource)
             && self.outcome.as_ref().is_none_or(|o| *o == e.outcome)
             && eq(&self.caller, &e.caller)
+            && eq(&self.holder, &e.holder)
     }
 
     /// Text every matching encoded line contains (`"resource":"kv:a"` for a resource filter),
@@ -61,6 +63,7 @@ impl AuditFilter {
             ("resource", &self.resource),
             ("outcome", &self.outcome),
             ("caller", &self.caller),
+            ("holder", &self.holder),
         ]
         .into_iter()
         .filter_map(|(field, want)| {
@@ -92,10 +95,7 @@ impl AuditLog {
     /// rotated files besides the current one.
     pub fn open(dir: &Path, max_bytes: u64, keep: usize) -> std::io::Result<AuditLog> {
         fs::create_dir_all(dir)?;
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join(FILE_NAME))?;
+        let file = open_append(&dir.join(FILE_NAME))?;
         let size = file.metadata()?.len();
         Ok(AuditLog {
             writer: Mutex::new(Some(Writer {
@@ -120,6 +120,7 @@ impl AuditLog {
             lease = entry.lease_digest,
             token = entry.token,
             caller = entry.caller,
+            holder = entry.holder,
             outcome = entry.outcome,
             detail = entry.detail,
         );
@@ -203,7 +204,7 @@ impl Writer {
                 }
             }
         }
-        self.file = OpenOptions::new().create(true).append(true).open(path(0))?;
+        self.file = open_append(&path(0))?;
         self.size = 0;
         self.written_back = 0;
         Ok(())
@@ -232,6 +233,16 @@ fn start_writeback(file: &File, offset: u64, len: u64) {
 #[cfg(not(target_os = "linux"))]
 fn start_writeback(_file: &File, _offset: u64, _len: u64) {}
 
+/// Opens an audit file for appending, created readable by the node's user only: it names
+/// every resource, holder and caller (files from before keep their mode).
+fn open_append(path: &Path) -> std::io::Result<File> {
+    let mut options = OpenOptions::new();
+    options.create(true).append(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,6 +256,7 @@ mod tests {
             lease_digest: Some(format!("{i:016x}")),
             token: Some(i),
             caller: Some("worker".into()),
+            holder: Some(format!("holder-{}", i % 3)),
             outcome: outcome.into(),
             detail: None,
         }
@@ -277,6 +289,14 @@ mod tests {
         assert_eq!(current[0].time_ms, 109);
         assert_eq!(r1[0].time_ms, 106);
         assert_eq!(r2[0].time_ms, 103);
+        #[cfg(unix)]
+        for name in ["audit.log", "audit.log.1", "audit.log.2"] {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = fs::metadata(dir.path().join(name))
+                .expect("stat")
+                .permissions();
+            assert_eq!(mode.mode() & 0o777, 0o600, "{name} is readable by others");
+        }
         drop(log);
 
         let log = AuditLog::open(dir.path(), one * 3, 2).expect("reopen");
@@ -390,6 +410,12 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(log.tail(&f, 100).len(), 5);
+        let f = AuditFilter {
+            holder: Some("holder-1".into()),
+            ..Default::default()
+        };
+        let got: Vec<u64> = log.tail(&f, 100).iter().map(|e| e.time_ms).collect();
+        assert_eq!(got, [1, 4, 7]);
         let f = AuditFilter {
             caller: Some("nobody".into()),
             ..Default::default()

@@ -71,7 +71,10 @@ pub struct LockCallRecord<'a> {
     pub resource: &'a str,
     pub lease: Option<&'a LeaseId>,
     pub token: Option<u64>,
+    /// The API key that made the call (`key:<id>`), with API keys on.
     pub caller: Option<String>,
+    /// The lease's holder name, as its acquire gave it.
+    pub holder: Option<String>,
     pub outcome: &'a str,
     /// How long the call took to answer (counted as wait time for acquires).
     pub took_ms: Option<u64>,
@@ -101,6 +104,7 @@ impl super::Node {
                 lease_digest: digest.as_ref().map(LeaseDigest::as_str),
                 token: call.token,
                 caller: call.caller.as_deref(),
+                holder: call.holder.as_deref(),
                 outcome: call.outcome,
                 detail: None,
             },
@@ -141,6 +145,7 @@ impl super::Node {
                 lease_digest: None,
                 token,
                 caller: Some(&caller),
+                holder: None,
                 outcome,
                 detail: detail.as_deref(),
             },
@@ -162,6 +167,7 @@ impl super::Node {
                 lease_digest: None,
                 token: None,
                 caller: caller.as_deref(),
+                holder: None,
                 outcome: reason,
                 detail: Some(&detail),
             },

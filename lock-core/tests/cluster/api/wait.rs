@@ -8,8 +8,8 @@ use lock_core::testkit::{phase, TestCluster};
 use serde_json::json;
 
 use super::support::{
-    answer, assert_error, assert_free, assert_grant, lock_path, release, spawn_post, spawn_waiter,
-    wait_for_lock, wait_waiters,
+    answer, assert_error, assert_free, assert_grant, lock_path, metrics, release, sample,
+    spawn_post, spawn_waiter, wait_for_lock, wait_waiters,
 };
 
 /// Queues are bounded per resource: beyond the bound a waiting acquire is refused, not queued.
@@ -169,6 +169,17 @@ async fn waiters_that_time_out_or_disconnect_leave_the_queue() {
         got.1
     );
     wait_waiters(&c, leader, "gone:a", 0).await;
+    // Counted as a wait that timed out, not as a refusal at once.
+    let text = metrics(&c, f[0]).await;
+    let outcome = |text: &str, outcome: &str| {
+        sample(
+            text,
+            "fencegate_op_outcomes_total",
+            &[("op", "acquire"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(outcome(&text, "wait_timeout"), 1.0);
+    assert_eq!(outcome(&text, "lock_held"), 0.0);
 
     phase("a waiter whose client goes away (task aborted) is removed");
     let aborted = spawn_waiter(&c, f[1], "gone:a", "gone-abort", 20_000);
@@ -190,6 +201,22 @@ async fn waiters_that_time_out_or_disconnect_leave_the_queue() {
         .expect_err("the server must still be waiting when the client gives up");
     assert!(err.is_timeout(), "{err}");
     wait_waiters(&c, leader, "gone:a", 0).await;
+
+    phase("the calls their callers gave up on are counted and audited as abandoned");
+    let cluster = &c;
+    let abandoned = |node| async move {
+        let text = metrics(cluster, node).await;
+        let (s, tail) = cluster
+            .get(node, "/v1/admin/audit?outcome=abandoned&resource=gone:a")
+            .await;
+        assert_eq!(s, 200, "{tail}");
+        (
+            outcome(&text, "abandoned"),
+            tail["entries"].as_array().map_or(0, Vec::len),
+        )
+    };
+    assert_eq!(abandoned(f[0]).await, (1.0, 1), "the client that timed out");
+    assert_eq!(abandoned(f[1]).await, (1.0, 1), "the aborted client");
 
     phase("nobody is left to hand off to: release leaves the lock free");
     let (s, r) = release(&c, f[1], "gone:a", &lease).await;

@@ -7,7 +7,7 @@ use lock_core::node::TenantPolicy;
 use lock_core::testkit::{eventually, phase};
 use lock_core::wire::AcquireRequest;
 
-use super::support::{counter, two_tenants, As};
+use super::support::{counter, two_tenants, As, ADMIN_TOKEN};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenant_beyond_its_lease_and_waiter_bounds_gets_429() {
@@ -33,6 +33,14 @@ async fn a_tenant_beyond_its_lease_and_waiter_bounds_gets_429() {
 
     phase("the bound is A's alone: B still gets its leases");
     b.granted(leader, "x3", "b1").await;
+
+    phase("the bootstrap admin token is the operator's: no tenant bound applies to it");
+    let operator = As::key(&cluster, ADMIN_TOKEN);
+    for i in 0..4 {
+        operator
+            .granted(leader, &format!("ops{i}"), &format!("ops-{i}"))
+            .await;
+    }
 
     phase("one waiter is A's bound: a second waiting acquire is refused at once");
     let a_reader = As::key(&cluster, &a_key.key);
@@ -118,6 +126,13 @@ async fn a_tenant_beyond_its_call_rate_on_a_node_gets_429_with_retry_after() {
     let refused = refused.expect("a call beyond the rate was refused");
     let body = refused.refused(429, "tenant_rate_limited");
     assert!(body.retry_after_ms.is_some_and(|ms| ms > 0 && ms <= 1_000));
+
+    phase("the bootstrap admin token has no call rate");
+    let operator = As::key(&cluster, ADMIN_TOKEN);
+    for i in 0..10 {
+        let r = operator.get(leader, &format!("/v1/locks/kv:{i}")).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+    }
 
     phase("B has its own bucket, and the bucket is per node");
     assert_eq!(b.get(leader, "/v1/locks/kv:0").await.status, 200);

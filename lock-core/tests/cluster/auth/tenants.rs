@@ -4,7 +4,7 @@
 
 use lock_core::node::TenantPolicy;
 use lock_core::testkit::phase;
-use lock_core::wire::{LockList, ResourceDetail};
+use lock_core::wire::{AcquireRequest, AcquireResponse, AuditTail, LockList, ResourceDetail};
 
 use super::support::{two_tenants, As, ADMIN_TOKEN};
 
@@ -68,6 +68,26 @@ async fn tenants_neither_see_nor_touch_each_others_locks() {
         default_list.locks[0].fencing_token,
         Some(default_lease.fencing_token)
     );
+
+    phase("the audit trail names the key that made each call, not a name the client chose");
+    let holder_body = AcquireRequest {
+        request_id: "a2".into(),
+        holder: Some("someone-else".into()),
+        ..AcquireRequest::default()
+    };
+    let second: AcquireResponse = a
+        .post(leader, "/v1/locks/orders/2/acquire", &holder_body)
+        .await
+        .ok();
+    let tail: AuditTail = admin
+        .get(leader, "/v1/admin/audit?resource=tenant-a%23orders/2")
+        .await
+        .ok();
+    let line = tail.entries.last().expect("the acquire is audited");
+    assert_eq!(line.caller, Some(format!("key:{}", a_key.id)));
+    assert_eq!(line.holder.as_deref(), Some("someone-else"));
+    assert_eq!(line.outcome, "granted");
+    assert!(a.release(leader, "orders/2", &second).await);
 
     phase("an operator sees every tenant's resource by its stored name");
     let detail: ResourceDetail = admin

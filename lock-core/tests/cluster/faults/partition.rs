@@ -51,6 +51,21 @@ async fn t30_isolated_minority_answers_503() {
     );
     assert_no_quorum("acquire on the isolated follower", acq, bound);
     assert_no_quorum("renew on the isolated follower", ren, bound);
+    // The refusals are in the follower's audit trail: a call refused for want of a quorum is
+    // a call the node answered.
+    let (s, tail) = c.get(f, "/v1/admin/audit?outcome=no_quorum").await;
+    assert_eq!(s, 200, "{tail}");
+    let audited: Vec<(&str, &str)> = tail["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| (e["op"].as_str().unwrap(), e["resource"].as_str().unwrap()))
+        .collect();
+    assert!(
+        audited.contains(&("acquire", "part:minority"))
+            && audited.contains(&("renew", "part:renew")),
+        "{tail}"
+    );
 
     phase("the majority keeps serving");
     let (s, v) = c
