@@ -127,12 +127,15 @@ pub fn is_quorum(configs: &[BTreeSet<u64>], granted: &HashSet<u64>) -> bool {
         .all(|voters| voters.iter().filter(|v| granted.contains(v)).count() * 2 > voters.len())
 }
 
-/// This node's answer to a pre-vote request.
+/// This node's answer to a pre-vote request. A leader that is stepping aside (an operator's
+/// drain) answers as a voter without a leader: with another voter down, its vote is the one
+/// a successor needs.
 pub fn answer(node: &Node, req: &PreVoteRequest) -> PreVoteResponse {
-    let is_leader = node.raft.metrics().borrow().state == ServerState::Leader;
+    let draining = node.ops.draining.load(std::sync::atomic::Ordering::Acquire);
+    let is_leader = node.raft.metrics().borrow().state == ServerState::Leader && !draining;
     let view = VoterView {
         is_leader,
-        heard_leader: node.leader_contact.within(leader_lease(&node.config.raft)),
+        heard_leader: !draining && node.leader_contact.within(leader_lease(&node.config.raft)),
         holds_vote: node.config.founder().is_some_and(|f| {
             node.vote_hold
                 .refuses_candidate(req.candidate, req.last_log_id, f)

@@ -167,8 +167,9 @@ async fn wait_in_queue(
         .counted_as(WAIT_TIMEOUT)),
         Ok(Some(WaitOutcome::Removed(WaiterGone::Cancelled))) => Err(ApiError::new(
             ErrorCode::WaitCancelled,
-            "The wait was cancelled (a cancel call for this request_id); acquire again to wait \
-             anew.",
+            "The wait was cancelled: by a cancel call for this request_id, or because another \
+             connection waiting with it closed (a caller that hangs up withdraws its wait). \
+             Acquire again to wait anew.",
         )),
         // The sweeper did not remove us in time (e.g. no leader): withdraw ourselves.
         Ok(None) | Err(_) => {

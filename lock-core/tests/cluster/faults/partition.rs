@@ -251,3 +251,44 @@ async fn readyz_turns_503_on_a_node_cut_off_and_200_when_healed() {
     }
     c.shutdown().await;
 }
+
+/// An operator's drain hands leadership over while one voter is down: the stepping-aside
+/// leader's vote is the one its successor needs (it refused pre-votes as a leader, so the drain
+/// failed after 10 s without writes, and a lease renewed meanwhile was lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drain_with_one_voter_down_hands_leadership_over() {
+    let mut c = TestCluster::start_with_auth(
+        3,
+        "drain-admin-token",
+        lock_core::node::TenantPolicy::default(),
+    )
+    .await;
+    let leader = c.wait_leader(EVENT).await;
+    let f = c.followers(leader);
+    let (s, v) = c.acquire(f[0], "drain:held", "drain-held", 30_000).await;
+    assert_eq!(s, 200, "{v}");
+    let held = Granted::parse(&v);
+
+    phase("one voter down, the leader drains: the other voter takes over");
+    c.crash(f[1]).await;
+    let (s, v) = c
+        .post(leader, "/v1/admin/drain", json!({ "operator": "test" }))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["new_leader"].as_u64(), Some(f[0]), "{v}");
+
+    phase("writes go on, and the lease held through the drain renews");
+    let (s, v) = c
+        .post(
+            leader,
+            "/v1/locks/drain:held/renew",
+            json!({ "lease_id": held.lease_id }),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = c
+        .acquire(leader, "drain:after", "drain-after", 30_000)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    c.shutdown().await;
+}
