@@ -359,9 +359,63 @@ pub fn check_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The path a `Destination` header names (WebDAV's MOVE and COPY write there): an absolute
+/// URI (`http://host/a/b`) or an absolute path (`/a/b`), checked like a request path. A query
+/// or fragment, another form, or a path [`check_path`] refuses is an error.
+pub fn destination_path(value: &[u8]) -> Result<&str, String> {
+    let value = std::str::from_utf8(value)
+        .ok()
+        .filter(|v| v.is_ascii())
+        .ok_or("the Destination header must be ASCII")?;
+    let path = if value.starts_with('/') {
+        value
+    } else {
+        let lower = value.get(..8).unwrap_or(value).to_ascii_lowercase();
+        let after_scheme = if lower.starts_with("http://") {
+            &value[7..]
+        } else if lower.starts_with("https://") {
+            &value[8..]
+        } else {
+            return Err(
+                "the Destination header must be an absolute URI or an absolute path".into(),
+            );
+        };
+        after_scheme.find('/').map_or("/", |at| &after_scheme[at..])
+    };
+    if path.contains(['?', '#']) {
+        return Err("the Destination header may not carry a query or a fragment".into());
+    }
+    check_path(path).map_err(|why| format!("Destination: {why}"))?;
+    Ok(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn destination_paths_are_read_and_checked_like_request_paths() {
+        for (value, path) in [
+            ("http://127.0.0.1:8001/dav/b", "/dav/b"),
+            ("HTTPS://store.example/dav/b", "/dav/b"),
+            ("/dav/b", "/dav/b"),
+            ("http://h", "/"),
+        ] {
+            assert_eq!(destination_path(value.as_bytes()), Ok(path), "{value}");
+        }
+        for value in [
+            "http://h/dav/a/../b",
+            "http://h/dav/%2e%2e/b",
+            "http://h/dav//b",
+            "http://h/dav/b?x=1",
+            "ftp://h/dav/b",
+            "dav/b",
+            "http://h/dav/b\\c",
+        ] {
+            assert!(destination_path(value.as_bytes()).is_err(), "{value}");
+        }
+        assert!(destination_path("http://h/d\u{e9}".as_bytes()).is_err());
+    }
 
     fn route(path: &str, resource: &str) -> RouteConfig {
         RouteConfig::new(path, resource, "127.0.0.1:9000")

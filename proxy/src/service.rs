@@ -232,6 +232,30 @@ impl FenceProxy {
         self
     }
 
+    /// Whether a `Destination` header names a path of route `route` whose resource is
+    /// `resource`, the one the request is fenced on; or why not.
+    fn check_destination(
+        &self,
+        value: &[u8],
+        route: usize,
+        resource: &str,
+    ) -> std::result::Result<(), String> {
+        let path = crate::route::destination_path(value)?;
+        match self.routes.find(path) {
+            Some(d) if d.route == route && d.resource == resource => Ok(()),
+            Some(d) => Err(format!(
+                "The Destination is fenced as resource '{}', this request as '{resource}': a \
+                 token admits writes to its own resource only. Move or copy within one \
+                 resource, or take both locks and write each with its own token.",
+                d.resource
+            )),
+            None => Err(
+                "The Destination matches no route of this proxy, so no fencing token covers it."
+                    .into(),
+            ),
+        }
+    }
+
     fn decide(&self, outcome: &'static str, reason: &str) {
         self.metrics
             .decisions
@@ -449,6 +473,18 @@ impl ProxyHttp for FenceProxy {
             ctx.outcome = "unfenced";
             self.decide("forwarded", "unsafe_no_fencing");
             return self.forward(session, ctx).await;
+        }
+        // A write that names a second target (WebDAV's MOVE and COPY write to `Destination`)
+        // writes there too: the destination must be a path of this route for the same resource,
+        // or the token of one resource would write another's data.
+        if let Some(dest) = req.headers.get("destination") {
+            if let Err(why) = self.check_destination(dest.as_bytes(), m.route, &m.resource) {
+                ctx.outcome = "invalid_destination";
+                self.decide("rejected", "invalid_destination");
+                let body = json!({ "error": "invalid_destination", "message": why });
+                respond_json(session, 400, &body).await?;
+                return Ok(true);
+            }
         }
         let upstream_timeout = Duration::from_millis(route.config.upstream_timeout_ms);
         // A tenant's locks live in its namespace: a key's writes are fenced on its tenant's

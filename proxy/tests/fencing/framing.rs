@@ -163,3 +163,57 @@ async fn t91_no_upgrade_and_no_unknown_transfer_coding_passes() {
     assert!(reply.starts_with("HTTP/1.1 502"), "{reply:?}");
     h.shutdown().await;
 }
+
+/// WebDAV's MOVE and COPY write to their `Destination` too: a token of one resource must not
+/// write another's data through it, however the destination is spelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t92_a_destination_outside_the_fenced_resource_is_refused() {
+    let (upstream, heads) = scripted_upstream().await;
+    let h = FenceHarness::start_with(|c| {
+        c.routes.push(RouteConfig::new(
+            "/raw/{project}/**",
+            "raw:{project}",
+            &upstream,
+        ));
+    })
+    .await;
+    let lease = h.acquire("raw:a", "dest-1", 30_000, 0).await;
+    let copy = |dest: &str| {
+        format!(
+            "COPY /raw/a/f HTTP/1.1\r\nHost: t\r\nFence-Token: {}\r\nDestination: {dest}\r\n\
+             Connection: close\r\n\r\n",
+            lease.token
+        )
+    };
+
+    phase("another resource's path, an unrouted path, dot segments: 400 before the upstream");
+    for dest in [
+        "http://t/raw/b/f",
+        "/raw/b/f",
+        "http://t/elsewhere/f",
+        "http://t/raw/a/../b/f",
+        "http://t/raw/a/%2e%2e/b/f",
+        "http://t/raw/a/f?x",
+    ] {
+        let reply = exchange(&h, &copy(dest)).await;
+        assert!(reply.starts_with("HTTP/1.1 400"), "{dest}: {reply:?}");
+        assert!(reply.contains("invalid_destination"), "{dest}: {reply:?}");
+    }
+    assert!(
+        heads.lock().unwrap().is_empty(),
+        "a refused COPY reached the upstream"
+    );
+
+    phase("within the fenced resource it is forwarded with its Destination");
+    let reply = exchange(&h, &copy("http://t/raw/a/g")).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+    let seen = heads.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(
+        seen[0]
+            .to_ascii_lowercase()
+            .contains("destination: http://t/raw/a/g"),
+        "{seen:?}"
+    );
+    h.shutdown().await;
+}
