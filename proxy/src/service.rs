@@ -603,9 +603,16 @@ impl ProxyHttp for FenceProxy {
         ctx: &mut Ctx,
     ) -> Result<()> {
         drop_upgrade_offer(upstream_request)?;
-        let (Some(tenant), Some(route)) =
-            (&ctx.key_tenant, ctx.route.and_then(|i| self.routes.get(i)))
-        else {
+        let route = ctx.route.and_then(|i| self.routes.get(i));
+        // The request goes upstream as HTTP/1.1, which requires a Host: an HTTP/1.0 client may
+        // have sent none, and the store would refuse the request. Name the upstream, as nginx
+        // does.
+        if !upstream_request.headers.contains_key("host") {
+            if let Some(route) = route {
+                upstream_request.insert_header("host", route.config.upstream.as_str())?;
+            }
+        }
+        let (Some(tenant), Some(route)) = (&ctx.key_tenant, route) else {
             return Ok(());
         };
         upstream_request.remove_header("authorization");
@@ -712,7 +719,11 @@ impl ProxyHttp for FenceProxy {
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
-        if let Some(sent) = session.response_written() {
+        // An interim answer (100 Continue) is no answer yet: a final one can still follow it.
+        let began = session
+            .response_written()
+            .filter(|r| !r.status.is_informational());
+        if let Some(sent) = began {
             // The upstream's answer has begun to reach the client. An error written now would
             // become part of its body, and with the body's end after it the client would take
             // a cut-off answer for a complete one: the connection is closed instead, without

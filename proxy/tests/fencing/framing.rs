@@ -217,3 +217,36 @@ async fn t92_a_destination_outside_the_fenced_resource_is_refused() {
     );
     h.shutdown().await;
 }
+
+/// An HTTP/1.0 client may send no Host; the request goes upstream as HTTP/1.1, which needs
+/// one (a store such as Apache answers 400 without it): the upstream's address is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t93_an_http_1_0_request_without_host_reaches_the_upstream_with_one() {
+    let (upstream, heads) = scripted_upstream().await;
+    let h = FenceHarness::start_with(|c| {
+        c.routes
+            .push(RouteConfig::new("/raw/{key}", "raw:{key}", &upstream));
+    })
+    .await;
+    let reply = exchange(&h, "GET /raw/x HTTP/1.0\r\n\r\n").await;
+    assert!(reply.starts_with("HTTP/1."), "{reply:?}");
+    let seen = heads.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(
+        seen[0]
+            .to_ascii_lowercase()
+            .contains(&format!("\r\nhost: {upstream}\r\n")),
+        "{seen:?}"
+    );
+
+    phase("a Host the client sent is kept");
+    let reply = exchange(&h, "GET /raw/y HTTP/1.0\r\nHost: store.example\r\n\r\n").await;
+    assert!(reply.starts_with("HTTP/1."), "{reply:?}");
+    let seen = heads.lock().unwrap().clone();
+    assert!(
+        seen[1].contains("\r\nHost: store.example\r\n")
+            || seen[1].contains("\r\nhost: store.example\r\n"),
+        "{seen:?}"
+    );
+    h.shutdown().await;
+}

@@ -22,10 +22,13 @@ struct Seen {
     end: std::io::Result<()>,
 }
 
-/// An upstream that never answers and reads its socket slowly (64 bytes every 200 ms, with a
-/// 4 KiB receive buffer) until `drain` is set, then reads whatever is still coming at full
+/// An upstream that never answers (but an interim 100 Continue if `send_continue`) and reads
+/// its socket slowly (64 bytes every 200 ms, with a 4 KiB receive buffer) until `drain` is set, then reads whatever is still coming at full
 /// speed until the connection ends.
-async fn slow_upstream(drain: watch::Receiver<bool>) -> (String, oneshot::Receiver<Seen>) {
+async fn slow_upstream(
+    drain: watch::Receiver<bool>,
+    send_continue: bool,
+) -> (String, oneshot::Receiver<Seen>) {
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     // Set before listening so the accepted connection inherits it: the proxy's bytes pile up
     // in its own send queue instead of in ours.
@@ -41,6 +44,10 @@ async fn slow_upstream(drain: watch::Receiver<bool>) -> (String, oneshot::Receiv
             return;
         };
         let accepted = Instant::now();
+        if send_continue {
+            // As a store does for `Expect: 100-continue`: go ahead, send the body.
+            let _ = conn.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await;
+        }
         let mut bytes = Vec::new();
         let mut buf = [0u8; 64];
         let mut drain = drain;
@@ -77,8 +84,20 @@ fn body_of(request: &[u8]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t44_send_deadline_cuts_a_write_the_upstream_reads_too_slowly() {
+    cut_at_send_by(false).await;
+}
+
+/// The same with `Expect: 100-continue` (curl sends it for large bodies): the client has had
+/// an interim 100 when the write is cut, and still gets the final 504 (it got no final answer
+/// at all: the 100 was taken for the start of the upstream's answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t45_a_write_cut_after_100_continue_still_gets_its_504() {
+    cut_at_send_by(true).await;
+}
+
+async fn cut_at_send_by(expect_continue: bool) {
     let (drain_tx, drain_rx) = watch::channel(false);
-    let (slow_addr, seen) = slow_upstream(drain_rx).await;
+    let (slow_addr, seen) = slow_upstream(drain_rx, expect_continue).await;
     let h = FenceHarness::start_with(|c| {
         c.routes
             .push(RouteConfig::new("/slow/{key}", "slow:{key}", &slow_addr));
@@ -96,8 +115,14 @@ async fn t44_send_deadline_cuts_a_write_the_upstream_reads_too_slowly() {
     let mut conn = tokio::net::TcpStream::connect(&addr)
         .await
         .expect("connect");
+    let expect = if expect_continue {
+        "Expect: 100-continue\r\n"
+    } else {
+        ""
+    };
     let head = format!(
-        "PUT /slow/x HTTP/1.1\r\nHost: test\r\nFence-Token: {}\r\nContent-Length: {}\r\n\r\n",
+        "PUT /slow/x HTTP/1.1\r\nHost: test\r\nFence-Token: {}\r\nContent-Length: {}\r\n\
+         {expect}\r\n",
         a.token,
         body.len()
     );
@@ -114,6 +139,14 @@ async fn t44_send_deadline_cuts_a_write_the_upstream_reads_too_slowly() {
 
     phase("the client gets 504 upstream_timeout, before the grant could have ended");
     assert!(read.is_ok(), "no answer within 20 s");
+    let answer = if expect_continue {
+        answer
+            .strip_prefix("HTTP/1.1 100 Continue\r\n\r\n")
+            .unwrap_or_else(|| panic!("expected an interim 100 first, got {answer:?}"))
+            .to_string()
+    } else {
+        answer
+    };
     assert!(
         answer.starts_with("HTTP/1.1 504"),
         "expected a 504, got {answer:?}"
