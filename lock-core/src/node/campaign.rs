@@ -204,10 +204,18 @@ pub async fn run(node: Arc<Node>) {
         if quiet_from.elapsed() < wait {
             continue;
         }
-        quiet_from = Instant::now();
+        let round = Instant::now();
+        quiet_from = round;
         after_leader = false;
         timeout = election_timeout(&timing);
-        if pre_vote(&node, timing).await {
+        // A leader heard while the round ran (another voter won meanwhile) makes the round
+        // moot: electing now would depose it and cost a second election.
+        if pre_vote(&node, timing).await
+            && node
+                .leader_contact
+                .last()
+                .is_none_or(|heard| heard <= round)
+        {
             tracing::info!(node = node.id, "pre-vote won: starting an election");
             node.metrics.pre_votes.with_label_values(&["won"]).inc();
             if let Err(e) = node.raft.trigger().elect().await {
@@ -260,12 +268,18 @@ async fn pre_vote(node: &Arc<Node>, timing: RaftTiming) -> bool {
             (voter, yes)
         });
     }
-    while let Some(done) = asks.join_next().await {
+    // Done as soon as the grants make a quorum: a voter that does not answer (a paused old
+    // leader) would hold the round up to its timeout, while another candidate may win.
+    let mut won = is_quorum(&configs, &granted);
+    while !won {
+        let Some(done) = asks.join_next().await else {
+            break;
+        };
         if let Ok((voter, true)) = done {
             granted.insert(voter);
+            won = is_quorum(&configs, &granted);
         }
     }
-    let won = is_quorum(&configs, &granted);
     tracing::debug!(node = node.id, ?granted, won, "pre-vote round");
     won
 }
