@@ -24,7 +24,7 @@ pub struct ProxyConfig {
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
     /// Global rate limits routes can refer to by name (see docs/quotas.md).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "quota_entries")]
     pub quotas: Vec<QuotaSpec>,
     /// DEMONSTRATIONS ONLY: forward every request of a matched route without any fence check
     /// (lease-only locking, like a bare Redis lock). The chaos harness uses it to show what the
@@ -47,6 +47,38 @@ pub struct ProxyConfig {
     /// The listener's connection cap and request-head deadline (`[proxy.limits]`).
     #[serde(default)]
     pub limits: ProxyLimits,
+}
+
+/// A `[[proxy.quotas]]` entry as written: `policy` is optional (`strict`) and `allowance` goes
+/// with `emergency`, checked by the same function as an operator's change.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuotaEntry {
+    name: String,
+    rate_per_s: u64,
+    burst: u64,
+    lease_ms: u64,
+    #[serde(default)]
+    policy: Option<String>,
+    #[serde(default)]
+    allowance: Option<u64>,
+}
+
+fn quota_entries<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<QuotaSpec>, D::Error> {
+    Vec::<QuotaEntry>::deserialize(d)?
+        .into_iter()
+        .map(|q| {
+            let policy = QuotaPolicy::from_parts(q.policy.as_deref(), q.allowance)
+                .map_err(|e| serde::de::Error::custom(format!("quota {}: {e}", q.name)))?;
+            Ok(QuotaSpec {
+                name: q.name,
+                rate_per_s: q.rate_per_s,
+                burst: q.burst,
+                lease_ms: q.lease_ms,
+                policy,
+            })
+        })
+        .collect()
 }
 
 /// Longest admission grant: how long a release waits at most for a proxy that cannot confirm
@@ -115,19 +147,29 @@ impl ProxyConfig {
             ));
         }
         self.limits.validate()?;
-        let mut names = std::collections::HashSet::new();
+        let mut quotas = HashMap::new();
         for q in &self.quotas {
-            if !names.insert(q.name.as_str()) {
+            if quotas.insert(q.name.as_str(), q).is_some() {
                 return Err(format!("quota names must be unique ('{}')", q.name));
             }
             q.validate()?;
         }
         for r in &self.routes {
             if let Some(q) = &r.quota {
-                if !names.contains(q.as_str()) {
+                let Some(spec) = quotas.get(q.as_str()) else {
                     return Err(format!(
                         "route {}: quota '{q}' is not defined in quotas",
                         r.path
+                    ));
+                };
+                // A request is admitted from one proxy's bucket, whose burst share is at most
+                // B: a heavier request could never be admitted anywhere.
+                if r.cost > spec.burst {
+                    return Err(format!(
+                        "route {}: cost ({}) is above the burst of quota '{q}' ({}), so no \
+                         request could ever be admitted; raise the quota's burst or lower the \
+                         cost",
+                        r.path, r.cost, spec.burst
                     ));
                 }
                 if r.cost == 0 || r.tenant_header.trim().is_empty() {
@@ -251,6 +293,48 @@ mod tests {
             .expect_err("mixed sources on one quota");
         assert!(err.contains("quota 'limited'"), "{err}");
         assert!(mixed.check_tenants(false).is_ok());
+    }
+
+    /// The config file and the admin API accept the same quota definitions: `policy` may be
+    /// left out (strict), a strict quota has no allowance, an emergency one needs one > 0, R
+    /// and B are bounded, and a route's cost fits its quota's burst.
+    #[test]
+    fn quota_entries_are_checked_like_the_admin_api_checks_them() {
+        let text = |quota: &str| {
+            format!(
+                "listen = \"127.0.0.1:0\"\n[[routes]]\npath = \"/a/{{k}}\"\nresource = \"a:{{k}}\"\n\
+                 upstream = \"127.0.0.1:9\"\nquota = \"q\"\n[[quotas]]\nname = \"q\"\n\
+                 rate_per_s = 10\nlease_ms = 1000\n{quota}\n"
+            )
+        };
+        let load = |quota: &str| {
+            toml::from_str::<ProxyConfig>(&text(quota))
+                .map_err(|e| e.to_string())
+                .and_then(|c| c.validate().map(|()| c))
+        };
+        let c = load("burst = 5").expect("policy defaults to strict");
+        assert_eq!(c.quotas[0].policy, QuotaPolicy::Strict);
+        let c = load("burst = 5\npolicy = \"emergency\"\nallowance = 3").expect("emergency");
+        assert_eq!(c.quotas[0].policy, QuotaPolicy::Emergency { allowance: 3 });
+        for bad in [
+            "burst = 5\npolicy = \"emergency\"\nallowance = 0",
+            "burst = 5\npolicy = \"emergency\"",
+            "burst = 5\npolicy = \"strict\"\nallowance = 4",
+            "burst = 5\npolicy = \"lenient\"",
+            "burst = 5\nallowence = 4",
+            "burst = 2000000000000",
+        ] {
+            let err = load(bad).expect_err(bad);
+            assert!(
+                err.contains("quota") || err.contains("unknown field"),
+                "{bad}: {err}"
+            );
+        }
+        let c = load("burst = 1").expect("cost 1 fits B = 1");
+        let mut heavy = c.clone();
+        heavy.routes[0].cost = 2;
+        let err = heavy.validate().expect_err("cost above B");
+        assert!(err.contains("cost (2)") && err.contains("burst"), "{err}");
     }
 
     #[test]

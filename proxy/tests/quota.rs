@@ -26,6 +26,8 @@ struct Sample {
     sent: Instant,
     recv: Instant,
     status: u16,
+    /// A 429's `retry_after_ms`.
+    retry_after_ms: Option<u64>,
 }
 
 /// Open-loop load on one proxy: one request every `interval_ms` (0 pauses it), each in its own
@@ -63,6 +65,7 @@ impl Load {
                                 sent,
                                 recv: r.at,
                                 status: r.status,
+                                retry_after_ms: r.body["retry_after_ms"].as_u64(),
                             };
                             samples.lock().unwrap_or_else(|e| e.into_inner()).push(s);
                         }
@@ -131,11 +134,15 @@ fn admitted(samples: &[Sample], proxy: Option<u64>, from: Instant, to: Instant) 
 }
 
 async fn harness(policy: QuotaPolicy) -> FenceHarness {
+    harness_of(R, B, policy).await
+}
+
+async fn harness_of(rate_per_s: u64, burst: u64, policy: QuotaPolicy) -> FenceHarness {
     FenceHarness::start_with(|c| {
         c.quotas = vec![QuotaSpec {
             name: DEV_QUOTA.into(),
-            rate_per_s: R,
-            burst: B,
+            rate_per_s,
+            burst,
             lease_ms: LEASE_MS,
             policy,
         }];
@@ -393,5 +400,189 @@ async fn t50_a_new_tenants_first_request_is_admitted() {
         let r = h.client.send(proxy, &w).await;
         assert_eq!(r.status, 200, "proxy {proxy}, tenant {tenant}: {}", r.body);
     }
+    h.shutdown().await;
+}
+
+/// Proxy 1 is hot (100/s of R = 40/s) when proxy 2 joins with 10/s. Proxy 2's demand, reported
+/// over a meaningful window, earns it a demand-proportional share within a few lease
+/// durations while proxy 1 stays hot (it could starve for as long as proxy 1's load lasted);
+/// meanwhile it asks at a bounded rate (it asked every 10 ms, a raft command each), and its
+/// 429s tell clients when the share may have come (they said 0 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t60_a_joining_proxy_gets_its_share_while_another_is_hot() {
+    let h = harness(QuotaPolicy::Strict).await;
+    h.leader().await;
+    let observer = h.cluster.running()[0];
+    let load = Load::start(&h.client, &[1, 2], "join");
+
+    phase("proxy 1 hot alone");
+    load.offer(0, 100);
+    eventually(EVENT, "proxy 1 gets most of the rate", async || {
+        let now = Instant::now();
+        admitted(&load.samples(), Some(1), now - Duration::from_secs(1), now) as u64 >= R * 6 / 10
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(2 * LEASE_MS)).await;
+
+    phase("proxy 2 joins with 10/s");
+    let applied = || h.cluster.node(observer).node.machine.last_applied_index();
+    let (joined, index_at_join) = (Instant::now(), applied());
+    load.offer(1, 10);
+    tokio::time::sleep(Duration::from_millis(3 * LEASE_MS)).await;
+    let entries = applied() - index_at_join;
+    println!("log entries in the 3 s after proxy 2 joined: {entries}");
+    // Proxy 1 renews about once per lease; proxy 2, short of its target, asks at most every
+    // quarter lease: a handful per second, far from one every 10 ms.
+    assert!(entries <= 45, "{entries} log entries in 3 s for one pool");
+
+    // The documented 2–4 lease durations, with room for a loaded machine.
+    let deadline = joined + Duration::from_millis(10 * LEASE_MS);
+    loop {
+        let got = admitted(&load.samples(), Some(2), joined, Instant::now());
+        if got >= 5 {
+            println!(
+                "proxy 2 admitted 5 after {} ms",
+                joined.elapsed().as_millis()
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "proxy 2 admitted {got} in {} ms while proxy 1 was hot",
+            joined.elapsed().as_millis()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    phase("proxy 2's reported demand stands for its 10/s");
+    let mut reports = Vec::new();
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(LEASE_MS / 10)).await;
+        let d = h.cluster.node(observer).node.machine.read(|m| {
+            m.quotas()
+                .demand()
+                .find(|d| d.proxy == 2 && d.tenant == "join")
+                .map(|d| d.demand_milli)
+        });
+        reports.extend(d);
+    }
+    assert!(
+        reports.iter().all(|d| (3_000..=30_000).contains(d)),
+        "demand reports (milli/s) for 10/s offered: {reports:?}"
+    );
+
+    phase("proxy 2's 429s while it held nothing said when to come back");
+    let samples = load.samples();
+    let first = samples
+        .iter()
+        .filter(|s| s.proxy == 2 && s.status == 200)
+        .map(|s| s.recv)
+        .min()
+        .expect("proxy 2 admitted");
+    let waiting: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.proxy == 2 && s.status == 429 && s.recv < first)
+        .collect();
+    println!(
+        "proxy 2's hints while waiting (ms): {:?}",
+        waiting.iter().map(|s| s.retry_after_ms).collect::<Vec<_>>()
+    );
+    // The hint counts down to when the share is expected plus its first refill (at most
+    // 40/s here: 25 ms); it said 0–10 ms, sending clients back long before a share could have
+    // come.
+    assert!(
+        waiting
+            .iter()
+            .all(|s| s.retry_after_ms.is_some_and(|ms| ms >= 20)),
+        "hints of a few ms while waiting for a share"
+    );
+    load.stop();
+    assert_within_rate_and_burst(&samples);
+    h.shutdown().await;
+}
+
+/// A tenant's first request at one proxy does not lease it the whole pool: the first requests
+/// at the second and third proxies are admitted at once too — with a small quota and with the
+/// largest one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t70_cold_starts_at_several_proxies_share_capacity() {
+    use lock_core::wire::{MAX_QUOTA_BURST, MAX_QUOTA_RATE_PER_S};
+    for (rate, burst) in [(R, B), (MAX_QUOTA_RATE_PER_S, MAX_QUOTA_BURST)] {
+        phase(&format!(
+            "R = {rate}, B = {burst}: one first request per proxy"
+        ));
+        let h = harness_of(rate, burst, QuotaPolicy::Strict).await;
+        h.leader().await;
+        for proxy in h.cluster.running() {
+            let w = Write::new(Method::GET, "/limited/cold", "").header("X-Tenant", "cold");
+            let r = h.client.send(proxy, &w).await;
+            assert_eq!(r.status, 200, "proxy {proxy}: {}", r.body);
+        }
+        h.shutdown().await;
+    }
+}
+
+/// `PUT /v1/admin/quotas/{name}` on a follower answers the definition it set (the follower
+/// waits to apply its own change), and R and B beyond what the shares' arithmetic holds are
+/// refused with a 400 naming the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t80_quota_changes_on_a_follower_answer_the_new_definition() {
+    use lock_core::wire::{QuotaView, SetQuotaRequest, MAX_QUOTA_RATE_PER_S};
+    const ADMIN: &str = "quota-admin-token-0123456789abcdef";
+    let h = FenceHarness::start_with_auth(ADMIN, |_| {}).await;
+    let leader = h.leader().await;
+    let follower = h
+        .cluster
+        .running()
+        .into_iter()
+        .find(|id| *id != leader)
+        .expect("a follower");
+    let http = reqwest::Client::new();
+    let url = h
+        .cluster
+        .url(follower, &format!("/v1/admin/quotas/{DEV_QUOTA}"));
+    let put = async |body: &SetQuotaRequest| {
+        let r = http
+            .put(&url)
+            .bearer_auth(ADMIN)
+            .json(body)
+            .send()
+            .await
+            .expect("put");
+        (r.status().as_u16(), r.text().await.expect("body"))
+    };
+
+    phase("twenty changes on a follower, each answered with itself");
+    for i in 0..20u64 {
+        let change = SetQuotaRequest {
+            operator: "dora".into(),
+            rate_per_s: 10 + i,
+            burst: 20 + i,
+            lease_ms: 1_000,
+            policy: None,
+            allowance: None,
+        };
+        let (status, body) = put(&change).await;
+        assert_eq!(status, 200, "{body}");
+        let view: QuotaView = serde_json::from_str(&body).expect("a quota view");
+        assert_eq!(
+            (view.definition.rate_per_s, view.definition.burst),
+            (10 + i, 20 + i),
+            "change {i} answered {body}"
+        );
+    }
+
+    phase("u64::MAX is refused, naming the bound");
+    let huge = SetQuotaRequest {
+        operator: "dora".into(),
+        rate_per_s: u64::MAX,
+        burst: u64::MAX,
+        lease_ms: 1_000,
+        policy: None,
+        allowance: None,
+    };
+    let (status, body) = put(&huge).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains(&MAX_QUOTA_RATE_PER_S.to_string()), "{body}");
     h.shutdown().await;
 }

@@ -29,7 +29,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::wire::{LeaseId, MAX_QUOTA_LEASE_MS, MAX_QUOTA_NAME_LEN, MIN_QUOTA_LEASE_MS};
+use crate::wire::{
+    LeaseId, MAX_QUOTA_BURST, MAX_QUOTA_LEASE_MS, MAX_QUOTA_NAME_LEN, MAX_QUOTA_RATE_PER_S,
+    MIN_QUOTA_LEASE_MS,
+};
 
 /// Thousandths per unit: shares are kept in milli-requests (per second).
 pub const MILLI: u64 = 1000;
@@ -48,6 +51,32 @@ pub enum QuotaPolicy {
     /// Keep admitting up to `allowance` requests per proxy while disconnected: the worst-case
     /// overshoot is the sum of the proxies' allowances.
     Emergency { allowance: u64 },
+}
+
+impl QuotaPolicy {
+    /// The policy a config file or an operator names: `policy` (`strict` when absent) and the
+    /// emergency allowance, which `emergency` requires (> 0) and `strict` refuses (an
+    /// allowance of 0 counts as none). One check for both, so that they accept the same
+    /// definitions.
+    pub fn from_parts(policy: Option<&str>, allowance: Option<u64>) -> Result<Self, String> {
+        match (policy.unwrap_or("strict"), allowance) {
+            ("strict", None | Some(0)) => Ok(QuotaPolicy::Strict),
+            ("emergency", Some(allowance)) if allowance > 0 => {
+                Ok(QuotaPolicy::Emergency { allowance })
+            }
+            ("strict", Some(_)) => Err(
+                "a strict quota has no allowance: drop 'allowance' or use policy 'emergency'"
+                    .into(),
+            ),
+            ("emergency", _) => Err(
+                "policy 'emergency' needs 'allowance' > 0 (requests per proxy while cut off)"
+                    .into(),
+            ),
+            (other, _) => Err(format!(
+                "unknown policy '{other}': use 'strict' or 'emergency'"
+            )),
+        }
+    }
 }
 
 /// A quota definition: every tenant gets `rate_per_s` and `burst` globally.
@@ -79,6 +108,22 @@ impl QuotaSpec {
         if self.rate_per_s == 0 || self.burst == 0 {
             return Err(format!(
                 "quota {}: rate_per_s and burst must be > 0",
+                self.name
+            ));
+        }
+        // Shares are kept in thousandths and proxies' balances in millionths of a request:
+        // above these bounds the sums would overflow.
+        if self.rate_per_s > MAX_QUOTA_RATE_PER_S || self.burst > MAX_QUOTA_BURST {
+            return Err(format!(
+                "quota {}: rate_per_s ({}) must be at most {MAX_QUOTA_RATE_PER_S} and burst ({}) \
+                 at most {MAX_QUOTA_BURST}",
+                self.name, self.rate_per_s, self.burst
+            ));
+        }
+        if self.policy == (QuotaPolicy::Emergency { allowance: 0 }) {
+            return Err(format!(
+                "quota {}: policy 'emergency' needs 'allowance' > 0 (requests per proxy while \
+                 cut off)",
                 self.name
             ));
         }
@@ -164,6 +209,11 @@ pub struct QuotaGrant {
     pub target_milli: u64,
     /// Log time at which the answer was decided (the stamp lease times are relative to).
     pub now_ms: u64,
+    /// When the proxy holds less than its target after this request: the earliest log time
+    /// from which the leases booked now leave capacity free for a fresh lease (when a
+    /// rate-limited client may expect this proxy to have more). `None` when it is not short.
+    #[serde(default)]
+    pub free_at_ms: Option<u64>,
 }
 
 /// The replicated quota ledger.
@@ -300,11 +350,13 @@ impl QuotaLedger {
             .cloned()
             .collect();
         if !earlier.is_empty() {
+            let free_at_ms = self.free_at_if_short(&spec, req, target, now);
             return QuotaOutcome::Leased(QuotaGrant {
                 spec,
                 leases: earlier,
                 target_milli: target,
                 now_ms: now,
+                free_at_ms,
             });
         }
         self.epoch += 1;
@@ -367,11 +419,45 @@ impl QuotaLedger {
                 created.push(lease);
             }
         }
+        let free_at_ms = self.free_at_if_short(&spec, req, target, now);
         QuotaOutcome::Leased(QuotaGrant {
             spec,
             leases: created,
             target_milli: target,
             now_ms: now,
+            free_at_ms,
+        })
+    }
+
+    /// If the requester holds less than `target` at `now`: the earliest log time from which
+    /// a fresh lease would find rate and burst free over its whole interval, under the leases
+    /// booked now. Usage only falls where a lease ends, so those are the candidates.
+    fn free_at_if_short(
+        &self,
+        spec: &QuotaSpec,
+        req: &QuotaRequest,
+        target: u64,
+        now: u64,
+    ) -> Option<u64> {
+        let held: u64 = self
+            .pool(&req.quota, &req.tenant)
+            .filter(|l| l.proxy == req.proxy && l.activates_at_ms <= now && now < l.expires_at_ms)
+            .map(|l| l.rate_milli)
+            .fold(0, u64::saturating_add);
+        if held >= target {
+            return None;
+        }
+        let mut points: Vec<u64> = self
+            .pool(&req.quota, &req.tenant)
+            .map(|l| l.expires_at_ms)
+            .filter(|&t| t > now)
+            .collect();
+        points.push(now);
+        points.sort_unstable();
+        points.dedup();
+        points.into_iter().find(|&t| {
+            let (rate, burst) = self.free(spec, &req.tenant, t, t.saturating_add(spec.lease_ms));
+            rate > 0 && burst > 0
         })
     }
 
@@ -433,7 +519,10 @@ impl QuotaLedger {
 
     /// The requester's fair rate share: proportional to demand when the pool is
     /// oversubscribed, otherwise its demand plus an even split of the spare capacity (so a
-    /// quiet proxy keeps headroom for a sudden burst of its own).
+    /// quiet proxy keeps headroom for a sudden burst of its own). The spare is split one way
+    /// more than there are proxies reporting: the extra part stays free for a proxy that has
+    /// not asked yet, so a tenant's first requests at a second proxy find capacity at once
+    /// instead of waiting for the first proxy's lease to end.
     fn target(&self, spec: &QuotaSpec, req: &QuotaRequest) -> u64 {
         let reports = self
             .demand
@@ -449,7 +538,7 @@ impl QuotaLedger {
         let share = if total > cap {
             cap * mine / total
         } else {
-            mine + (cap - total) / proxies.max(1)
+            mine + (cap - total) / (proxies + 1)
         };
         share.try_into().unwrap_or(u64::MAX)
     }

@@ -54,7 +54,8 @@ pub use locks::{
 };
 pub use quotas::{
     QuotaDefinition, QuotaList, QuotaShareView, QuotaTenantView, QuotaView, SetQuotaRequest,
-    MAX_QUOTA_LEASE_MS, MAX_QUOTA_NAME_LEN, MIN_QUOTA_LEASE_MS,
+    MAX_QUOTA_BURST, MAX_QUOTA_LEASE_MS, MAX_QUOTA_NAME_LEN, MAX_QUOTA_RATE_PER_S,
+    MIN_QUOTA_LEASE_MS,
 };
 pub use tenant::{
     api_key_id, scoped_name, split_scoped, validate_stored_name, validate_tenant, CreateKeyRequest,

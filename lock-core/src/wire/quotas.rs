@@ -91,5 +91,9 @@ pub struct SetQuotaRequest {
 /// short enough that a stopped proxy's share comes back soon.
 pub const MIN_QUOTA_LEASE_MS: u64 = 500;
 pub const MAX_QUOTA_LEASE_MS: u64 = 60_000;
+/// Largest R (requests per second) and B (requests) of a quota: a proxy's bucket counts in
+/// millionths of a request in 64 bits, and every sum of shares must fit.
+pub const MAX_QUOTA_RATE_PER_S: u64 = 1_000_000_000_000;
+pub const MAX_QUOTA_BURST: u64 = 1_000_000_000_000;
 /// Longest quota name (names appear in metric labels and the ledger).
 pub const MAX_QUOTA_NAME_LEN: usize = 64;

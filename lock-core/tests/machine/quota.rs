@@ -62,12 +62,13 @@ fn defined() -> LockMachine {
     m
 }
 
-/// The first proxy alone gets the whole pool; a second one gets nothing until the first one's
-/// successor is shrunk and its current lease expires — capacity never counts twice.
+/// The first proxy, alone and asking for all of R, gets the whole pool; a second one gets
+/// nothing until the first one's successor is shrunk and its current lease expires —
+/// capacity never counts twice.
 #[test]
 fn capacity_moves_only_after_the_old_lease_ends() {
     let mut m = defined();
-    let a = leased(apply(&mut m, T0, 1, request(1, "t", 10, vec![], 0)));
+    let a = leased(apply(&mut m, T0, 1, request(1, "t", 10, vec![], R)));
     assert_eq!(a.leases.len(), 1);
     assert_eq!(a.leases[0].rate_milli, R * MILLI);
     assert_eq!(a.leases[0].burst_milli, B * MILLI);
@@ -76,6 +77,11 @@ fn capacity_moves_only_after_the_old_lease_ends() {
     let b = leased(apply(&mut m, T0 + 100, 1, request(2, "t", 20, vec![], 80)));
     assert!(b.leases.is_empty(), "{b:?}");
     assert!(b.target_milli > 0);
+    assert_eq!(
+        b.free_at_ms,
+        Some(T0 + LEASE_MS),
+        "it is told when capacity comes free: when proxy 1's lease ends"
+    );
 
     // Proxy 1 renews while cold: its successor shrinks to its target.
     let a2 = leased(apply(
@@ -98,14 +104,111 @@ fn capacity_moves_only_after_the_old_lease_ends() {
         request(2, "t", 40, vec![], 80),
     ));
     assert!(b.leases.is_empty());
-    // ...and the freed share right after.
+    assert_eq!(b.free_at_ms, Some(T0 + LEASE_MS));
+    // ...and the freed share right after: its target (demand 80 plus a part of the spare).
     let b = leased(apply(
         &mut m,
         T0 + 2_000,
         1,
         request(2, "t", 50, vec![], 80),
     ));
-    assert_eq!(b.leases[0].rate_milli, R * MILLI - succ.rate_milli);
+    assert_eq!(b.leases[0].rate_milli, b.target_milli);
+    assert!(b.leases[0].rate_milli >= 80 * MILLI);
+    assert!(b.leases[0].rate_milli <= R * MILLI - succ.rate_milli);
+    assert_eq!(b.free_at_ms, None, "at its target it waits for nothing");
+    m.quotas().check_conservation(T0).expect("conserved");
+}
+
+/// A tenant's first requests at several proxies: the first proxy does not lease the whole
+/// pool while its demand is low, so the second and third find a share (and a burst share
+/// of at least one request) at once, without waiting for the first one's lease to end.
+#[test]
+fn cold_starts_at_several_proxies_share_the_pool() {
+    let mut m = defined();
+    for proxy in 1..=3u64 {
+        let g = leased(apply(
+            &mut m,
+            T0 + proxy,
+            1,
+            request(proxy, "t", u128::from(proxy) << 8, vec![], 1),
+        ));
+        let lease = g
+            .leases
+            .first()
+            .unwrap_or_else(|| panic!("proxy {proxy}: {g:?}"));
+        assert!(lease.rate_milli >= MILLI, "proxy {proxy}: {lease:?}");
+        assert!(lease.burst_milli >= MILLI, "proxy {proxy}: {lease:?}");
+        m.quotas().check_conservation(T0).expect("conserved");
+    }
+}
+
+/// Quota definitions: R and B bounded so that the shares' arithmetic cannot overflow; the
+/// policy and allowance checked by one function for config files and operators alike.
+#[test]
+fn definitions_are_bounded_and_policies_checked_alike() {
+    use lock_core::wire::{MAX_QUOTA_BURST, MAX_QUOTA_RATE_PER_S};
+    let huge = QuotaSpec {
+        rate_per_s: u64::MAX,
+        burst: u64::MAX,
+        ..spec()
+    };
+    let err = huge.validate().expect_err("u64::MAX is refused");
+    assert!(err.contains(&MAX_QUOTA_RATE_PER_S.to_string()), "{err}");
+    let largest = QuotaSpec {
+        rate_per_s: MAX_QUOTA_RATE_PER_S,
+        burst: MAX_QUOTA_BURST,
+        ..spec()
+    };
+    largest.validate().expect("the bounds themselves are fine");
+    let zero_allowance = QuotaSpec {
+        policy: QuotaPolicy::Emergency { allowance: 0 },
+        ..spec()
+    };
+    assert!(zero_allowance.validate().is_err());
+
+    assert_eq!(QuotaPolicy::from_parts(None, None), Ok(QuotaPolicy::Strict));
+    assert_eq!(
+        QuotaPolicy::from_parts(Some("strict"), Some(0)),
+        Ok(QuotaPolicy::Strict)
+    );
+    assert_eq!(
+        QuotaPolicy::from_parts(Some("emergency"), Some(4)),
+        Ok(QuotaPolicy::Emergency { allowance: 4 })
+    );
+    for (policy, allowance) in [
+        (Some("strict"), Some(4)),
+        (Some("emergency"), Some(0)),
+        (Some("emergency"), None),
+        (Some("lenient"), None),
+    ] {
+        assert!(
+            QuotaPolicy::from_parts(policy, allowance).is_err(),
+            "{policy:?} {allowance:?}"
+        );
+    }
+}
+
+/// At the largest R and B, three proxies split the pool without overflow: each gets a
+/// share, and conservation holds.
+#[test]
+fn the_largest_quota_splits_without_overflow() {
+    use lock_core::wire::{MAX_QUOTA_BURST, MAX_QUOTA_RATE_PER_S};
+    let mut m = LockMachine::new();
+    let largest = QuotaSpec {
+        rate_per_s: MAX_QUOTA_RATE_PER_S,
+        burst: MAX_QUOTA_BURST,
+        ..spec()
+    };
+    apply(&mut m, T0, 1, Command::QuotaDefine(largest));
+    for proxy in 1..=3u64 {
+        let g = leased(apply(
+            &mut m,
+            T0 + proxy,
+            1,
+            request(proxy, "t", u128::from(proxy) << 8, vec![], 1),
+        ));
+        assert!(!g.leases.is_empty(), "proxy {proxy}: {g:?}");
+    }
     m.quotas().check_conservation(T0).expect("conserved");
 }
 
@@ -187,7 +290,7 @@ fn return_is_idempotent_and_frees_capacity() {
         apply(&mut m, T0 + 2, 1, Command::QuotaReturn { lease_ids: ids }),
         Response::QuotaReturned(0)
     );
-    let b = leased(apply(&mut m, T0 + 3, 1, request(2, "t", 20, vec![], 5)));
+    let b = leased(apply(&mut m, T0 + 3, 1, request(2, "t", 20, vec![], R)));
     assert_eq!(b.leases[0].rate_milli, R * MILLI);
 }
 
@@ -216,8 +319,8 @@ fn unknown_quota_is_refused() {
 #[test]
 fn tenants_have_separate_pools() {
     let mut m = defined();
-    let a = leased(apply(&mut m, T0, 1, request(1, "t1", 10, vec![], 0)));
-    let b = leased(apply(&mut m, T0, 1, request(1, "t2", 20, vec![], 0)));
+    let a = leased(apply(&mut m, T0, 1, request(1, "t1", 10, vec![], R)));
+    let b = leased(apply(&mut m, T0, 1, request(1, "t2", 20, vec![], R)));
     assert_eq!(a.leases[0].rate_milli, R * MILLI);
     assert_eq!(b.leases[0].rate_milli, R * MILLI);
 }

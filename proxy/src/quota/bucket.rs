@@ -38,6 +38,16 @@ pub struct Refusal {
 
 const MICRO_PER_REQUEST: u64 = 1_000_000;
 
+/// More capacity the lessor expects, while it holds less than the ledger's target for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expected {
+    /// Local time from which it expects to hold more.
+    pub at_ms: u64,
+    /// The rate share it expects to gain (0: unknown). A new share starts empty, so a request
+    /// waits for its refill at this rate after `at_ms`.
+    pub rate_milli: u64,
+}
+
 #[derive(Clone, Debug)]
 pub struct Bucket {
     balance: u64,
@@ -48,8 +58,8 @@ pub struct Bucket {
     allowance_left: u64,
     /// The lessor's last attempt to reach the cluster failed.
     disconnected: bool,
-    /// When the lessor expects its next answer, if it is asking for more capacity.
-    expected_lease_ms: Option<u64>,
+    /// When the lessor expects more capacity, if it is asking for more.
+    expected: Option<Expected>,
 }
 
 impl Bucket {
@@ -61,7 +71,7 @@ impl Bucket {
             allowance,
             allowance_left: allowance,
             disconnected: false,
-            expected_lease_ms: None,
+            expected: None,
         }
     }
 
@@ -88,8 +98,8 @@ impl Bucket {
         self.allowance_left = self.allowance_left.min(allowance);
     }
 
-    pub fn set_expected_lease(&mut self, at_ms: Option<u64>) {
-        self.expected_lease_ms = at_ms;
+    pub fn set_expected(&mut self, expected: Option<Expected>) {
+        self.expected = expected;
     }
 
     /// Admits a request of weight `cost` (requests) at `now_ms`, or says when to retry.
@@ -105,10 +115,16 @@ impl Bucket {
             return Ok(());
         }
         let refill = self.refilled_by(need, now_ms);
-        let retry_at_ms = match (refill, self.expected_lease_ms) {
-            (Some(a), Some(b)) => Some(a.min(b.max(now_ms))),
-            (Some(a), None) => Some(a),
-            (None, b) => b.map(|b| b.max(now_ms)),
+        let expected = self.expected.map(|e| {
+            let refill = match e.rate_milli {
+                0 => 0,
+                rate => need.div_ceil(rate),
+            };
+            e.at_ms.max(now_ms).saturating_add(refill)
+        });
+        let retry_at_ms = match (refill, expected) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         };
         Err(Refusal { retry_at_ms })
     }
@@ -128,19 +144,23 @@ impl Bucket {
 
     /// Sum of the rate shares covering `t`, in milli-requests per second.
     pub fn rate_at(&self, t: u64) -> u64 {
-        self.covering(t).map(|s| s.rate_milli).sum()
+        self.covering(t)
+            .map(|s| s.rate_milli)
+            .fold(0, u64::saturating_add)
     }
 
     /// Sum of the burst shares covering `t`, in milli-requests.
     pub fn burst_at(&self, t: u64) -> u64 {
-        self.covering(t).map(|s| s.burst_milli).sum()
+        self.covering(t)
+            .map(|s| s.burst_milli)
+            .fold(0, u64::saturating_add)
     }
 
     /// Sum of the burst shares covering `t`, in micro-requests.
     fn cap_at(&self, t: u64) -> u64 {
         self.covering(t)
             .map(|s| s.burst_milli.saturating_mul(1_000))
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 
     /// The latest local end of any known share: nothing is admitted (strict) after it unless
@@ -323,13 +343,56 @@ mod tests {
         );
         // Cost above the burst share can never be refilled under this lease.
         assert_eq!(b.try_take(50, 100), Err(Refusal { retry_at_ms: None }));
-        b.set_expected_lease(Some(1_200));
+        b.set_expected(Some(Expected {
+            at_ms: 1_200,
+            rate_milli: 0,
+        }));
         assert_eq!(
             b.try_take(50, 100),
             Err(Refusal {
                 retry_at_ms: Some(1_200)
             })
         );
+    }
+
+    /// A proxy waiting for a share: a retry is worth it once the share is expected *and* has
+    /// refilled one request's worth (a new share starts empty), not at once.
+    #[test]
+    fn retry_at_while_waiting_for_a_share_includes_its_first_refill() {
+        let mut b = Bucket::new(0, 0);
+        b.set_expected(Some(Expected {
+            at_ms: 750,
+            rate_milli: 4_000,
+        }));
+        assert_eq!(
+            b.try_take(1, 100),
+            Err(Refusal {
+                retry_at_ms: Some(1_000)
+            }),
+            "at 750 ms, then 250 ms for one request at 4/s"
+        );
+        assert_eq!(
+            b.try_take(1, 900),
+            Err(Refusal {
+                retry_at_ms: Some(1_150)
+            }),
+            "an expectation already due counts from now"
+        );
+    }
+
+    /// At the largest R and B a quota may have, three proxies' shares and the bucket's sums
+    /// stay exact: a request is admitted as soon as one request's worth has refilled.
+    #[test]
+    fn the_largest_quota_admits_without_overflow() {
+        let max = lock_core::wire::MAX_QUOTA_BURST;
+        let mut b = Bucket::new(0, 0);
+        for i in 0..3 {
+            // Three chains of a third each (the most a proxy can hold of one pool).
+            b.add(share(0, 10_000 + i, max / 3, max / 3), 0);
+        }
+        assert_eq!(b.burst_at(1), max / 3 * 3 * 1_000);
+        assert_eq!(b.try_take(1, 1), Ok(()), "1e12/s refills in a millisecond");
+        assert_eq!(b.try_take(max / 2, 5_000), Ok(()), "half the burst");
     }
 
     #[test]

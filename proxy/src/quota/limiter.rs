@@ -20,7 +20,8 @@ use lock_core::node::Node;
 use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use tokio::sync::Notify;
 
-use super::bucket::{Bucket, Refusal, Share};
+use super::bucket::{Bucket, Expected, Refusal, Share};
+use super::demand::DemandMeter;
 
 /// Pools one proxy keeps at most (tenants are client-chosen header values).
 pub const MAX_POOLS: usize = 4_096;
@@ -59,8 +60,8 @@ const FIRST_REQUEST_WAIT: Duration = Duration::from_secs(1);
 
 struct PoolState {
     bucket: Bucket,
-    /// Weighted requests offered since the lessor's last report.
-    offered: u64,
+    /// Weighted requests offered (admitted or not), for the demand the lessor reports.
+    demand: DemandMeter,
     /// Weighted requests admitted since the lessor's last report.
     admitted: u64,
     last_request_ms: u64,
@@ -169,7 +170,7 @@ impl QuotaLimiter {
     fn take(pool: &Pool, cost: u64, now: u64, offered: bool) -> Result<(), Refusal> {
         let mut st = pool.state.lock();
         if offered {
-            st.offered = st.offered.saturating_add(cost);
+            st.demand.offer(cost);
         }
         st.last_request_ms = now;
         let taken = st.bucket.try_take(cost, now);
@@ -208,11 +209,14 @@ impl QuotaLimiter {
         }
         let mut bucket = Bucket::new(now, allowance_of(spec));
         // The first lease is being asked for right now.
-        bucket.set_expected_lease(Some(now));
+        bucket.set_expected(Some(Expected {
+            at_ms: now,
+            rate_milli: 0,
+        }));
         let pool = Arc::new(Pool {
             state: parking_lot::Mutex::new(PoolState {
                 bucket,
-                offered: 0,
+                demand: DemandMeter::new(now),
                 admitted: 0,
                 last_request_ms: now,
                 held: HashMap::new(),
@@ -255,7 +259,7 @@ impl QuotaLimiter {
                     .map(|(id, _)| *id)
                     .collect();
                 let elapsed = now.saturating_sub(reported_at).max(1);
-                let demand = st.offered.saturating_mul(1_000_000) / elapsed;
+                let demand = st.demand.report(now, lease_ms);
                 // Utilisation: what was admitted against the rate share held now (a share
                 // that changed during the interval makes this approximate).
                 let used = st.admitted.saturating_mul(1_000_000) / elapsed;
@@ -268,7 +272,6 @@ impl QuotaLimiter {
                 if let Some(g) = self.metrics.share_gauges(&spec.name, &tenant) {
                     g.utilisation.set(utilisation);
                 }
-                st.offered = 0;
                 st.admitted = 0;
                 let quiet = now.saturating_sub(st.last_request_ms) > 2 * lease_ms;
                 (renew, demand, quiet)
@@ -313,7 +316,7 @@ impl QuotaLimiter {
                     let mut st = pool.state.lock();
                     st.bucket.set_connected(false);
                     let retry = received + (lease_ms / 10).max(50);
-                    st.bucket.set_expected_lease(None);
+                    st.bucket.set_expected(None);
                     retry
                 }
             };
@@ -394,24 +397,19 @@ impl QuotaLimiter {
             g.target.set((grant.target_milli / 1_000) as i64);
             g.burst.set((st.bucket.burst_at(now) / 1_000) as i64);
         }
-        // Renew each chain half a lease before it ends.
-        let renew_at = st
-            .held
-            .values()
-            .filter(|h| !h.renewed)
-            .map(|h| h.until_ms.saturating_sub(lease_ms / 2))
-            .min()
-            .unwrap_or(now);
-        // Short of the target (or holding nothing): ask again soon, when freed capacity may
-        // have come back.
-        let short = rate_now < grant.target_milli || st.held.is_empty();
-        let next = if short {
-            renew_at.min(now + (lease_ms / 4).max(50))
-        } else {
-            renew_at
-        };
-        st.bucket.set_expected_lease(short.then_some(next));
-        next.max(now + 10)
+        let (next, expected) = next_request(
+            lease_ms,
+            now,
+            !st.held.is_empty(),
+            st.held.values().filter(|h| !h.renewed).map(|h| h.until_ms),
+            rate_now,
+            grant.target_milli,
+            grant
+                .free_at_ms
+                .map(|t| received.saturating_add(t.saturating_sub(grant.now_ms))),
+        );
+        st.bucket.set_expected(expected);
+        next
     }
 
     /// Gives back a quiet pool's leases and forgets it.
@@ -428,6 +426,52 @@ impl QuotaLimiter {
         }
         self.metrics.retire(quota, tenant);
     }
+}
+
+/// When the lessor asks next (local time), and what a rate-limited client may expect meanwhile.
+///
+/// Each chain is renewed half a lease before it ends (`unrenewed` are the local ends of the
+/// chains without a successor; `holds_any`: the pool holds any lease). A proxy holding less than its target (or nothing) also asks
+/// every quarter lease, when capacity freed by other proxies may have come back. Never sooner
+/// than a quarter lease after this answer, though: a renewal the ledger refused (or a chain it
+/// lets lapse) is due at once again, and a pool holding nothing has nothing to renew — asking
+/// at once would flood the cluster with commands, and measure nothing new.
+///
+/// While short, the capacity is expected at the next request, or when the ledger said its
+/// booked leases leave capacity free (`free_at`, local), whichever is later: a client told to
+/// retry then has a real chance.
+fn next_request(
+    lease_ms: u64,
+    now: u64,
+    holds_any: bool,
+    unrenewed: impl Iterator<Item = u64>,
+    rate_now: u64,
+    target_milli: u64,
+    free_at: Option<u64>,
+) -> (u64, Option<Expected>) {
+    let every = (lease_ms / 4).max(50);
+    let quarter = now.saturating_add(every);
+    let renew_at = unrenewed
+        .map(|until| until.saturating_sub(lease_ms / 2))
+        .min()
+        .unwrap_or(quarter);
+    let short = rate_now < target_milli || !holds_any;
+    let next = if short {
+        renew_at.min(quarter)
+    } else {
+        renew_at
+    }
+    .max(quarter);
+    // The request that finds the freed capacity: the first one at or after `free_at`.
+    let at_ms = match free_at {
+        Some(f) if f > next => next.saturating_add((f - next).div_ceil(every) * every),
+        _ => next,
+    };
+    let expected = short.then(|| Expected {
+        at_ms,
+        rate_milli: target_milli.saturating_sub(rate_now),
+    });
+    (next, expected)
 }
 
 /// The emergency allowance E of a quota (0 under `strict`).
@@ -566,6 +610,66 @@ struct ShareGauges {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const LEASE: u64 = 1_000;
+
+    /// A pool holding nothing (a proxy that joins a pool another proxy holds in full) asks
+    /// every quarter lease — not every 10 ms, a raft command each — and tells clients to come
+    /// back once the share it waits for may have arrived and refilled.
+    #[test]
+    fn a_pool_holding_nothing_asks_every_quarter_lease() {
+        let (next, expected) = next_request(LEASE, 5_000, false, std::iter::empty(), 0, 0, None);
+        assert_eq!(next, 5_250);
+        assert_eq!(
+            expected,
+            Some(Expected {
+                at_ms: 5_250,
+                rate_milli: 0
+            })
+        );
+        let (next, expected) = next_request(
+            LEASE,
+            5_000,
+            false,
+            std::iter::empty(),
+            0,
+            3_600,
+            Some(5_600),
+        );
+        assert_eq!(next, 5_250);
+        assert_eq!(
+            expected,
+            Some(Expected {
+                at_ms: 5_750,
+                rate_milli: 3_600
+            }),
+            "the first request at or after the capacity comes free"
+        );
+    }
+
+    /// A renewal the ledger refused (or a chain it lets lapse) stays due; it is asked for again
+    /// a quarter lease later, not at once.
+    #[test]
+    fn a_refused_renewal_is_retried_a_quarter_lease_later() {
+        let (next, _) = next_request(LEASE, 5_000, true, [5_300].into_iter(), 9_000, 9_000, None);
+        assert_eq!(next, 5_250);
+    }
+
+    /// At its target, a proxy asks only to renew, half a lease before its chain ends.
+    #[test]
+    fn at_its_target_a_proxy_only_renews() {
+        let (next, expected) = next_request(
+            LEASE,
+            5_000,
+            true,
+            [6_000].into_iter(),
+            9_000,
+            9_000,
+            Some(7_000),
+        );
+        assert_eq!(next, 5_500);
+        assert_eq!(expected, None);
+    }
 
     /// The series of `family` in `registry`, as `tenant` labels.
     fn tenants(registry: &Registry, family: &str) -> Vec<String> {

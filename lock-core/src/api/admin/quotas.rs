@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::PathRejection;
@@ -15,7 +16,7 @@ use axum::Json;
 use super::actions::authorize;
 use crate::api::{parse_json, ApiError};
 use crate::machine::{Command, LockMachine, QuotaPolicy, QuotaSpec, Response, MILLI};
-use crate::node::Node;
+use crate::node::{Committed, Node};
 use crate::wire::{
     ErrorCode, QuotaDefinition, QuotaList, QuotaShareView, QuotaTenantView, QuotaView,
     SetQuotaRequest,
@@ -46,9 +47,14 @@ pub async fn set(
         }
     };
     let name = spec.name.clone();
-    match node.propose(Command::QuotaSet(spec)).await {
-        Ok(Response::QuotaDefined) => {}
-        Ok(other) => {
+    let index = match node.propose_committed(Command::QuotaSet(spec)).await {
+        Ok(Committed {
+            response: Response::QuotaDefined,
+            index,
+        }) => index,
+        Ok(Committed {
+            response: other, ..
+        }) => {
             return Err(ApiError::new(
                 ErrorCode::Internal,
                 format!("Unexpected state machine response {other:?}; this is a bug."),
@@ -59,8 +65,18 @@ pub async fn set(
             audit(&node, &req.operator, &req, e.code().as_str());
             return Err(e);
         }
-    }
+    };
     audit(&node, &req.operator, &req, "done");
+    // On a follower the change committed at the leader may not be applied here yet: the
+    // answer shows this node's state, so it must include the change (the leader said at
+    // which index it does; an earlier version did not: then ask it). Setting the same
+    // definition again is harmless, so a caller that gets 503 here can simply retry.
+    let caught_up = if index > 0 {
+        node.wait_applied(index, APPLY_WAIT).await
+    } else {
+        node.read_barrier().await
+    };
+    caught_up.map_err(ApiError::from)?;
     let view = node.machine.read(|m| {
         quota_list(m)
             .quotas
@@ -74,6 +90,9 @@ pub async fn set(
         )
     })
 }
+
+/// The longest a follower waits to apply the change it forwarded before answering.
+const APPLY_WAIT: Duration = Duration::from_secs(5);
 
 fn audit(node: &Node, operator: &str, req: &SetQuotaRequest, outcome: &str) {
     let detail = format!(
@@ -89,25 +108,8 @@ fn audit(node: &Node, operator: &str, req: &SetQuotaRequest, outcome: &str) {
 
 /// The definition asked for, checked like a config file's.
 fn spec_of(name: String, req: &SetQuotaRequest) -> Result<QuotaSpec, ApiError> {
-    let policy = match (req.policy.as_deref().unwrap_or("strict"), req.allowance) {
-        ("strict", None | Some(0)) => QuotaPolicy::Strict,
-        ("emergency", Some(allowance)) if allowance > 0 => QuotaPolicy::Emergency { allowance },
-        ("strict", Some(_)) => {
-            return Err(ApiError::invalid(
-                "A strict quota has no allowance: drop 'allowance' or use policy 'emergency'.",
-            ))
-        }
-        ("emergency", _) => {
-            return Err(ApiError::invalid(
-                "Policy 'emergency' needs 'allowance' > 0 (requests per proxy while cut off).",
-            ))
-        }
-        (other, _) => {
-            return Err(ApiError::invalid(format!(
-                "Unknown policy '{other}': use 'strict' or 'emergency'."
-            )))
-        }
-    };
+    let policy = QuotaPolicy::from_parts(req.policy.as_deref(), req.allowance)
+        .map_err(|e| ApiError::invalid(format!("quota {name}: {e}.")))?;
     let spec = QuotaSpec {
         name,
         rate_per_s: req.rate_per_s,
