@@ -27,7 +27,7 @@ static ALLOC: heap_stats::Counting<std::alloc::System> = heap_stats::Counting(st
 
 const AFTER_HELP: &str = "\
 Client commands find the cluster through --endpoints or FENCEGATE_ENDPOINTS (comma-separated
-host:port or http(s)://host:port; default: the three nodes of `fencegate dev`).
+host:port or http://host:port, plain HTTP only; default: the three nodes of `fencegate dev`).
 
 Examples:
   fencegate dev                                   # a local 3-node cluster with proxy and UI

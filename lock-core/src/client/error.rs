@@ -19,7 +19,9 @@ pub enum Error {
     #[error("{}", lock_held_message(resource, *retry_after))]
     LockHeld {
         resource: String,
-        /// The server's hint for when the current lease ends (zero after a wait ran out).
+        /// The server's hint for when to try again: the current lease's remaining time on the
+        /// server, also after a wait ran out. Zero when the server has no estimate (e.g. the
+        /// lease is ending right now).
         retry_after: Duration,
     },
     /// The server says this lease no longer exists (expired, released or replaced).
@@ -53,8 +55,7 @@ pub enum Error {
     Http(#[from] reqwest::Error),
 }
 
-/// A zero hint means a wait ran out (the server has no better estimate): suggesting "retry
-/// after 0ns or acquire with a wait_timeout" then would be wrong on both counts.
+/// A zero hint means the server has no estimate: "retry after 0 ms" would say nothing useful.
 fn lock_held_message(resource: &str, retry_after: Duration) -> String {
     if retry_after.is_zero() {
         format!("lock '{resource}' is held by another lease")

@@ -168,7 +168,7 @@ impl LeaseGuard {
     /// this is called.
     pub async fn release(mut self) -> Result<bool, Error> {
         self.finish(LostReason::Released);
-        let until = Instant::now() + self.transport.opts.call_timeout;
+        let until = self.transport.until(self.transport.opts.call_timeout);
         let resource = &self.state.lease.resource;
         match self
             .transport
@@ -215,7 +215,7 @@ impl Drop for LeaseGuard {
         let transport = self.transport.clone();
         let state = self.state.clone();
         rt.spawn(async move {
-            let until = Instant::now() + transport.opts.request_timeout;
+            let until = transport.until(transport.opts.request_timeout);
             if let Err(e) = transport
                 .call_until::<_, ReleaseResponse>(
                     &state.lease.resource,

@@ -34,6 +34,11 @@ impl std::fmt::Debug for Client {
 
 impl Client {
     /// A client with default options. `nodes` are base URLs such as `http://127.0.0.1:7001`.
+    ///
+    /// Every URL is parsed here, and refused with [`Error::Invalid`] naming it and why: only
+    /// `http://host[:port]` with an optional trailing `/` is a node URL (no path, query,
+    /// fragment or credentials; a valid host and a port from 1 to 65535). `https://` is
+    /// refused too: the client speaks plain HTTP only (it is built without TLS).
     pub fn new<I, S>(nodes: I) -> Result<Self, Error>
     where
         I: IntoIterator<Item = S>,
@@ -42,6 +47,10 @@ impl Client {
         Self::with_options(nodes, ClientOptions::default())
     }
 
+    /// A client with options. Besides the node URLs (see [`new`](Self::new)), options that
+    /// make no sense are refused with [`Error::Invalid`]: a zero `request_timeout`,
+    /// `call_timeout`, `backoff_base` or `backoff_max`, a `backoff_max` below `backoff_base`,
+    /// a `safety_margin_ratio` that is not a number from 0 up to 0.5.
     pub fn with_options<I, S>(nodes: I, options: ClientOptions) -> Result<Self, Error>
     where
         I: IntoIterator<Item = S>,
@@ -69,8 +78,19 @@ impl Client {
     /// at once unless `opts.wait_timeout` is set, in which case the call queues (FIFO) for
     /// up to that long.
     ///
-    /// Dropping the returned future before it completes cancels the acquire on the server:
-    /// a queued wait is removed, and a grant that was made but never seen is released.
+    /// Dropping the returned future before it completes (or a failure after an attempt whose
+    /// outcome is unknown) cleans up on the server in a spawned task, best effort within
+    /// `call_timeout`: `cancel` removes a queued wait; if the server answers that the request
+    /// id is not waiting, the acquire is sent once more, try-once, with the same request id,
+    /// which returns the original grant if one was made (its answer lost, or the lock handed
+    /// over as the future was dropped), and that lease is released. If the abandoned acquire
+    /// never reached the server, this replay is a fresh try-once acquire: it may take the lock
+    /// and releases it at once (spending a fencing token). A definite refusal sends only the
+    /// cancel. Nothing is sent without a Tokio runtime; the wait timeout and the TTL bound what
+    /// is left.
+    ///
+    /// `opts.deadline` of zero is refused with [`Error::Invalid`]; huge durations (in `opts`
+    /// or the client's options) mean "no bound" and never overflow.
     pub async fn acquire(&self, resource: &str, opts: AcquireOptions) -> Result<LeaseGuard, Error> {
         acquire(&self.transport, resource, opts).await
     }
@@ -117,7 +137,7 @@ impl Client {
         body: &B,
     ) -> Result<(Instant, T), Error> {
         validate_resource(resource)?;
-        let until = Instant::now() + self.transport.opts.call_timeout;
+        let until = self.transport.until(self.transport.opts.call_timeout);
         self.transport
             .call_until(resource, action, body, until)
             .await

@@ -1,7 +1,7 @@
 //! Pure timing decisions (renewal schedule, retry backoff, request ids), testable without a
 //! clock: callers pass the random source.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rand::Rng;
 
@@ -16,7 +16,19 @@ pub const RENEW_JITTER: f64 = 0.2;
 /// the guard's local deadline.
 pub fn renew_delay<R: Rng + ?Sized>(ttl: Duration, rng: &mut R) -> Duration {
     let factor = rng.random_range((1.0 - RENEW_JITTER)..=(1.0 + RENEW_JITTER));
-    (ttl / 3).mul_f64(factor)
+    let third = ttl / 3;
+    // `mul_f64` panics past `Duration::MAX`; a TTL that long has no schedule to keep anyway.
+    Duration::try_from_secs_f64(third.as_secs_f64() * factor).unwrap_or(third)
+}
+
+/// `start + d`, or a point decades away when `d` is too long to add (options such as
+/// `Duration::MAX` mean "no bound"): deadlines never panic on overflow.
+pub(crate) fn instant_after(start: Instant, d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+    start
+        .checked_add(d)
+        .or_else(|| start.checked_add(FAR))
+        .unwrap_or(start)
 }
 
 /// Pause before retry number `attempt` (1 = the first retry): exponential from `base`,
@@ -37,4 +49,22 @@ pub fn backoff_delay<R: Rng + ?Sized>(
 /// A fresh idempotency key for one logical acquire: 128 random bits in hex.
 pub fn new_request_id() -> String {
     format!("{:032x}", rand::random::<u128>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedules_of_forever_saturate_instead_of_panicking() {
+        let now = Instant::now();
+        let far = instant_after(now, Duration::MAX);
+        assert!(far > instant_after(now, Duration::from_secs(365 * 24 * 3600)));
+        assert_eq!(
+            instant_after(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
+        let mut rng = rand::rng();
+        assert!(renew_delay(Duration::MAX, &mut rng) >= Duration::MAX / 3 / 2);
+    }
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use reqwest::header::{HeaderMap, HeaderValue};
 use tokio::sync::watch;
 
+use super::schedule::instant_after;
 use super::{Error, Lease, LostReason};
 use crate::wire::{LeaseRequest, FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER};
 
@@ -97,7 +98,9 @@ impl LeaseState {
             self.valid_tx.send_replace(false);
             return false;
         }
-        v.deadline = v.deadline.max(sent + self.ttl.saturating_sub(self.margin));
+        v.deadline = v
+            .deadline
+            .max(instant_after(sent, self.ttl.saturating_sub(self.margin)));
         drop(v);
         self.renewals.fetch_add(1, Ordering::Relaxed);
         true

@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::route::NodeRoute;
-use super::schedule::backoff_delay;
+use super::schedule::{backoff_delay, instant_after};
 use super::{error_chain, ClientOptions, Error};
 use crate::wire::{classify, ErrorBody, ErrorCode, Failure};
 
@@ -92,21 +92,11 @@ impl Transport {
         if nodes.is_empty() {
             return Err(Error::NoNodes);
         }
-        let mut clean = Vec::with_capacity(nodes.len());
-        for n in nodes {
-            let n = n.trim().trim_end_matches('/').to_string();
-            if !(n.starts_with("http://") || n.starts_with("https://")) {
-                return Err(Error::Invalid(format!(
-                    "node '{n}' must be a base URL such as http://127.0.0.1:7001"
-                )));
-            }
-            clean.push(n);
-        }
-        if opts.request_timeout.is_zero() || opts.call_timeout.is_zero() {
-            return Err(Error::Invalid(
-                "request_timeout and call_timeout must be positive".into(),
-            ));
-        }
+        let clean = nodes
+            .iter()
+            .map(|n| node_base(n))
+            .collect::<Result<Vec<_>, _>>()?;
+        opts.validate().map_err(Error::Invalid)?;
         // Pooled connections are dropped before a node's listener would close them as idle
         // (its header timeout, 10 s by default), so a call never races that close.
         let http = reqwest::Client::builder()
@@ -219,6 +209,11 @@ impl Transport {
         }
     }
 
+    /// `until` for a call that starts now and may take `budget` (saturating: "forever" is fine).
+    pub fn until(&self, budget: Duration) -> Instant {
+        instant_after(Instant::now(), budget)
+    }
+
     pub fn backoff(&self, attempt: u32) -> Duration {
         backoff_delay(
             attempt,
@@ -226,5 +221,110 @@ impl Transport {
             self.opts.backoff_max,
             &mut rand::rng(),
         )
+    }
+}
+
+/// A node's base URL, checked whole before anything is sent: a URL that cannot work (a bad
+/// host or port, a path, a query) would otherwise only show up as every call timing out.
+fn node_base(raw: &str) -> Result<String, Error> {
+    let s = raw.trim();
+    let refuse = |why: String| {
+        Err(Error::Invalid(format!(
+            "node '{s}': {why}; a node is a base URL such as http://127.0.0.1:7001"
+        )))
+    };
+    if s.get(..8)
+        .is_some_and(|p| p.eq_ignore_ascii_case("https://"))
+    {
+        return refuse(
+            "https is not supported: this client speaks plain HTTP only (it is built without \
+             TLS), so reach the nodes with http:// over a network you trust"
+                .into(),
+        );
+    }
+    if !s
+        .get(..7)
+        .is_some_and(|p| p.eq_ignore_ascii_case("http://"))
+    {
+        return refuse("it must start with http://".into());
+    }
+    let url = match reqwest::Url::parse(s) {
+        Ok(url) => url,
+        Err(e) => return refuse(format!("not a usable URL ({e})")),
+    };
+    if url.host_str().is_none_or(str::is_empty) {
+        return refuse("it has no host".into());
+    }
+    if url.port() == Some(0) {
+        return refuse("port 0 cannot be connected to".into());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return refuse(
+            "credentials in the URL are not supported (use ClientOptions::api_key)".into(),
+        );
+    }
+    if url.query().is_some() {
+        return refuse("it has a query ('?…'), which a base URL cannot have".into());
+    }
+    if url.fragment().is_some() {
+        return refuse("it has a fragment ('#…'), which a base URL cannot have".into());
+    }
+    if url.path() != "/" {
+        return refuse(format!(
+            "it has a path ('{}'); the client adds /v1/... itself",
+            url.path()
+        ));
+    }
+    Ok(url.as_str().trim_end_matches('/').to_string())
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_urls_are_parsed_whole() {
+        for (good, base) in [
+            ("http://127.0.0.1:7001", "http://127.0.0.1:7001"),
+            (" http://127.0.0.1:7001/ ", "http://127.0.0.1:7001"),
+            ("http://[::1]:7001", "http://[::1]:7001"),
+            ("http://node-1.internal:7001", "http://node-1.internal:7001"),
+        ] {
+            assert_eq!(node_base(good).expect(good), base);
+        }
+        for (bad, why) in [
+            ("http://127.0.0.1:99999", "invalid port"),
+            ("http://127.0.0.1:0", "port 0"),
+            ("http://not a host:1", "not a usable URL"),
+            ("http://127.0.0.1:22001?x=1", "query"),
+            ("http://127.0.0.1:22001/?x=1", "query"),
+            ("http://127.0.0.1:22001#top", "fragment"),
+            ("http://127.0.0.1:22001/v1", "path"),
+            ("http://user:pw@127.0.0.1:22001", "credentials"),
+            ("https://127.0.0.1:22001", "plain HTTP only"),
+            ("127.0.0.1:22001", "must start with http://"),
+            ("http://", "not a usable URL"),
+        ] {
+            match node_base(bad) {
+                Err(Error::Invalid(m)) => {
+                    assert!(m.contains(why) && m.contains(bad.trim()), "{bad}: {m}")
+                }
+                other => panic!("{bad} was accepted: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn client_options_are_checked_when_the_client_is_made() {
+        let opts = ClientOptions {
+            backoff_base: Duration::ZERO,
+            ..Default::default()
+        };
+        match Transport::new(vec!["http://127.0.0.1:7001".into()], opts) {
+            Err(Error::Invalid(m)) => assert!(m.contains("backoff_base"), "{m}"),
+            Err(e) => panic!("expected Invalid, got {e:?}"),
+            Ok(_) => panic!("a zero backoff was accepted"),
+        }
     }
 }

@@ -138,7 +138,7 @@ mod tests {
     }
 
     #[test]
-    fn a_wait_that_ran_out_does_not_suggest_retrying_after_zero() {
+    fn a_zero_hint_does_not_suggest_retrying_after_zero() {
         let e: CliError = client::Error::LockHeld {
             resource: "r".into(),
             retry_after: std::time::Duration::ZERO,

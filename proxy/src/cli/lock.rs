@@ -155,10 +155,14 @@ pub async fn lock(args: LockArgs) -> Result<std::process::ExitCode, CliError> {
             }
         }
         LockCmd::Status { resource } => {
-            let view = read_one(&Api::new(&args.client)?, &resource).await?;
+            let api = Api::new(&args.client)?;
+            let view = read_one(&api, &resource).await?;
             match format {
                 Format::Json => json_pretty(&view),
-                Format::Table => views_table(std::slice::from_ref(&view)).print(),
+                Format::Table => {
+                    let now = server_now_for(&api, &view).await?;
+                    views_table(std::slice::from_ref(&view), now).print()
+                }
             }
         }
         LockCmd::List { prefix, limit } => {
@@ -176,7 +180,7 @@ pub async fn lock(args: LockArgs) -> Result<std::process::ExitCode, CliError> {
                 .await?;
             match format {
                 Format::Json => json_pretty(&list),
-                Format::Table => views_table(&list.locks).print(),
+                Format::Table => views_table(&list.locks, Some(list.now_ms)).print(),
             }
         }
         LockCmd::Watch { resource, interval } => {
@@ -191,6 +195,22 @@ async fn read_one(api: &Api, resource: &str) -> Result<LockView, CliError> {
         .map_err(|why| CliError::usage(format!("resource '{resource}': {why}")))?;
     // Valid names need no escaping in a path.
     api.get(&format!("/v1/locks/{resource}"), &[]).await
+}
+
+/// The server's log time, for the countdown of a held lock: the view (`GET /v1/locks/{r}`)
+/// does not carry it, so it comes from a list read (also linearizable) made right after, which
+/// can only understate the time left. `None` when the lock is not held (no countdown shown).
+async fn server_now_for(api: &Api, view: &LockView) -> Result<Option<u64>, CliError> {
+    if !view.held {
+        return Ok(None);
+    }
+    let list: LockList = api
+        .get(
+            "/v1/locks",
+            &[("prefix", view.resource.clone()), ("limit", "1".into())],
+        )
+        .await?;
+    Ok(Some(list.now_ms))
 }
 
 /// Polls the linearizable read and prints each state that differs from the last one printed.
@@ -215,7 +235,9 @@ async fn watch(
                 match format {
                     Format::Json => json_line(&view),
                     Format::Table => {
-                        let table = views_table(std::slice::from_ref(&view)).render();
+                        // A failed clock read only costs the countdown of this row.
+                        let now = server_now_for(api, &view).await.ok().flatten();
+                        let table = views_table(std::slice::from_ref(&view), now).render();
                         // The header once, then one row per change.
                         let skip = usize::from(last.is_some());
                         for line in table.lines().skip(skip) {
@@ -240,12 +262,13 @@ fn print_lease(lease: &Lease, format: Format) {
     match format {
         Format::Json => json_pretty(lease),
         Format::Table => {
-            let mut t = Table::new(&["RESOURCE", "TOKEN", "TTL", "EXPIRES IN", "LEASE ID"]);
+            // A lease just granted or renewed runs for its TTL from the leader's stamp; no
+            // countdown against the local clock (see `expires_in`).
+            let mut t = Table::new(&["RESOURCE", "TOKEN", "TTL", "LEASE ID"]);
             t.row(vec![
                 lease.resource.clone(),
                 lease.fencing_token.to_string(),
                 format!("{}ms", lease.ttl_ms),
-                expires_in(Some(lease.expires_at_ms)),
                 lease.lease_id.to_string(),
             ]);
             t.print();
@@ -253,7 +276,8 @@ fn print_lease(lease: &Lease, format: Format) {
     }
 }
 
-fn views_table(views: &[LockView]) -> Table {
+/// `now_ms`: the server's log time the views were read at (see `expires_in`).
+fn views_table(views: &[LockView], now_ms: Option<u64>) -> Table {
     let mut t = Table::new(&[
         "RESOURCE",
         "HELD",
@@ -269,7 +293,7 @@ fn views_table(views: &[LockView]) -> Table {
             opt(v.holder.as_deref()),
             opt(v.fencing_token),
             if v.held {
-                expires_in(v.expires_at_ms)
+                expires_in(v.expires_at_ms, now_ms)
             } else {
                 "-".into()
             },
@@ -277,4 +301,26 @@ fn views_table(views: &[LockView]) -> Table {
         ]);
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_lease_is_not_shown_expired_when_the_server_clock_lags_ours() {
+        // After an outage the leader's log time can trail the wall clock by minutes.
+        let server_now = 1_000_000;
+        let view = LockView {
+            resource: "kv:a".into(),
+            held: true,
+            holder: None,
+            fencing_token: Some(7),
+            expires_at_ms: Some(server_now + 20_000),
+            waiters: 0,
+        };
+        let table = views_table(&[view], Some(server_now)).render();
+        assert!(table.contains("20.0s"), "{table}");
+        assert!(!table.contains("expired"), "{table}");
+    }
 }

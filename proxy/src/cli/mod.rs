@@ -29,7 +29,7 @@ pub const DEFAULT_ENDPOINTS: &str = "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:700
 #[derive(clap::Args, Clone, Debug)]
 #[command(next_help_heading = "Cluster and output")]
 pub struct ClientArgs {
-    /// Node API endpoints, comma-separated: `host:port` or `http(s)://host:port`. Any node
+    /// Node API endpoints, comma-separated: `host:port` or `http://host:port` (plain HTTP only). Any node
     /// serves any call; the next one is tried when a node is down.
     #[arg(
         long,
@@ -96,19 +96,21 @@ impl ClientArgs {
     }
 }
 
-/// Accepts `host:port`, `http://host:port` or `https://host:port` (a trailing `/` is fine) and
-/// returns the base URL. Anything else is refused here, before any request, so a typo never
-/// turns into a confusing connection error.
+/// Accepts `host:port` or `http://host:port` (a trailing `/` is fine) and returns the base
+/// URL. Anything else is refused here, before any request, so a typo never turns into a
+/// confusing connection error. `https://` is refused with its reason: the client speaks plain
+/// HTTP only (built without TLS).
 pub fn parse_endpoint(raw: &str) -> Result<String, String> {
     let s = raw.trim();
     let (scheme, rest) = if let Some(r) = s.strip_prefix("http://") {
         ("http", r)
-    } else if let Some(r) = s.strip_prefix("https://") {
-        ("https", r)
-    } else if s.contains("://") {
+    } else if s.starts_with("https://") {
         return Err(format!(
-            "'{s}': only http:// and https:// endpoints are supported"
+            "'{s}': https is not supported: fencegate's client speaks plain HTTP only (it is \
+             built without TLS); use host:port or http://host:port over a network you trust"
         ));
+    } else if s.contains("://") {
+        return Err(format!("'{s}': only http:// endpoints are supported"));
     } else {
         ("http", s)
     };
@@ -118,7 +120,7 @@ pub fn parse_endpoint(raw: &str) -> Result<String, String> {
     }
     if rest.contains('/') {
         return Err(format!(
-            "'{s}': an endpoint is host:port or http(s)://host:port, without a path"
+            "'{s}': an endpoint is host:port or http://host:port, without a path"
         ));
     }
     let Some((host, port)) = rest.rsplit_once(':') else {
@@ -132,7 +134,14 @@ pub fn parse_endpoint(raw: &str) -> Result<String, String> {
     if port.parse::<u16>().is_err() {
         return Err(format!("'{s}': '{port}' is not a port number"));
     }
-    Ok(format!("{scheme}://{rest}"))
+    let url = format!("{scheme}://{rest}");
+    // The whole URL as the HTTP client will read it: a host with spaces or other characters no
+    // host can have fails here, not as a connection error on every call.
+    match reqwest::Url::parse(&url) {
+        Ok(u) if u.query().is_none() && u.fragment().is_none() => Ok(url),
+        Ok(_) => Err(format!("'{s}': an endpoint has no query or fragment")),
+        Err(e) => Err(format!("'{s}': not a usable address ({e})")),
+    }
 }
 
 /// Durations on the command line: a number with a unit, `500ms`, `30s`, `5m` or `1h`. A unit
@@ -170,10 +179,6 @@ mod tests {
             parse_endpoint(" http://127.0.0.1:7002/ ").unwrap(),
             "http://127.0.0.1:7002"
         );
-        assert_eq!(
-            parse_endpoint("https://lock.example:443").unwrap(),
-            "https://lock.example:443"
-        );
         assert_eq!(parse_endpoint("[::1]:7001").unwrap(), "http://[::1]:7001");
     }
 
@@ -186,6 +191,9 @@ mod tests {
             ":7001",
             "ftp://h:1",
             "http://h:1/v1",
+            "https://lock.example:443",
+            "not a host:1",
+            "h:1?x=1",
             "http://",
         ] {
             assert!(parse_endpoint(bad).is_err(), "{bad:?} was accepted");

@@ -2,7 +2,6 @@
 //! columns for people.
 
 use std::io::IsTerminal;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
@@ -95,19 +94,19 @@ pub fn opt<T: ToString>(value: Option<T>) -> String {
     value.map_or_else(|| "-".to_string(), |v| v.to_string())
 }
 
-/// `expires_at_ms` (the leader's clock) as time left on ours: `12.3s`, or `expired`. Only for
-/// reading; the lease's validity is judged by the server.
-pub fn expires_in(expires_at_ms: Option<u64>) -> String {
+/// Time left of a lease by the server's own log time: `expires_at_ms − now_ms`, both stamped
+/// by the leader, as `12.3s`, or `expired`. Never against the local wall clock: after an outage
+/// the log time can lag it by minutes, and a live lease would show as expired. Without the
+/// server's `now_ms` (0, an older node) only the absolute expiry is shown. For reading only;
+/// the lease's validity is judged by the server.
+pub fn expires_in(expires_at_ms: Option<u64>, now_ms: Option<u64>) -> String {
     let Some(at) = expires_at_ms else {
         return "-".into();
     };
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    if at <= now {
-        "expired".into()
-    } else {
-        format!("{:.1}s", (at - now) as f64 / 1000.0)
+    match now_ms.filter(|&n| n > 0) {
+        None => format!("at {at} ms (log time)"),
+        Some(now) if at <= now => "expired".into(),
+        Some(now) => format!("{:.1}s", (at - now) as f64 / 1000.0),
     }
 }
 
@@ -121,5 +120,24 @@ mod tests {
         t.row(vec!["1".into(), "127.0.0.1:7001".into()]);
         t.row(vec!["12".into(), "-".into()]);
         assert_eq!(t.render(), "ID  ADDR\n1   127.0.0.1:7001\n12  -\n");
+    }
+
+    #[test]
+    fn time_left_is_counted_on_the_server_clock_not_ours() {
+        // The leader's log time lags this machine's wall clock by ten minutes (an outage):
+        // the lease still has 5 s on the server's clock.
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as u64;
+        let server_now = wall - 600_000;
+        assert_eq!(
+            expires_in(Some(server_now + 5_000), Some(server_now)),
+            "5.0s"
+        );
+        assert_eq!(expires_in(Some(server_now), Some(server_now)), "expired");
+        assert_eq!(expires_in(None, Some(server_now)), "-");
+        assert_eq!(expires_in(Some(42), None), "at 42 ms (log time)");
+        assert_eq!(expires_in(Some(42), Some(0)), "at 42 ms (log time)");
     }
 }

@@ -4,6 +4,7 @@
 
 mod leader;
 mod lease;
+mod options;
 mod retry;
 mod store;
 mod timing;

@@ -167,3 +167,55 @@ async fn t50_dropping_a_waiting_acquire_cancels_the_waiter() {
     assert_eq!(s["held"].as_bool(), Some(false), "{s}");
     c.shutdown().await;
 }
+
+/// A grant nobody saw does not hold the lock for a whole TTL: the lock is handed to a waiter
+/// whose answer is lost on the way back, and the waiter's acquire future is then dropped. The
+/// node's cancel cannot end a granted lease (only its lease id can), so the client replays the
+/// acquire with the same request id, which returns that grant, and releases it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t51_a_handed_off_grant_whose_answer_was_lost_is_released_on_drop() {
+    let c = TestCluster::start(3).await;
+    let holder = direct_client(&c);
+    let id = c.running()[0];
+    // The relay loses B's answer and hides B's hang-up from the node.
+    let relay = TcpRelay::start(&c.addrs[&id]).await;
+    let b_client = Client::new([relay.url()]).expect("client");
+
+    phase("A holds kv:unseen; B queues through a relay that will lose the node's answer");
+    let a = holder
+        .acquire("kv:unseen", AcquireOptions::new(30 * SEC))
+        .await
+        .expect("acquire");
+    relay.drop_answers_on_next(1);
+    let b = tokio::spawn(async move {
+        b_client
+            .acquire(
+                "kv:unseen",
+                AcquireOptions::new(60 * SEC)
+                    .wait_timeout(30 * SEC)
+                    .holder("b"),
+            )
+            .await
+    });
+    eventually(10 * SEC, "B is queued", async || {
+        lock_status(&c, "kv:unseen").await["waiters"] == 1
+    })
+    .await;
+
+    phase("A releases: the lock is handed to B, whose answer never arrives");
+    assert!(a.release().await.expect("release"));
+    eventually(10 * SEC, "B holds the lock", async || {
+        let s = lock_status(&c, "kv:unseen").await;
+        s["held"] == true && s["holder"] == "b"
+    })
+    .await;
+
+    phase("B's acquire future is dropped: its unseen grant is released, not kept for 60 s");
+    b.abort();
+    assert!(b.await.expect_err("aborted").is_cancelled());
+    eventually(20 * SEC, "the lock is free again", async || {
+        lock_status(&c, "kv:unseen").await["held"] == false
+    })
+    .await;
+    c.shutdown().await;
+}
