@@ -1484,7 +1484,7 @@ async fn keyboard_focus_and_a_text_selection_survive_the_refresh() {
     browser
         .focus("#locks-table tr[data-resource='kv:focus-a'] a")
         .await;
-    browser.wait_polls("/v1/locks?", 3).await;
+    browser.wait_polls("/v1/admin/locks?", 3).await;
     assert!(
         browser.still_focused().await,
         "the focus left the link when the page polled"
@@ -1500,7 +1500,7 @@ async fn keyboard_focus_and_a_text_selection_survive_the_refresh() {
             .any(|r| r.0 == "kv:focus-b")
     })
     .await;
-    browser.wait_polls("/v1/locks?", 3).await;
+    browser.wait_polls("/v1/admin/locks?", 3).await;
     let focused: (String, String) = browser
         .eval(
             "const e = document.activeElement, row = e.closest('tr');
@@ -1602,7 +1602,7 @@ async fn the_skip_link_keeps_the_view_and_the_credential_box_shows_only_where_ne
         .eval("return [location.hash, document.activeElement.id];")
         .await;
     assert_eq!((hash.as_str(), focused.as_str()), ("#locks", "main"));
-    browser.wait_polls("/v1/locks?", 2).await;
+    browser.wait_polls("/v1/admin/locks?", 2).await;
     assert!(browser.shown("#view-locks").await, "the Locks view left");
     assert!(
         !browser.shown("#view-cluster").await,
