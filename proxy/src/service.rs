@@ -269,6 +269,14 @@ fn tenant_of<'a>(req: &'a RequestHeader, header: &str) -> std::result::Result<&'
     let Some(value) = req.headers.get(header) else {
         return Ok(DEFAULT_TENANT);
     };
+    // Both copies go upstream: a store reading the other one would act for another tenant
+    // than the one this request was counted for.
+    if copies(req, header) > 1 {
+        return Err(ErrorBody::new(
+            ErrorCode::InvalidRequest,
+            format!("{header} appears more than once; send one."),
+        ));
+    }
     match value.to_str() {
         Ok(t)
             if (1..=64).contains(&t.len())
@@ -801,5 +809,35 @@ impl ProxyHttp for FenceProxy {
             .seconds
             .with_label_values(&[ctx.outcome])
             .observe(ctx.started.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(headers: &[(&str, &str)]) -> RequestHeader {
+        let mut req = RequestHeader::build("GET", b"/limited/a", None).expect("request");
+        for (name, value) in headers {
+            req.append_header(name.to_string(), *value).expect("header");
+        }
+        req
+    }
+
+    #[test]
+    fn a_request_names_one_tenant() {
+        assert_eq!(tenant_of(&request(&[]), "X-Tenant"), Ok(DEFAULT_TENANT));
+        assert_eq!(
+            tenant_of(&request(&[("X-Tenant", "acme")]), "X-Tenant"),
+            Ok("acme")
+        );
+        for twice in [
+            &[("X-Tenant", "acme"), ("X-Tenant", "other")][..],
+            &[("X-Tenant", "acme"), ("X_Tenant", "other")][..],
+        ] {
+            let refused = tenant_of(&request(twice), "X-Tenant").expect_err("two tenants");
+            assert_eq!(refused.error, ErrorCode::InvalidRequest);
+        }
+        assert!(tenant_of(&request(&[("X-Tenant", "a b")]), "X-Tenant").is_err());
     }
 }
