@@ -403,11 +403,11 @@ async fn t21_duplicate_fence_headers_are_refused() {
     h.shutdown().await;
 }
 
-/// The operators' hot-resources view counts a zombie's refused writes: the common case, a
-/// proxy refusing a token older than the grant it holds, is decided without asking the cluster
-/// and must be counted all the same.
+/// The operators' hot-resources view and audit trail show a zombie's refused writes: the
+/// common case, a proxy refusing a token older than the grant it holds, is decided without
+/// asking the cluster and must be counted all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t24_writes_a_proxy_refuses_on_its_own_show_in_the_hot_view() {
+async fn t24_writes_a_proxy_refuses_on_its_own_show_in_the_hot_view_and_the_audit() {
     let h = FenceHarness::start().await;
     let c = h.client.clone();
     let a = h.acquire("kv:zombie", "A", 30_000, 0).await;
@@ -436,6 +436,20 @@ async fn t24_writes_a_proxy_refuses_on_its_own_show_in_the_hot_view() {
         counted.is_some_and(|n| n >= 5.0),
         "kv:zombie's refusals are not counted: {hot}"
     );
+
+    phase("and each is a line of the node's audit trail, with the token");
+    let (s, tail) = h
+        .cluster
+        .get(1, "/v1/admin/audit?resource=kv:zombie&outcome=stale")
+        .await;
+    assert_eq!(s, 200, "{tail}");
+    let refused: Vec<&serde_json::Value> = tail["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|e| e["op"] == "fence" && e["token"] == a.token)
+        .collect();
+    assert_eq!(refused.len(), 5, "{tail}");
     h.shutdown().await;
 }
 

@@ -193,6 +193,25 @@ impl super::Node {
     }
 
     fn record_fence_event(&self, resource: &str, token: u64, outcome: &'static str) {
+        // A refused write is what the audit trail is for (a zombie woke up); admitted ones
+        // are every proxied write, counted in the metrics instead.
+        if outcome != "admitted" {
+            self.ops.audit.record(
+                &AuditLine {
+                    time_ms: self.wall_ms(),
+                    node_id: self.id,
+                    op: "fence",
+                    resource: Some(resource),
+                    lease_digest: None,
+                    token: Some(token),
+                    caller: None,
+                    holder: None,
+                    outcome,
+                    detail: None,
+                },
+                false,
+            );
+        }
         self.ops.hot.event(
             resource,
             Activity {
