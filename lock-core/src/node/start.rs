@@ -420,6 +420,11 @@ async fn watch_leader(node: Arc<Node>) {
                 }
             }
             _ = tick.tick() => {
+                // A founding member can lead before this task first looks (no change is seen
+                // then): a leader's log is caught up by definition, so it votes again.
+                if node.vote_hold.is_held() && node.current_leader() == Some(node.id) {
+                    node.vote_hold.release("elected leader");
+                }
                 if warned.is_none_or(|at| at.elapsed() >= LEADERLESS_WARN_EVERY)
                     && warn_if_leaderless(&node, started)
                 {

@@ -57,6 +57,15 @@ async fn cluster_health_and_metrics_endpoints() {
         assert_eq!(v["leader_id"].as_u64(), Some(leader), "{v}");
     }
 
+    phase("a brand-new cluster's members all vote once they (or their leader) caught up");
+    for node in [leader, f[0], f[1]] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sample(&metrics(&c, node).await, "fencegate_raft_vote_held", &[]) != 0.0 {
+            assert!(Instant::now() < deadline, "node {node} holds its vote");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     phase("/metrics is Prometheus text with the series operators rely on");
     let before = metrics(&c, f[0]).await;
     // Outcomes nothing has caused yet are there at 0, so the first one shows as an increase.
