@@ -486,7 +486,13 @@ impl ProxyHttp for FenceProxy {
         // writes there too: the destination must be a path of this route for the same resource,
         // or the token of one resource would write another's data.
         if let Some(dest) = req.headers.get("destination") {
-            if let Err(why) = self.check_destination(dest.as_bytes(), m.route, &m.resource) {
+            // A store may join two copies into one value (Apache does): only one is checked.
+            let checked = if copies(req, "destination") > 1 {
+                Err("Destination appears more than once; send one.".to_string())
+            } else {
+                self.check_destination(dest.as_bytes(), m.route, &m.resource)
+            };
+            if let Err(why) = checked {
                 ctx.outcome = "invalid_destination";
                 self.decide("rejected", "invalid_destination");
                 let body = json!({ "error": "invalid_destination", "message": why });

@@ -199,6 +199,15 @@ async fn t92_a_destination_outside_the_fenced_resource_is_refused() {
         assert!(reply.starts_with("HTTP/1.1 400"), "{dest}: {reply:?}");
         assert!(reply.contains("invalid_destination"), "{dest}: {reply:?}");
     }
+    phase("two Destination headers, the second one elsewhere: a store may join them");
+    let twice = format!(
+        "COPY /raw/a/f HTTP/1.1\r\nHost: t\r\nFence-Token: {}\r\nDestination: /raw/a/x\r\n\
+         Destination: /../../b/secret\r\nConnection: close\r\n\r\n",
+        lease.token
+    );
+    let reply = exchange(&h, &twice).await;
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply:?}");
+    assert!(reply.contains("invalid_destination"), "{reply:?}");
     assert!(
         heads.lock().unwrap().is_empty(),
         "a refused COPY reached the upstream"
