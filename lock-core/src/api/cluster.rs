@@ -78,23 +78,21 @@ pub(super) async fn relay_to_leader<B: Serialize>(
     let leader = node
         .current_leader()
         .ok_or_else(|| ApiError::from(crate::node::ProposeError::NoQuorum))?;
-    let addr = node
-        .member_api_addr(leader)
-        .ok_or_else(|| ApiError::from(crate::node::ProposeError::NoQuorum))?;
     let unreachable = |e: &dyn std::fmt::Display| {
         ApiError::new(
             ErrorCode::NoQuorum,
             format!("Could not reach the leader: {e}"),
         )
     };
+    let body = serde_json::to_vec(body).map_err(|e| unreachable(&e))?;
     let (status, answer) = node
-        .peers
-        .post_json(
-            &addr,
+        .call_member_api(
+            leader,
+            "POST",
             path,
-            body,
-            Duration::from_secs(30) + extra_time,
+            Some(body),
             authorization,
+            Duration::from_secs(30) + extra_time,
         )
         .await
         .map_err(|e| unreachable(&e))?;
@@ -336,7 +334,7 @@ pub(super) async fn remove(
     if !req.force {
         let mut reachable = 0;
         for id in &voters {
-            if *id == node.id || probe(node.member_api_addr(*id)).await {
+            if *id == node.id || probe(node, *id).await {
                 reachable += 1;
             }
         }
@@ -361,18 +359,13 @@ pub(super) async fn remove(
     Ok(Json(MembershipResponse { voters }).into_response())
 }
 
-/// Whether a member answers `/healthz` on its API address within `PROBE_TIMEOUT`.
-async fn probe(addr: Option<String>) -> bool {
-    let Some(addr) = addr else {
-        return false;
-    };
-    let client = reqwest::Client::new();
-    client
-        .get(format!("http://{addr}/healthz"))
-        .timeout(PROBE_TIMEOUT)
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
+/// Whether a member answers `/healthz` within `PROBE_TIMEOUT` (over the peer port).
+async fn probe(node: &Node, id: u64) -> bool {
+    let asked = node.call_member_api(id, "GET", "/healthz", None, None, PROBE_TIMEOUT);
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, asked).await,
+        Ok(Ok((200..=299, _)))
+    )
 }
 
 /// Alive unless raft has stopped on its own (a full or failing disk): such a node serves

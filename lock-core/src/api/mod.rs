@@ -29,7 +29,9 @@ use tokio::net::TcpListener;
 pub use error::ApiError;
 
 use crate::net::PeerSecret;
-use crate::node::{Node, FORWARD_PATH, PRE_VOTE_PATH, PROPOSE_BATCH_PATH, READ_INDEX_PATH};
+use crate::node::{
+    Node, FORWARD_PATH, MEMBER_API_PATH, PRE_VOTE_PATH, PROPOSE_BATCH_PATH, READ_INDEX_PATH,
+};
 use crate::wire::{ErrorCode, LEADER_ID_HEADER, NODE_ID_HEADER};
 
 /// Serves the public API of `node` on `listener` (over TLS with `tls`, see
@@ -189,6 +191,7 @@ fn peer_routes() -> Router<Arc<Node>> {
         .route(FORWARD_PATH, post(raft_rpc::forward))
         .route(PROPOSE_BATCH_PATH, post(raft_rpc::propose_batch))
         .route(READ_INDEX_PATH, post(raft_rpc::read_index))
+        .route(MEMBER_API_PATH, post(raft_rpc::member_api))
         .fallback(|| async { ApiError::not_found("No such peer endpoint.") })
         .layer(DefaultBodyLimit::disable())
 }

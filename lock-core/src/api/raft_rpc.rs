@@ -17,7 +17,9 @@ use super::ApiError;
 use crate::machine::Command;
 use crate::net::codec::{self, CodecError};
 use crate::net::FROM_HEADER;
-use crate::node::{ForwardReply, Node, PreVoteRequest};
+use crate::node::{
+    ForwardReply, MemberApiAnswer, MemberApiCall, Node, PreVoteRequest, MAX_MEMBER_API_ANSWER,
+};
 use crate::wire::ErrorCode;
 
 fn admit(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -197,4 +199,51 @@ pub async fn read_index(State(node): State<Arc<Node>>, headers: HeaderMap) -> Re
     }
     let timeout = Duration::from_millis(node.config.policy.write_timeout_ms);
     reply(&node.local_read_index(timeout).await)
+}
+
+/// A call for this node's public API from another member (a relayed operator call, a health
+/// probe): run through the public routes, so the caller's credential is checked as usual.
+pub async fn member_api(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    use tower::ServiceExt;
+    if let Err(e) = admit(&node, &headers) {
+        return e.into_response();
+    }
+    let call: MemberApiCall = match codec::decode(&body) {
+        Ok(call) => call,
+        Err(e) => return bad_body(e),
+    };
+    if !call.path.starts_with('/') {
+        return ApiError::invalid("A relayed call's path must start with '/'.").into_response();
+    }
+    let Ok(method) = axum::http::Method::from_bytes(call.method.as_bytes()) else {
+        return ApiError::invalid("A relayed call names no HTTP method.").into_response();
+    };
+    let mut request = axum::http::Request::builder()
+        .method(method)
+        .uri(&call.path)
+        .header(header::CONTENT_TYPE, "application/json");
+    if let Some(auth) = &call.authorization {
+        request = request.header(header::AUTHORIZATION, auth);
+    }
+    let request = match request.body(axum::body::Body::from(call.body)) {
+        Ok(r) => r,
+        Err(e) => return ApiError::invalid(format!("Bad relayed call: {e}.")).into_response(),
+    };
+    let Ok(answer) = super::router(node.clone()).oneshot(request).await;
+    let status = answer.status().as_u16();
+    match axum::body::to_bytes(answer.into_body(), MAX_MEMBER_API_ANSWER).await {
+        Ok(body) => reply(&MemberApiAnswer {
+            status,
+            body: body.to_vec(),
+        }),
+        Err(e) => ApiError::new(
+            ErrorCode::Internal,
+            format!("The relayed call's answer could not be read: {e}."),
+        )
+        .into_response(),
+    }
 }

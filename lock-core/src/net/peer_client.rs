@@ -143,25 +143,28 @@ impl PeerClient {
         &self.faults
     }
 
-    /// POSTs `body` as JSON to another node's public API (`http://{addr}{path}`) and returns
-    /// the status and body of its answer: used to relay an operator's call to the leader, with
-    /// the operator's own `Authorization` header.
-    pub async fn post_json<Req>(
+    /// Sends `method path` with a JSON `body` (empty: none) to another node's public API over
+    /// plain HTTP (`http://{addr}{path}`) and returns the status and body of its answer: how a
+    /// member of an earlier version, without the peer port's API relay, is reached.
+    pub async fn http_json(
         &self,
+        method: &str,
         addr: &str,
         path: &str,
-        body: &Req,
+        body: Vec<u8>,
         timeout: Duration,
         authorization: Option<&str>,
-    ) -> Result<(u16, String), reqwest::Error>
-    where
-        Req: Serialize + ?Sized,
-    {
+    ) -> Result<(u16, String), reqwest::Error> {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::GET);
         let mut request = self
             .http
-            .post(format!("http://{addr}{path}"))
-            .timeout(timeout)
-            .json(body);
+            .request(method, format!("http://{addr}{path}"))
+            .timeout(timeout);
+        if !body.is_empty() {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body);
+        }
         if let Some(auth) = authorization {
             request = request.header(reqwest::header::AUTHORIZATION, auth);
         }

@@ -341,25 +341,24 @@ async fn relay(
     body: &OperatorRequest,
     auth: &str,
 ) -> Result<HttpResponse, ApiError> {
-    let addr = node
-        .member_api_addr(leader)
-        .ok_or_else(|| ApiError::from(crate::node::ProposeError::NoQuorum))?;
+    let unreachable = |e: &dyn std::fmt::Display| {
+        ApiError::new(
+            ErrorCode::NoQuorum,
+            format!("Could not reach the leader: {e}"),
+        )
+    };
+    let body = serde_json::to_vec(body).map_err(|e| unreachable(&e))?;
     let (status, answer) = node
-        .peers
-        .post_json(
-            &addr,
+        .call_member_api(
+            leader,
+            "POST",
             path,
-            body,
-            ACTION_TIMEOUT + Duration::from_secs(5),
+            Some(body),
             Some(auth),
+            ACTION_TIMEOUT + Duration::from_secs(5),
         )
         .await
-        .map_err(|e| {
-            ApiError::new(
-                ErrorCode::NoQuorum,
-                format!("Could not reach the leader: {e}"),
-            )
-        })?;
+        .map_err(|e| unreachable(&e))?;
     if (200..300).contains(&status) {
         return match serde_json::from_str::<DrainResponse>(&answer) {
             Ok(d) => Ok(Json(d).into_response()),

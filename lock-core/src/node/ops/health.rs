@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::node::Node;
-use crate::wire::{ErrorBody, ReadyStatus};
+use crate::wire::ReadyStatus;
 
 const PROBE_EVERY: Duration = Duration::from_millis(500);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(400);
@@ -49,36 +49,24 @@ impl HealthTable {
 }
 
 pub(in crate::node) async fn run(node: Arc<Node>) {
-    let http = match reqwest::Client::builder()
-        .timeout(PROBE_TIMEOUT)
-        .connect_timeout(PROBE_TIMEOUT)
-        .build()
-    {
-        Ok(h) => h,
-        Err(e) => {
-            tracing::error!(error = %e, "health probe client");
-            return;
-        }
-    };
     let mut interval = tokio::time::interval(PROBE_EVERY);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
-        let members: Vec<(u64, String)> = {
+        let members: Vec<u64> = {
             let m = node.raft.metrics();
             let m = m.borrow();
             m.membership_config
                 .membership()
                 .nodes()
-                .filter(|(id, _)| **id != node.id)
-                .map(|(id, n)| (*id, n.api_addr.clone()))
+                .map(|(id, _)| *id)
+                .filter(|id| *id != node.id)
                 .collect()
         };
-        let probes = members.into_iter().map(|(id, addr)| {
-            let http = http.clone();
+        let probes = members.into_iter().map(|id| {
             let node = node.clone();
             async move {
-                let answer = probe(&http, &addr).await;
+                let answer = probe(&node, id).await;
                 let now = node.wall_ms();
                 node.ops.health.set(id, |p| match answer {
                     Ok((ready, leader_id)) => {
@@ -104,27 +92,19 @@ pub(in crate::node) async fn run(node: Arc<Node>) {
     }
 }
 
-/// `Ok((ready, leader))` when the member answered at all.
-async fn probe(http: &reqwest::Client, addr: &str) -> Result<(bool, Option<u64>), String> {
-    let resp = http
-        .get(format!("http://{addr}/readyz"))
-        .send()
-        .await
-        .map_err(|e| {
-            if e.is_timeout() {
-                "no answer within 400 ms".to_string()
-            } else if e.is_connect() {
-                "connection refused or unreachable".to_string()
-            } else {
-                e.to_string()
-            }
-        })?;
-    if resp.status().is_success() {
-        let ready: ReadyStatus = resp.json().await.map_err(|e| e.to_string())?;
+/// `Ok((ready, leader))` when the member answered at all (over the peer port: see
+/// `Node::call_member_api`).
+async fn probe(node: &Node, id: u64) -> Result<(bool, Option<u64>), String> {
+    let asked = node.call_member_api(id, "GET", "/readyz", None, None, PROBE_TIMEOUT);
+    let (status, body) = match tokio::time::timeout(PROBE_TIMEOUT, asked).await {
+        Err(_) => return Err(format!("no answer within {} ms", PROBE_TIMEOUT.as_millis())),
+        Ok(answer) => answer?,
+    };
+    if (200..300).contains(&status) {
+        let ready: ReadyStatus = serde_json::from_str(&body).map_err(|e| e.to_string())?;
         Ok((true, Some(ready.leader_id)))
     } else {
         // Not ready (no leader known) but alive; the body says why.
-        let _: Option<ErrorBody> = resp.json().await.ok();
         Ok((false, None))
     }
 }

@@ -409,3 +409,47 @@ async fn a_removed_member_left_running_can_be_added_back_without_an_election() {
     }
     c.shutdown().await;
 }
+
+/// A member's public API is reached over the peer port (operators' calls relayed to the
+/// leader, health probes): it works whatever the public port speaks — with TLS there, the
+/// nodes called `http://` and every relay and probe failed — and the operator's credential is
+/// checked on the member as if the call had come straight to it. Nobody without the cluster
+/// secret can use the relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_members_public_api_is_reached_over_the_peer_port() {
+    const TOKEN: &str = "relay-admin-token-0123456789";
+    let c = TestCluster::start_with_auth(3, TOKEN, lock_core::node::TenantPolicy::default()).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let follower = &c.node(c.followers(leader)[0]).node;
+    let call = |path: &'static str, auth: Option<&'static str>| async move {
+        follower
+            .call_member_api(leader, "GET", path, None, auth, Duration::from_secs(5))
+            .await
+            .expect("the leader answers over the peer port")
+    };
+
+    phase("the leader's /readyz, through the peer port");
+    let (status, body) = call("/readyz", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&format!("\"leader_id\":{leader}")), "{body}");
+
+    phase("the operator's credential is checked there");
+    assert_eq!(call("/v1/admin/overview", None).await.0, 401);
+    let bearer = format!("Bearer {TOKEN}");
+    let bearer: &'static str = Box::leak(bearer.into_boxed_str());
+    assert_eq!(call("/v1/admin/overview", Some(bearer)).await.0, 200);
+
+    phase("a caller without the cluster secret is refused on the peer port");
+    let stranger = reqwest::Client::new()
+        .post(format!(
+            "http://{}{}",
+            c.peer_addrs[&leader],
+            lock_core::node::MEMBER_API_PATH
+        ))
+        .body(vec![0u8; 8])
+        .send()
+        .await
+        .expect("the peer port answers");
+    assert_eq!(stranger.status().as_u16(), 401);
+    c.shutdown().await;
+}
