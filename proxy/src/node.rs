@@ -121,6 +121,11 @@ pub fn load(path: &Path) -> anyhow::Result<Loaded> {
 
 fn parse(text: &str) -> anyhow::Result<Loaded> {
     let file: FileConfig = toml::from_str(text)?;
+    check_listen("listen", &file.listen)?;
+    check_listen("peer_listen", &file.peer_listen)?;
+    if let Some(p) = &file.proxy {
+        check_listen("proxy.listen", &p.listen)?;
+    }
     let secret = peer_secret(&file.node)?;
     let admin_token = admin_token(&file.node)?;
     let mut members = BTreeMap::new();
@@ -279,10 +284,13 @@ fn admin_token(node: &NodeFileConfig) -> anyhow::Result<Option<String>> {
             anyhow::bail!("[node] sets both admin_token and admin_token_file; keep one")
         }
         (Some(t), None) => t.trim().to_string(),
-        (None, Some(file)) => std::fs::read_to_string(file)
-            .with_context(|| format!("read admin_token_file {}", file.display()))?
-            .trim()
-            .to_string(),
+        (None, Some(file)) => {
+            warn_if_readable_by_others("admin_token_file", file);
+            std::fs::read_to_string(file)
+                .with_context(|| format!("read admin_token_file {}", file.display()))?
+                .trim()
+                .to_string()
+        }
         (None, None) => return Ok(None),
     };
     // It is a bearer credential for every operator action: it must not be guessable.
@@ -294,11 +302,43 @@ fn admin_token(node: &NodeFileConfig) -> anyhow::Result<Option<String>> {
 }
 
 /// The peer secret from the `[node]` table, inline or from its file.
+/// A listen address must be `host:port` with a port the system can bind (it failed only at
+/// the bind, past `--check`, naming neither the key nor the file).
+fn check_listen(key: &str, addr: &str) -> anyhow::Result<()> {
+    let valid = addr
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !valid {
+        anyhow::bail!("{key} = \"{addr}\" is not host:port with a port of 0-65535");
+    }
+    Ok(())
+}
+
+/// Warns when a secret file can be read by other users than the node's.
+fn warn_if_readable_by_others(key: &str, file: &Path) {
+    #[cfg(unix)]
+    if let Ok(meta) = std::fs::metadata(file) {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode();
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                "{key} {} is readable by other users (mode {:o}); make it readable by the \
+                 service only: chmod 600",
+                file.display(),
+                mode & 0o777
+            );
+        }
+    }
+}
+
 fn peer_secret(node: &NodeFileConfig) -> anyhow::Result<PeerSecret> {
     let text = match (&node.peer_secret, &node.peer_secret_file) {
         (Some(text), None) => text.clone(),
-        (None, Some(file)) => std::fs::read_to_string(file)
-            .with_context(|| format!("read peer_secret_file {}", file.display()))?,
+        (None, Some(file)) => {
+            warn_if_readable_by_others("peer_secret_file", file);
+            std::fs::read_to_string(file)
+                .with_context(|| format!("read peer_secret_file {}", file.display()))?
+        }
         (Some(_), Some(_)) => {
             anyhow::bail!("[node] sets both peer_secret and peer_secret_file; keep one")
         }

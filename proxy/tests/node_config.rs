@@ -77,6 +77,10 @@ fn a_bad_file_exits_2_naming_what_is_wrong_with_or_without_check() {
             ),
             "node.raft.heartbeat_ms",
         ),
+        (
+            config(dir.path(), port, "").replace(&format!(":{port}\""), ":99999\""),
+            "listen = \"127.0.0.1:99999\"",
+        ),
     ];
     for (i, (body, named)) in cases.iter().enumerate() {
         let file = dir.path().join(format!("bad{i}.toml"));

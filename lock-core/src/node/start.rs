@@ -78,7 +78,7 @@ pub async fn start(
         let path = path.to_path_buf();
         move |source| NodeError::DataDir { path, source }
     };
-    std::fs::create_dir_all(&config.data_dir).map_err(in_data_dir(&config.data_dir))?;
+    create_private_dir(&config.data_dir).map_err(in_data_dir(&config.data_dir))?;
     claim_data_dir(&config.data_dir, config.id)?;
     let audit_dir = config.data_dir.join("audit");
     let audit = AuditLog::open(&audit_dir, config.audit_max_bytes, config.audit_keep)
@@ -211,6 +211,19 @@ async fn storage_at_start(
         && state.last_purged_log_id.is_none()
         && applied.is_none();
     Ok((empty, state.last_log_id.map_or(0, |id| id.index)))
+}
+
+/// Creates the data directory readable by the node's user only: its raft log holds lease ids
+/// (bearer capabilities) in the clear. A directory that exists keeps its mode.
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    if dir.exists() {
+        return Ok(());
+    }
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
 }
 
 /// The file in a data directory naming the node it belongs to.
@@ -520,6 +533,21 @@ mod tests {
     use super::*;
     use crate::net::PeerSecret;
     use crate::node::MemberAddrs;
+
+    /// A new data directory is the node user's alone; one that exists keeps its mode.
+    #[cfg(unix)]
+    #[test]
+    fn a_new_data_directory_is_readable_by_its_user_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("a/node1");
+        create_private_dir(&dir).expect("create");
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).expect("chmod");
+        create_private_dir(&dir).expect("exists");
+        assert_eq!(mode(&dir), 0o750, "an existing directory keeps its mode");
+    }
 
     fn config(id: u64) -> NodeConfig {
         let members = (1..=3)
