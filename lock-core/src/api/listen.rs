@@ -237,6 +237,15 @@ async fn serve_inner(
                     let _ = watcher.watch(conn).await;
                 }
                 Some(tls) => {
+                    let mut first = [0u8; 1];
+                    let peeked =
+                        tokio::time::timeout(header_timeout, stream.peek(&mut first)).await;
+                    if matches!(peeked, Ok(Ok(1))) && first[0].is_ascii_uppercase() {
+                        // A request line, not a TLS handshake: say so in HTTP, as nginx does,
+                        // rather than with a TLS alert a client shows as gibberish.
+                        answer_plain_http_on_tls(stream).await;
+                        return;
+                    }
                     // The handshake is part of the request head: the same deadline bounds it.
                     let Ok(Ok(stream)) =
                         tokio::time::timeout(header_timeout, tls.accept(stream)).await
@@ -253,6 +262,20 @@ async fn serve_inner(
     let _ = stopped_tx.send(true);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// Answers a plain HTTP request sent to a TLS port with a 400 that says so, and closes.
+async fn answer_plain_http_on_tls(mut stream: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let body = "{\"error\":\"plain_http_to_https_port\",\"message\":\"This port speaks HTTPS: \
+                send the request with https://.\"}";
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(answer.as_bytes()).await;
+    let _ = stream.shutdown().await;
 }
 
 /// One open connection in a gauge, from its accept until it is dropped.

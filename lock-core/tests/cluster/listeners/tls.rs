@@ -46,12 +46,10 @@ async fn public_api_serves_tls_with_the_configured_certificate() {
     let got = raw_http::exchange(tls, get_healthz(), vec![], Duration::ZERO, WAIT).await;
     assert_eq!(got.status, Some(200), "{got:?}");
 
-    // Plain HTTP on the TLS port is not served.
+    // Plain HTTP on the TLS port is not served: it is told, in HTTP, to use https.
     let plain = raw_http::send(node.addr, get_healthz(), vec![], Duration::ZERO, WAIT).await;
-    assert_eq!(
-        plain.status, None,
-        "plain HTTP answered on a TLS listener: {plain:?}"
-    );
+    assert_eq!(plain.status, Some(400), "{plain:?}");
+    assert!(plain.body.contains("plain_http_to_https_port"), "{plain:?}");
     node.shutdown().await;
 }
 
