@@ -419,7 +419,15 @@ impl Browser {
     }
 
     async fn close(mut self) {
-        let _ = self.client.close().await;
+        let _ = self.client.clone().close().await;
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+/// A test that fails before `close` must not leave its chromedriver running.
+impl Drop for Browser {
+    fn drop(&mut self) {
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
