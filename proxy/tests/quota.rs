@@ -153,12 +153,7 @@ async fn harness_of(rate_per_s: u64, burst: u64, policy: QuotaPolicy) -> FenceHa
 /// A follower's proxy under 50/s of load, once it admits.
 async fn loaded_follower(h: &FenceHarness) -> (u64, Load) {
     let leader = h.leader().await;
-    let follower = h
-        .cluster
-        .running()
-        .into_iter()
-        .find(|id| *id != leader)
-        .expect("a follower");
+    let follower = h.cluster.followers(leader)[0];
     let load = Load::start(&h.client, &[follower], "acme");
     load.offer(0, 50);
     eventually(EVENT, "the follower's proxy admits", async || {
@@ -534,12 +529,7 @@ async fn t80_quota_changes_on_a_follower_answer_the_new_definition() {
     const ADMIN: &str = "quota-admin-token-0123456789abcdef";
     let h = FenceHarness::start_with_auth(ADMIN, |_| {}).await;
     let leader = h.leader().await;
-    let follower = h
-        .cluster
-        .running()
-        .into_iter()
-        .find(|id| *id != leader)
-        .expect("a follower");
+    let follower = h.cluster.followers(leader)[0];
     let http = reqwest::Client::new();
     let url = h
         .cluster

@@ -431,11 +431,12 @@ impl QuotaLimiter {
 /// When the lessor asks next (local time), and what a rate-limited client may expect meanwhile.
 ///
 /// Each chain is renewed half a lease before it ends (`unrenewed` are the local ends of the
-/// chains without a successor; `holds_any`: the pool holds any lease). A proxy holding less than its target (or nothing) also asks
-/// every quarter lease, when capacity freed by other proxies may have come back. Never sooner
-/// than a quarter lease after this answer, though: a renewal the ledger refused (or a chain it
-/// lets lapse) is due at once again, and a pool holding nothing has nothing to renew — asking
-/// at once would flood the cluster with commands, and measure nothing new.
+/// chains without a successor; `holds_any`: the pool holds any lease). A proxy holding less
+/// than its target (or nothing) asks every quarter lease instead, when capacity freed by other
+/// proxies may have come back. Never sooner than a quarter lease after this answer, though: a
+/// renewal the ledger refused (or a chain it lets lapse) is due at once again, and a pool
+/// holding nothing has nothing to renew — asking at once would flood the cluster with
+/// commands, and measure nothing new.
 ///
 /// While short, the capacity is expected at the next request, or when the ledger said its
 /// booked leases leave capacity free (`free_at`, local), whichever is later: a client told to
@@ -451,17 +452,15 @@ fn next_request(
 ) -> (u64, Option<Expected>) {
     let every = (lease_ms / 4).max(50);
     let quarter = now.saturating_add(every);
-    let renew_at = unrenewed
-        .map(|until| until.saturating_sub(lease_ms / 2))
-        .min()
-        .unwrap_or(quarter);
     let short = rate_now < target_milli || !holds_any;
     let next = if short {
-        renew_at.min(quarter)
+        quarter
     } else {
-        renew_at
-    }
-    .max(quarter);
+        unrenewed
+            .map(|until| until.saturating_sub(lease_ms / 2))
+            .min()
+            .map_or(quarter, |renew_at| renew_at.max(quarter))
+    };
     // The request that finds the freed capacity: the first one at or after `free_at`.
     let at_ms = match free_at {
         Some(f) if f > next => next.saturating_add((f - next).div_ceil(every) * every),
