@@ -8,6 +8,9 @@
 #   etcd.sh stop DIR                        stop every member started in DIR (SIGTERM, then SIGKILL)
 #   etcd.sh stop-member DIR N               stop member N only
 #
+# With ETCD_SH_OWNER_PID set, `start` also leaves a watcher that stops the members when that
+# process is gone, so a harness killed outright (SIGKILL, no clean-up) takes them with it.
+#
 # Durability is etcd's default (WAL fsync on every commit), as for fencegate.
 set -euo pipefail
 
@@ -67,6 +70,9 @@ start)
             --log-level warn >"$dir/m$n.log" 2>&1 </dev/null &
         echo $! >"$dir/m$n.pid"
     done
+    if [ -n "${ETCD_SH_OWNER_PID:-}" ]; then
+        nohup bash "$0" watch-owner "$dir" "$ETCD_SH_OWNER_PID" >/dev/null 2>&1 </dev/null &
+    fi
     endpoints=""
     for i in 0 1 2; do
         endpoints="${endpoints:+$endpoints,}http://127.0.0.1:${cports[$i]}"
@@ -92,6 +98,16 @@ stop)
 stop-member)
     dir=${2:?DIR}
     stop_pid "$dir/m${3:?N}.pid"
+    ;;
+watch-owner)
+    # Internal (see ETCD_SH_OWNER_PID): ends by itself once every member was stopped.
+    dir=${2:?DIR}
+    owner=${3:?PID}
+    while kill -0 "$owner" 2>/dev/null; do
+        compgen -G "$dir/m[123].pid" >/dev/null || exit 0
+        sleep 1
+    done
+    for n in 1 2 3; do stop_pid "$dir/m$n.pid"; done
     ;;
 *)
     echo "usage: $0 install | start DIR C1,C2,C3 P1,P2,P3 | stop DIR | stop-member DIR N" >&2

@@ -95,6 +95,10 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let chaos_out = match &cli.cmd {
+        Cmd::Chaos(args) => chaos::out_of_run(args),
+        _ => None,
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -135,7 +139,14 @@ fn main() -> ExitCode {
             eprintln!("Error: {e:?}");
             ExitCode::FAILURE
         }
-        Ended::Stopped(why) => ExitCode::from(why.exit_code()),
+        Ended::Stopped(why) => {
+            if let Some(dir) = chaos_out {
+                if let Err(e) = chaos::check_cut_short(&dir, &why.to_string()) {
+                    eprintln!("Error: check the history of the run cut short: {e:?}");
+                }
+            }
+            ExitCode::from(why.exit_code())
+        }
     }
 }
 

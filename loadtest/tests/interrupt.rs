@@ -4,7 +4,7 @@
 //!
 //! - SIGTERM mid-run: exit 143, every process it started is gone, its temp dir is removed.
 //! - SIGINT while the chaos nemesis has a node SIGSTOPped: exit 130, the paused node is not
-//!   left behind, `history.jsonl` holds whole lines only.
+//!   left behind, `history.jsonl` holds whole lines only, and `verdict.json` checks them.
 //! - SIGKILL: nothing can clean up, but the nodes die with the harness (`PR_SET_PDEATHSIG`).
 //! - Nodes that exit at start-up fail the run at once, and their logs are kept.
 //! - `--max-total-s` cutting the measured window short: reported as such, exit 1.
@@ -185,7 +185,7 @@ fn sigterm_mid_run_stops_every_process_and_removes_the_temp_dir() {
 }
 
 #[test]
-fn sigint_while_a_node_is_paused_leaves_no_stopped_node_and_whole_history_lines() {
+fn sigint_while_a_node_is_paused_leaves_no_stopped_node_and_a_checked_history() {
     let root = tempfile::tempdir().expect("temp dir");
     let tmp = root.path().join("tmp");
     std::fs::create_dir(&tmp).expect("mkdir");
@@ -238,6 +238,21 @@ fn sigint_while_a_node_is_paused_leaves_no_stopped_node_and_whole_history_lines(
             .unwrap_or_else(|e| panic!("line {} of {lines} is not JSON ({e}): {line}", i + 1));
     }
     assert!(lines > 1, "no events recorded");
+
+    phase("verdict.json: the history so far, checked, marked as cut short");
+    let verdict: Value = serde_json::from_slice(
+        &std::fs::read(out.join("verdict.json")).expect("verdict.json of the run cut short"),
+    )
+    .expect("verdict.json is JSON");
+    assert_eq!(verdict["mode"], "cut-short", "{verdict}");
+    assert_eq!(verdict["valid"], false, "{verdict}");
+    assert_eq!(verdict["violations_total"], 0, "{verdict}");
+    let problems = verdict["problems"].to_string();
+    assert!(problems.contains("interrupted (SIGINT)"), "{problems}");
+    assert!(
+        verdict["operations"]["client_operations"].as_u64() > Some(0),
+        "{verdict}"
+    );
 }
 
 #[test]

@@ -531,6 +531,42 @@ fn run_verdict(
     verdict
 }
 
+/// The output directory of a run that may end early: `--out` of a chaos run (not of a
+/// recheck), where its history goes.
+pub fn out_of_run(args: &ChaosArgs) -> Option<PathBuf> {
+    args.recheck.is_none().then(|| args.out.clone()).flatten()
+}
+
+/// After a run was ended early (`why`): checks the history written up to then and writes
+/// `verdict.json` for it, marked by a problem as cut short (so never `valid`). The checks that
+/// need the run's end (the store's accepted-write log, the final state) had nothing to read.
+/// Does nothing when the run ended before its history began.
+pub fn check_cut_short(dir: &Path, why: &str) -> anyhow::Result<()> {
+    let path = dir.join("history.jsonl");
+    if !path.exists() {
+        return Ok(());
+    }
+    let events = history::load(&path)?;
+    let mut m = checker::model(&events);
+    m.cut_short = true;
+    let results = checker::check_all(&m);
+    let problem = format!(
+        "the run was cut short ({why}): the history up to then was checked, without the \
+         store's accepted writes and the final state read at a run's end"
+    );
+    let verdict = Verdict::new("cut-short", &m, &results, vec![problem]);
+    verdict.print(&results);
+    write_file(
+        &dir.join("verdict.json"),
+        serde_json::to_vec_pretty(&verdict)?,
+    )?;
+    eprintln!(
+        "chaos: wrote {}/verdict.json for the history written before the end",
+        dir.display()
+    );
+    Ok(())
+}
+
 /// `--recheck DIR`: the checker alone, on a recorded history.
 fn recheck(dir: &Path) -> anyhow::Result<()> {
     let events = history::load(&dir.join("history.jsonl"))?;

@@ -10,7 +10,8 @@ use super::checker::{self, CheckResult, Model, Operations};
 pub struct Verdict {
     /// No check found a violation and nothing else went wrong.
     pub valid: bool,
-    /// `fenced`, `unsafe-no-fencing`, `unsafe-no-idempotency` (or both), or `recheck`.
+    /// `fenced`, `unsafe-no-fencing`, `unsafe-no-idempotency` (or both), `recheck`, or
+    /// `cut-short` (a run ended early by a signal or a panic: its history so far).
     pub mode: &'static str,
     /// How the run was set up (absent for a recheck).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]

@@ -83,6 +83,9 @@ impl EtcdCluster {
             .arg(&cluster.dir)
             .arg(join(&ports[0..3]))
             .arg(join(&ports[3..6]))
+            // The members outlive the script; this lets them end with the harness even when
+            // it is killed outright and no `Drop` runs.
+            .env("ETCD_SH_OWNER_PID", std::process::id().to_string())
             .stdin(std::process::Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out);

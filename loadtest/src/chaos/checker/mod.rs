@@ -101,4 +101,32 @@ mod tests {
             "no final read recorded"
         );
     }
+
+    fn history_without_its_end() -> TestHistory {
+        let mut h = TestHistory::new();
+        h.acquire(1000.0, 1010.0, "w1", "kv:a", "r1", 1, 1, 1005, 2000);
+        h.write(1020.0, 1030.0, "w1", EventType::Ok, "a", 1, "v1");
+        h
+    }
+
+    fn violations(m: &Model) -> u64 {
+        check_all(m).iter().map(|r| r.violations).sum()
+    }
+
+    #[test]
+    fn a_history_missing_its_end_reads_fails_unless_the_run_was_cut_short() {
+        // A run that reached its end must have read the store's log and the final state.
+        let whole = history_without_its_end().unfinished();
+        assert!(violations(&whole) > 0);
+        // One cut short never got there: that alone is no violation.
+        assert_eq!(violations(&history_without_its_end().cut_short()), 0);
+    }
+
+    #[test]
+    fn a_run_cut_short_is_still_checked_for_what_its_history_holds() {
+        let mut h = history_without_its_end();
+        // A second lease on kv:a inside the first one's validity.
+        h.acquire(1500.0, 1510.0, "w2", "kv:a", "r2", 2, 2, 1505, 2000);
+        assert!(violations(&h.cut_short()) > 0);
+    }
 }

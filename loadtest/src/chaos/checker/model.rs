@@ -185,6 +185,9 @@ pub struct Model {
     pub final_cluster: Vec<ClusterStatus>,
     /// The quota of the rate-limited route, when the run had a quota workload.
     pub quota: Option<QuotaNote>,
+    /// The run was ended early: nothing was read at its end (the store's logs, the final
+    /// state), so the checks that need those check only the history.
+    pub cut_short: bool,
     /// Problems building the model (malformed answers): each also counts as a violation of
     /// the invariant it belongs to.
     malformed: Vec<(u8, Value)>,
@@ -236,6 +239,7 @@ pub fn model(events: &[Event]) -> Model {
         store_log,
         final_cluster,
         quota,
+        cut_short: false,
         malformed: book.malformed,
     }
 }

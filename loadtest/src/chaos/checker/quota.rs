@@ -38,7 +38,9 @@ pub fn check(m: &Model) -> CheckResult {
         .filter(|o| o.f == "limited_log" && o.is_ok())
         .find_map(|o| o.answer::<Vec<LimitedLogEntry>>())
     else {
-        r.violation(json!({ "reason": "the store's log of rate-limited requests was not recorded at the end of the run" }));
+        if !m.cut_short {
+            r.violation(json!({ "reason": "the store's log of rate-limited requests was not recorded at the end of the run" }));
+        }
         return r;
     };
     let sent: HashMap<String, f64> = m

@@ -126,6 +126,18 @@ impl TestHistory {
         self.op(t0, t1, p, "write", kind, req, resp);
     }
 
+    /// The history as recorded so far, with nothing read at its end.
+    pub fn unfinished(self) -> Model {
+        model(&self.events)
+    }
+
+    /// The history of a run ended early (nothing read at its end), as the checks see it.
+    pub fn cut_short(self) -> Model {
+        let mut m = self.unfinished();
+        m.cut_short = true;
+        m
+    }
+
     /// The history with the store's final log, as the checks see it.
     pub fn finish(mut self, store: Value) -> Model {
         self.op(
