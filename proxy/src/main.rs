@@ -1,5 +1,6 @@
 //! `fencegate`: the node, the embedded local cluster (`dev`) and the operator CLI.
 
+mod cert_dates;
 mod cli;
 mod demo;
 mod dev;

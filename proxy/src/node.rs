@@ -12,6 +12,7 @@ use lock_core::timing::RaftTiming;
 use serde::Deserialize;
 use tokio::sync::watch;
 
+use crate::cert_dates;
 use crate::signal::{shutdown_signal, stopped};
 
 #[derive(clap::Args)]
@@ -181,6 +182,7 @@ fn parse(text: &str) -> anyhow::Result<Loaded> {
         .map_err(|e| anyhow::anyhow!("node.{e}"))?;
     if let Some(tls) = &config.tls {
         listen::tls_acceptor(tls).map_err(|e| anyhow::anyhow!("node.tls: {e}"))?;
+        cert_dates::warn_about("node.tls.cert_file", &tls.cert_file);
     }
     if let Some(p) = &file.proxy {
         p.validate().map_err(anyhow::Error::msg)?;
@@ -189,6 +191,7 @@ fn parse(text: &str) -> anyhow::Result<Loaded> {
             .map_err(anyhow::Error::msg)?;
         if let Some(tls) = &p.tls {
             listen::tls_acceptor(tls).map_err(|e| anyhow::anyhow!("proxy.tls: {e}"))?;
+            cert_dates::warn_about("proxy.tls.cert_file", &tls.cert_file);
         }
     }
     Ok(Loaded {
