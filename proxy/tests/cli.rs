@@ -42,6 +42,10 @@ impl Cluster {
         let mut cmd = Command::new(FENCEGATE);
         cmd.args(args)
             .env("FENCEGATE_ENDPOINTS", &self.endpoints)
+            .env(
+                "FENCEGATE_ADMIN_TOKEN",
+                lock_core::testkit::TEST_ADMIN_TOKEN,
+            )
             // Users set this; a CLI error must still be one line, not a backtrace.
             .env("RUST_BACKTRACE", "1")
             .env_remove("RUST_LOG")

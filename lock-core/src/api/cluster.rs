@@ -13,7 +13,7 @@ use openraft::{ChangeMembers, ServerState};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::admin::check_admin_if_configured;
+use super::admin::{check_admin_if_configured, require_admin};
 use super::{parse_json, ApiError};
 use crate::node::Node;
 use crate::raft::NodeInfo;
@@ -155,13 +155,13 @@ fn voters(node: &Node) -> BTreeSet<u64> {
 /// voter. A node that cannot catch up in time (down, unreachable, too slow) is removed again
 /// and the call answers 409 `member_not_caught_up`: the voter set never gains a member that
 /// cannot vote.
-/// Needs the admin credential when the node has one.
+/// Needs the admin credential; a node without one refuses.
 pub async fn add_member(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let auth = check_admin_if_configured(&node, &headers)?;
+    let auth = Some(require_admin(&node, &headers)?);
     let req: AddMemberRequest = parse_json(&body)?;
     add(&node, req, auth).await
 }
@@ -287,13 +287,13 @@ async fn wait_caught_up(node: &Node, id: u64, limit: Duration) -> Result<(), Str
 /// that would leave fewer reachable voters than a quorum of the new voter set is refused with
 /// 409 `quorum_at_risk` unless `force` is set. Removing the leader is allowed: it commits the
 /// new configuration, steps down, and the remaining voters elect a new leader.
-/// Needs the admin credential when the node has one.
+/// Needs the admin credential; a node without one refuses.
 pub async fn remove_member(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let auth = check_admin_if_configured(&node, &headers)?;
+    let auth = Some(require_admin(&node, &headers)?);
     let req: RemoveMemberRequest = parse_json(&body)?;
     remove(&node, req, auth).await
 }

@@ -40,8 +40,7 @@ pub struct NodeConfig {
     #[serde(default)]
     pub enable_fault_injection: bool,
     /// The admin credential: operator actions (forced release, drain, snapshot, membership)
-    /// need `Authorization: Bearer <admin_token>`. Without one, the node refuses those actions
-    /// (the membership endpoints then stay open, as before there was a credential).
+    /// need `Authorization: Bearer <admin_token>`. Without one, the node refuses those actions.
     #[serde(default)]
     pub admin_token: Option<String>,
     /// Whether the public API requires API keys (`on`) or is open (`off`, the default of the

@@ -18,6 +18,9 @@ use crate::wire::{AcquireRequest, ClusterStatus};
 /// A change a test makes to every node's config, at the first start and every restart.
 type Adjust = std::sync::Arc<dyn Fn(&mut NodeConfig) + Send + Sync>;
 
+/// The admin token of a cluster started without API keys.
+pub const TEST_ADMIN_TOKEN: &str = "testkit-admin-token-0123456789";
+
 /// A real cluster in this process: real raft over real TCP sockets on 127.0.0.1 ports chosen
 /// by the OS, real fjall in temp dirs, real HTTP. Nodes are numbered from 1; a crashed node
 /// keeps its id, address and data dir so it can be restarted.
@@ -29,9 +32,11 @@ pub struct TestCluster {
     /// The cluster's peer secret.
     pub secret: PeerSecret,
     pub policy: Policy,
-    /// With API keys on (see [`start_with_auth`](Self::start_with_auth)): every node's
-    /// bootstrap admin token, which this harness's own calls carry.
+    /// Every node's admin token, which this harness's own calls carry; with API keys on (see
+    /// [`start_with_auth`](Self::start_with_auth)) also the bootstrap admin key.
     pub admin_token: Option<String>,
+    /// Whether the nodes require API keys.
+    keys_on: bool,
     /// Per-tenant bounds with keys on.
     pub tenants: TenantPolicy,
     /// What a test changes in every node's config (see [`start_adjusted`](Self::start_adjusted)).
@@ -102,7 +107,10 @@ impl TestCluster {
             peer_addrs,
             secret: PeerSecret::new(&PeerSecret::generate()).expect("secret"),
             policy,
-            admin_token,
+            keys_on: admin_token.is_some(),
+            // Operator actions and membership changes need an admin token: every cluster has
+            // one, and the harness's calls carry it.
+            admin_token: Some(admin_token.unwrap_or_else(|| TEST_ADMIN_TOKEN.to_string())),
             tenants,
             adjust,
             dir,
@@ -156,9 +164,9 @@ impl TestCluster {
         );
         c.policy = self.policy.clone();
         c.enable_fault_injection = true;
-        if let Some(token) = &self.admin_token {
+        c.admin_token = self.admin_token.clone();
+        if self.keys_on {
             c.auth = AuthMode::On;
-            c.admin_token = Some(token.clone());
             c.tenants = self.tenants.clone();
         }
         if let Some(adjust) = &self.adjust {
@@ -214,7 +222,7 @@ impl TestCluster {
             .collect()
     }
 
-    /// The request with the admin token, when keys are on.
+    /// The request with the admin token.
     fn authorized(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.admin_token {
             Some(token) => req.bearer_auth(token),

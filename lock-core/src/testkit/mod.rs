@@ -18,7 +18,7 @@ mod relay;
 mod wait;
 
 pub use api_client::ApiClient;
-pub use cluster::TestCluster;
+pub use cluster::{TestCluster, TEST_ADMIN_TOKEN};
 pub use relay::TcpRelay;
 pub use wait::{eventually, phase};
 

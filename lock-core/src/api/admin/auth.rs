@@ -23,8 +23,8 @@ pub fn require_admin<'h>(node: &Node, headers: &'h HeaderMap) -> Result<&'h str,
     check(expected, headers)
 }
 
-/// For the membership endpoints, which predate the credential: checked when the node has an
-/// admin token, open otherwise.
+/// For fault injection (only served where a test harness turned it on): checked when the node
+/// has an admin token, open otherwise.
 pub fn check_admin_if_configured<'h>(
     node: &Node,
     headers: &'h HeaderMap,

@@ -9,7 +9,7 @@ mod quotas;
 mod reads;
 
 pub use actions::{add_member, drain, force_release, remove_member, snapshot};
-pub use auth::check_admin_if_configured;
+pub use auth::{check_admin_if_configured, require_admin};
 pub use idempotency::{resolve as idempotency_resolve, unknown as idempotency_unknown};
 pub use keys::{create_key, list_keys, revoke_key};
 pub use quotas::{list as quotas, set as set_quota};

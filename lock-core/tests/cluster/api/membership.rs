@@ -453,3 +453,63 @@ async fn a_members_public_api_is_reached_over_the_peer_port() {
     assert_eq!(stranger.status().as_u16(), 401);
     c.shutdown().await;
 }
+
+/// Membership changes are operator actions: a node without an admin token refuses them, and a
+/// node with one refuses a caller without it. (They used to stay open on a node without a
+/// token, so anyone who reached the public port could remove the voters.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn membership_changes_need_the_admin_credential() {
+    let c = TestCluster::start_adjusted(3, |config| config.admin_token = None).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let follower = c.followers(leader)[0];
+    for path in [
+        "/v1/cluster/members/remove",
+        "/v1/admin/members/remove",
+        "/v1/cluster/members/add",
+    ] {
+        let (s, v) = c
+            .post(
+                leader,
+                path,
+                json!({ "node_id": follower, "operator": "t" }),
+            )
+            .await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (403, Some("forbidden")),
+            "{path}: {v}"
+        );
+        assert!(
+            v["message"].as_str().unwrap_or("").contains("admin_token"),
+            "{v}"
+        );
+    }
+    let (s, v) = c.get(leader, "/v1/cluster").await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        v["members"].as_array().map(Vec::len),
+        Some(3),
+        "nothing changed: {v}"
+    );
+    c.shutdown().await;
+
+    phase("with a token: a caller without it gets 401, with a wrong one 403");
+    let c = TestCluster::start(3).await;
+    let leader = c.wait_leader(Duration::from_secs(10)).await;
+    let url = c.url(leader, "/v1/cluster/members/remove");
+    let body = json!({ "node_id": c.followers(leader)[0] });
+    let http = reqwest::Client::new();
+    let none = http.post(&url).json(&body).send().await.expect("answer");
+    assert_eq!(none.status().as_u16(), 401);
+    let wrong = http
+        .post(&url)
+        .bearer_auth("not-the-admin-token-0000")
+        .json(&body)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(wrong.status().as_u16(), 403);
+    let (s, v) = c.get(leader, "/v1/cluster").await;
+    assert_eq!(v["members"].as_array().map(Vec::len), Some(3), "{s} {v}");
+    c.shutdown().await;
+}
