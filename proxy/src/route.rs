@@ -56,6 +56,15 @@ pub struct RouteConfig {
     /// Weight of one request of this route against its quota.
     #[serde(default = "default_cost")]
     pub cost: u64,
+    /// The hosts this route serves (`Host`, or the authority of an absolute request URI): a
+    /// name matches it on any port, `name:port` on that port only. Empty: every host. A store
+    /// that picks its target by `Host` (S3's virtual-hosted buckets, name-based virtual hosts)
+    /// needs this, or a token for one route's resource could write another host's data.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// The `Host` the upstream receives instead of the client's.
+    #[serde(default)]
+    pub upstream_host: Option<String>,
 }
 
 fn default_tenant_header() -> String {
@@ -82,6 +91,8 @@ impl RouteConfig {
             tenant: None,
             tenant_header: default_tenant_header(),
             cost: default_cost(),
+            hosts: Vec::new(),
+            upstream_host: None,
         }
     }
 }
@@ -132,6 +143,8 @@ pub enum RouteError {
          those pass unchecked unless protected_methods lists them"
     )]
     ReadMethodStandard { pattern: String, method: String },
+    #[error("route '{pattern}': '{host}' is not a host name or host:port")]
+    BadHost { pattern: String, host: String },
 }
 
 /// A piece of a compiled resource template.
@@ -152,6 +165,8 @@ pub struct Route {
     /// The resource template, split once so that matching a request allocates only the
     /// resource name itself.
     template: Vec<Piece>,
+    /// `hosts`, normalised (see [`normal_host`]).
+    hosts: Vec<String>,
 }
 
 /// The outcome of matching a path against the routes.
@@ -226,12 +241,25 @@ impl Route {
                 return Err(RouteError::MethodTwice { pattern, method });
             }
         }
+        let mut hosts = Vec::new();
+        for host in config.hosts.iter().chain(&config.upstream_host) {
+            if !valid_host(host) {
+                return Err(RouteError::BadHost {
+                    pattern: config.path.clone(),
+                    host: host.clone(),
+                });
+            }
+        }
+        for host in &config.hosts {
+            hosts.push(normal_host(host));
+        }
         Ok(Route {
             config,
             segments,
             protected,
             reads,
             template,
+            hosts,
         })
     }
 
@@ -251,6 +279,27 @@ impl Route {
         }
         let standard = HTTP_METHODS.iter().any(|m| m.eq_ignore_ascii_case(method));
         !standard && !self.is_named_read(method)
+    }
+
+    /// Whether the route serves requests for `host` (`None`: the request named none).
+    fn serves(&self, host: Option<&str>) -> bool {
+        if self.hosts.is_empty() {
+            return true;
+        }
+        let Some(host) = host.map(normal_host) else {
+            return false;
+        };
+        let name = host.rsplit_once(':').map_or(host.as_str(), |(name, port)| {
+            // A bracketed IPv6 literal without a port has colons but no port.
+            if port.bytes().all(|b| b.is_ascii_digit()) && !name.ends_with(':') {
+                name
+            } else {
+                host.as_str()
+            }
+        });
+        self.hosts
+            .iter()
+            .any(|h| *h == host || (!has_port(h) && h == name))
     }
 
     /// The resource this path maps to, if the path matches. Every request passes here: it
@@ -312,13 +361,47 @@ impl Routes {
         self.routes.get(index)
     }
 
-    /// Matches a request path (without query string).
-    pub fn find(&self, path: &str) -> Option<RouteMatch> {
+    /// Matches a request for `host` (the request's `Host`, if any) and `path` (without query
+    /// string): the first route that serves the host and matches the path.
+    pub fn find(&self, host: Option<&str>, path: &str) -> Option<RouteMatch> {
         self.routes.iter().enumerate().find_map(|(i, r)| {
+            if !r.serves(host) {
+                return None;
+            }
             r.resource_for(path)
                 .map(|resource| RouteMatch { route: i, resource })
         })
     }
+}
+
+/// A host as compared: lowercase, without a trailing dot on the name.
+fn normal_host(host: &str) -> String {
+    let lower = host.trim().to_ascii_lowercase();
+    match lower.rsplit_once(':') {
+        Some((name, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
+            format!("{}:{port}", name.strip_suffix('.').unwrap_or(name))
+        }
+        _ => lower.strip_suffix('.').unwrap_or(&lower).to_string(),
+    }
+}
+
+/// Whether a normalised host names a port.
+fn has_port(host: &str) -> bool {
+    match host.rsplit_once(':') {
+        Some((name, port)) => {
+            !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) && !name.ends_with(':')
+        }
+        None => false,
+    }
+}
+
+/// A host name, IPv4 address or bracketed IPv6 address, with an optional port.
+fn valid_host(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= 255
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b))
 }
 
 /// Refuses request paths that another component could read as a different path than the
@@ -359,16 +442,17 @@ pub fn check_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The path a `Destination` header names (WebDAV's MOVE and COPY write there): an absolute
-/// URI (`http://host/a/b`) or an absolute path (`/a/b`), checked like a request path. A query
-/// or fragment, another form, or a path [`check_path`] refuses is an error.
-pub fn destination_path(value: &[u8]) -> Result<&str, String> {
+/// The host (for an absolute URI) and path a `Destination` header names (WebDAV's MOVE and
+/// COPY write there): an absolute URI (`http://host/a/b`) or an absolute path (`/a/b`), checked
+/// like a request path. A query or fragment, another form, or a path [`check_path`] refuses is
+/// an error.
+pub fn destination(value: &[u8]) -> Result<(Option<&str>, &str), String> {
     let value = std::str::from_utf8(value)
         .ok()
         .filter(|v| v.is_ascii())
         .ok_or("the Destination header must be ASCII")?;
-    let path = if value.starts_with('/') {
-        value
+    let (host, path) = if value.starts_with('/') {
+        (None, value)
     } else {
         let lower = value.get(..8).unwrap_or(value).to_ascii_lowercase();
         let after_scheme = if lower.starts_with("http://") {
@@ -380,13 +464,16 @@ pub fn destination_path(value: &[u8]) -> Result<&str, String> {
                 "the Destination header must be an absolute URI or an absolute path".into(),
             );
         };
-        after_scheme.find('/').map_or("/", |at| &after_scheme[at..])
+        match after_scheme.find('/') {
+            Some(at) => (Some(&after_scheme[..at]), &after_scheme[at..]),
+            None => (Some(after_scheme), "/"),
+        }
     };
     if path.contains(['?', '#']) {
         return Err("the Destination header may not carry a query or a fragment".into());
     }
     check_path(path).map_err(|why| format!("Destination: {why}"))?;
-    Ok(path)
+    Ok((host, path))
 }
 
 #[cfg(test)]
@@ -401,7 +488,11 @@ mod tests {
             ("/dav/b", "/dav/b"),
             ("http://h", "/"),
         ] {
-            assert_eq!(destination_path(value.as_bytes()), Ok(path), "{value}");
+            assert_eq!(
+                destination(value.as_bytes()).map(|(_, p)| p),
+                Ok(path),
+                "{value}"
+            );
         }
         for value in [
             "http://h/dav/a/../b",
@@ -412,13 +503,77 @@ mod tests {
             "dav/b",
             "http://h/dav/b\\c",
         ] {
-            assert!(destination_path(value.as_bytes()).is_err(), "{value}");
+            assert!(destination(value.as_bytes()).is_err(), "{value}");
         }
-        assert!(destination_path("http://h/d\u{e9}".as_bytes()).is_err());
+        assert!(destination("http://h/d\u{e9}".as_bytes()).is_err());
     }
 
     fn route(path: &str, resource: &str) -> RouteConfig {
         RouteConfig::new(path, resource, "127.0.0.1:9000")
+    }
+
+    #[test]
+    fn a_route_with_hosts_serves_only_those_hosts() {
+        let with_hosts = |path: &str, resource: &str, hosts: &[&str]| {
+            let mut r = route(path, resource);
+            r.hosts = hosts.iter().map(|h| h.to_string()).collect();
+            r
+        };
+        let routes = Routes::new(vec![
+            with_hosts("/**", "bucket:photos", &["photos.s3.example"]),
+            with_hosts(
+                "/{bucket}/**",
+                "bucket:{bucket}",
+                &["s3.example:9000", "[::1]"],
+            ),
+        ])
+        .unwrap();
+        let find = |host: Option<&str>, path: &str| routes.find(host, path).map(|m| m.resource);
+        // Virtual-hosted: the bucket comes from the host, on any port, in any case.
+        for host in [
+            "photos.s3.example",
+            "PHOTOS.s3.example:443",
+            "photos.s3.example.",
+        ] {
+            assert_eq!(
+                find(Some(host), "/a/b").as_deref(),
+                Some("bucket:photos"),
+                "{host}"
+            );
+        }
+        // Path-style: only on the listed port.
+        assert_eq!(
+            find(Some("s3.example:9000"), "/docs/x").as_deref(),
+            Some("bucket:docs")
+        );
+        assert_eq!(find(Some("s3.example:9001"), "/docs/x"), None);
+        assert_eq!(find(Some("s3.example"), "/docs/x"), None);
+        assert_eq!(
+            find(Some("[::1]:8001"), "/docs/x").as_deref(),
+            Some("bucket:docs")
+        );
+        // Another host, or none, matches no route: no token of these resources covers it.
+        assert_eq!(find(Some("other.s3.example"), "/a/b"), None);
+        assert_eq!(find(None, "/a/b"), None);
+        // A route without hosts serves every host.
+        let open = Routes::new(vec![route("/kv/{key}", "kv:{key}")]).unwrap();
+        assert!(open.find(Some("anything:1"), "/kv/a").is_some());
+        assert!(open.find(None, "/kv/a").is_some());
+    }
+
+    #[test]
+    fn hosts_that_are_not_host_names_are_refused() {
+        for bad in ["", "a b", "h/x", "http://h"] {
+            let mut r = route("/kv/{key}", "kv:{key}");
+            r.hosts = vec![bad.to_string()];
+            assert!(
+                matches!(Route::compile(r), Err(RouteError::BadHost { .. })),
+                "{bad:?}"
+            );
+        }
+        let mut r = route("/kv/{key}", "kv:{key}");
+        r.upstream_host = Some("store name".into());
+        assert!(Route::compile(r).is_err());
     }
 
     #[test]
@@ -428,13 +583,16 @@ mod tests {
             route("/accounts/{id}/**", "account:{id}"),
         ])
         .unwrap();
-        assert_eq!(routes.find("/kv/a").unwrap().resource, "kv:a");
-        assert_eq!(routes.find("/kv/a/b"), None);
-        assert_eq!(routes.find("/kv/"), None);
-        let m = routes.find("/accounts/7/orders/9").unwrap();
+        assert_eq!(routes.find(None, "/kv/a").unwrap().resource, "kv:a");
+        assert_eq!(routes.find(None, "/kv/a/b"), None);
+        assert_eq!(routes.find(None, "/kv/"), None);
+        let m = routes.find(None, "/accounts/7/orders/9").unwrap();
         assert_eq!((m.route, m.resource.as_str()), (1, "account:7"));
-        assert_eq!(routes.find("/accounts/7").unwrap().resource, "account:7");
-        assert_eq!(routes.find("/other"), None);
+        assert_eq!(
+            routes.find(None, "/accounts/7").unwrap().resource,
+            "account:7"
+        );
+        assert_eq!(routes.find(None, "/other"), None);
     }
 
     #[test]
@@ -444,12 +602,15 @@ mod tests {
             route("/u/{a}/**", "{a}"),
         ])
         .unwrap();
-        assert_eq!(routes.find("/t/1/x/2").unwrap().resource, "t:2-1.end");
-        assert_eq!(routes.find("/t/1/y/2"), None);
-        assert_eq!(routes.find("/t/1/x"), None);
+        assert_eq!(routes.find(None, "/t/1/x/2").unwrap().resource, "t:2-1.end");
+        assert_eq!(routes.find(None, "/t/1/y/2"), None);
+        assert_eq!(routes.find(None, "/t/1/x"), None);
         // A captured value is copied as it is, never read as a template itself.
-        assert_eq!(routes.find("/t/{b}/x/2").unwrap().resource, "t:2-{b}.end");
-        assert_eq!(routes.find("/u/7/a/b").unwrap().resource, "7");
+        assert_eq!(
+            routes.find(None, "/t/{b}/x/2").unwrap().resource,
+            "t:2-{b}.end"
+        );
+        assert_eq!(routes.find(None, "/u/7/a/b").unwrap().resource, "7");
     }
 
     #[test]
@@ -564,7 +725,7 @@ mod fuzz {
             let routes = Routes::new(ProxyConfig::dev(String::new(), "127.0.0.1:9".into()).routes)
                 .expect("dev routes");
             let accepted = check_path(&path).is_ok();
-            let matched = routes.find(&path);
+            let matched = routes.find(None, &path);
             if accepted {
                 for seg in path.split('/').skip(1) {
                     prop_assert!(seg != "." && seg != "..");
@@ -587,8 +748,8 @@ mod fuzz {
             let config = RouteConfig::new(&template, &resource, "127.0.0.1:9");
             if let Ok(routes) = Routes::new(vec![config]) {
                 let path = String::from_utf8_lossy(&path);
-                let first = routes.find(&path).map(|m| m.resource);
-                prop_assert_eq!(first, routes.find(&path).map(|m| m.resource));
+                let first = routes.find(None, &path).map(|m| m.resource);
+                prop_assert_eq!(first, routes.find(None, &path).map(|m| m.resource));
             }
         }
     }

@@ -237,11 +237,12 @@ impl FenceProxy {
     fn check_destination(
         &self,
         value: &[u8],
+        host: Option<&str>,
         route: usize,
         resource: &str,
     ) -> std::result::Result<(), String> {
-        let path = crate::route::destination_path(value)?;
-        match self.routes.find(path) {
+        let (dest_host, path) = crate::route::destination(value)?;
+        match self.routes.find(dest_host.or(host), path) {
             Some(d) if d.route == route && d.resource == resource => Ok(()),
             Some(d) => Err(format!(
                 "The Destination is fenced as resource '{}', this request as '{resource}': a \
@@ -346,6 +347,23 @@ fn unsupported_framing(session: &Session) -> Option<(u16, &'static str, &'static
     None
 }
 
+/// The host a request is for: the authority of an absolute request URI, else its `Host`
+/// header (`None` without either). Two `Host` headers are refused: the proxy would route by
+/// one and the store might serve the other.
+fn request_host(req: &RequestHeader) -> std::result::Result<Option<&str>, String> {
+    if let Some(authority) = req.uri.authority() {
+        return Ok(Some(authority.as_str()));
+    }
+    if copies(req, "host") > 1 {
+        return Err("Host appears more than once; send one.".into());
+    }
+    match req.headers.get("host").map(|v| v.to_str()) {
+        None => Ok(None),
+        Some(Ok(host)) => Ok(Some(host)),
+        Some(Err(_)) => Err("The Host header must be ASCII.".into()),
+    }
+}
+
 /// How many headers carry `name`, counting spellings with `_` for `-`: CGI-style servers
 /// (WSGI, Rack, PHP) read `Fence_Token` and `Fence-Token` as one variable, so a second
 /// spelling is a second copy the store might read instead.
@@ -441,11 +459,21 @@ impl ProxyHttp for FenceProxy {
             respond_json(session, 400, &body).await?;
             return Ok(true);
         }
-        let Some(m) = self.routes.find(req.uri.path()) else {
+        let host = match request_host(req) {
+            Ok(host) => host,
+            Err(why) => {
+                ctx.outcome = "invalid_host";
+                let body = json!({ "error": "invalid_host", "message": why });
+                respond_json(session, 400, &body).await?;
+                return Ok(true);
+            }
+        };
+        let Some(m) = self.routes.find(host, req.uri.path()) else {
             ctx.outcome = "no_route";
             let body = json!({
                 "error": "no_route",
-                "message": "No proxy route matches this path; see the proxy's route config.",
+                "message": "No proxy route matches this host and path; see the proxy's route \
+                            config.",
             });
             respond_json(session, 404, &body).await?;
             return Ok(true);
@@ -490,7 +518,7 @@ impl ProxyHttp for FenceProxy {
             let checked = if copies(req, "destination") > 1 {
                 Err("Destination appears more than once; send one.".to_string())
             } else {
-                self.check_destination(dest.as_bytes(), m.route, &m.resource)
+                self.check_destination(dest.as_bytes(), host, m.route, &m.resource)
             };
             if let Err(why) = checked {
                 ctx.outcome = "invalid_destination";
@@ -621,8 +649,10 @@ impl ProxyHttp for FenceProxy {
         // The request goes upstream as HTTP/1.1, which requires a Host: an HTTP/1.0 client may
         // have sent none, and the store would refuse the request. Name the upstream, as nginx
         // does.
-        if !upstream_request.headers.contains_key("host") {
-            if let Some(route) = route {
+        if let Some(route) = route {
+            if let Some(host) = &route.config.upstream_host {
+                upstream_request.insert_header("host", host.as_str())?;
+            } else if !upstream_request.headers.contains_key("host") {
                 upstream_request.insert_header("host", route.config.upstream.as_str())?;
             }
         }
@@ -759,13 +789,21 @@ impl ProxyHttp for FenceProxy {
                 .upstream_errors
                 .with_label_values(&["send_deadline"])
                 .inc();
-            let body = json!({
-                "error": "upstream_timeout",
-                "message": "The request could not be sent to the upstream and answered before \
-                            its fencing grant's send-by time, so the proxy reset the upstream \
-                            connection: the upstream holds at most an incomplete request. \
-                            Retry; for large bodies or slow upstreams raise grant_ms.",
-            });
+            // Whether the client's whole request had been read (and so passed on) when the
+            // reset came: then the upstream may hold all of it, only its answer was late.
+            let message = if session.is_body_done() {
+                "The upstream did not answer before the fencing grant's send-by time, so the \
+                 proxy reset the upstream connection. The whole request had been passed on: \
+                 the upstream may have received and applied it. Check before retrying (or \
+                 retry on a route with Idempotency-Key handling); for slow upstreams raise \
+                 grant_ms."
+            } else {
+                "The request could not be sent to the upstream before its fencing grant's \
+                 send-by time, so the proxy reset the upstream connection: the upstream holds \
+                 at most an incomplete request, which it discards. Retry; for large bodies or \
+                 slow upstreams raise grant_ms."
+            };
+            let body = json!({ "error": "upstream_timeout", "message": message });
             let code = match respond_json(session, 504, &body).await {
                 Ok(()) => 504,
                 Err(_) => 0,

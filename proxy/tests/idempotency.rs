@@ -695,6 +695,14 @@ async fn t70_fenced_idempotent_route_fence_first_replay_without_admission() {
     assert_eq!((late.status, late.replayed), (200, true), "{late:?}");
     assert_eq!(late.body, a.body);
 
+    phase("B sending A's key and body with its own token is another write: 422, not A's answer");
+    let reuse = put_kv(&h, 1, "x", Some(lease_b.token), "w1", "v1").await;
+    assert_eq!(
+        (reuse.status, reuse.code(), reuse.replayed),
+        (422, "idempotency_key_mismatch", false),
+        "{reuse:?}"
+    );
+
     phase("a new write with A's stale token is refused 412, and its key is left free");
     let stale = put_kv(&h, 1, "x", Some(lease_a.token), "w2", "v2").await;
     assert_eq!(

@@ -17,7 +17,7 @@ use lock_core::machine::{
     StoredBody,
 };
 use lock_core::node::{Node, ProposeError};
-use lock_core::wire::{ErrorBody, ErrorCode};
+use lock_core::wire::{ErrorBody, ErrorCode, FENCE_TOKEN_HEADER};
 use pingora::http::ResponseHeader;
 use pingora::proxy::Session;
 use pingora::Result;
@@ -219,12 +219,24 @@ impl IdempotencyLayer {
             .headers
             .get("content-type")
             .and_then(|v| v.to_str().ok());
-        let listed = opts.fingerprint_headers.iter().map(|n| {
-            (
-                n.as_str(),
-                req.headers.get(n.as_str()).map(|v| v.as_bytes()),
-            )
-        });
+        // On a fenced write the token is part of the request: a holder with another lease
+        // sending the same key and body is not retrying this write, and must not be told it
+        // succeeded (422 instead of a replay).
+        let fenced = route
+            .is_protected(req.method.as_str())
+            .then_some(FENCE_TOKEN_HEADER)
+            .filter(|h| {
+                !opts
+                    .fingerprint_headers
+                    .iter()
+                    .any(|n| n.eq_ignore_ascii_case(h))
+            });
+        let listed = opts
+            .fingerprint_headers
+            .iter()
+            .map(String::as_str)
+            .chain(fenced)
+            .map(|n| (n, req.headers.get(n).map(|v| v.as_bytes())));
         let request = Request {
             fingerprint: fingerprint(
                 req.method.as_str(),
@@ -633,6 +645,10 @@ fn forwarded_headers(
         if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(header)) {
             headers.push((header.to_string(), tenant.as_bytes().to_vec()));
         }
+    }
+    if let Some(host) = &route.config.upstream_host {
+        headers.retain(|(n, _)| !n.eq_ignore_ascii_case("host"));
+        headers.push(("host".to_string(), host.as_bytes().to_vec()));
     }
     headers
 }

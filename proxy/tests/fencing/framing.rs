@@ -259,3 +259,61 @@ async fn t93_an_http_1_0_request_without_host_reaches_the_upstream_with_one() {
     );
     h.shutdown().await;
 }
+
+/// A store that picks its target by `Host` (S3's virtual-hosted buckets, name-based virtual
+/// hosts): routes with `hosts` serve only those hosts, so a token for one host's resource
+/// cannot write another host's data by changing the `Host` it sends; `upstream_host` replaces
+/// the client's `Host` on the way to the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t94_a_route_with_hosts_serves_only_its_hosts() {
+    let (upstream, heads) = scripted_upstream().await;
+    let h = FenceHarness::start_with(|c| {
+        let mut photos = RouteConfig::new("/raw/**", "bucket:photos", &upstream);
+        photos.hosts = vec!["photos.store.example".into()];
+        let mut docs = RouteConfig::new("/raw/**", "bucket:docs", &upstream);
+        docs.hosts = vec!["docs.store.example".into()];
+        docs.upstream_host = Some("docs.internal".into());
+        // Ahead of the harness's own routes, which serve every host.
+        c.routes.insert(0, docs);
+        c.routes.insert(0, photos);
+    })
+    .await;
+    let lease = h.acquire("bucket:docs", "hosts-1", 30_000, 0).await;
+    let put = |host: &str| {
+        format!(
+            "PUT /raw/report HTTP/1.1\r\nHost: {host}\r\nFence-Token: {}\r\nContent-Length: 2\r\n\
+             Connection: close\r\n\r\nhi",
+            lease.token
+        )
+    };
+
+    phase("the docs token, sent for the photos host: fenced as photos, refused");
+    let reply = exchange(&h, &put("photos.store.example")).await;
+    assert!(reply.starts_with("HTTP/1.1 412"), "{reply:?}");
+
+    phase("a host no route serves, and two Host headers: refused before the upstream");
+    let reply = exchange(&h, &put("other.store.example")).await;
+    assert!(reply.starts_with("HTTP/1.1 404"), "{reply:?}");
+    assert!(reply.contains("no_route"), "{reply:?}");
+    let twice = format!(
+        "PUT /raw/report HTTP/1.1\r\nHost: docs.store.example\r\nHost: photos.store.example\r\n\
+         Fence-Token: {}\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi",
+        lease.token
+    );
+    let reply = exchange(&h, &twice).await;
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply:?}");
+    assert!(
+        heads.lock().unwrap().is_empty(),
+        "a refused write reached the upstream"
+    );
+
+    phase("for its own host it is forwarded, with the route's upstream_host");
+    let reply = exchange(&h, &put("DOCS.store.example:8443")).await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
+    let seen = heads.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let head = seen[0].to_ascii_lowercase();
+    assert!(head.contains("\r\nhost: docs.internal\r\n"), "{seen:?}");
+    assert!(!head.contains("store.example"), "{seen:?}");
+    h.shutdown().await;
+}
