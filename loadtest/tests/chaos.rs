@@ -1,7 +1,7 @@
 //! The chaos harness end to end, as CI runs it: `fencegate-loadtest chaos` against
 //! three real `fencegate node` processes with every fault kind mixed in.
 //!
-//! - A fenced run must pass: all seven checks clean, exit status 0 — and it must
+//! - A fenced run must pass: every check clean, exit status 0 — and it must
 //!   have actually exercised something (operations, faults, zombie writes), or passing
 //!   would mean nothing.
 //! - The same clients with the proxies' fencing turned off (`--unsafe-no-fencing`) must be

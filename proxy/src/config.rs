@@ -198,6 +198,9 @@ impl ProxyConfig {
                 ));
             }
         }
+        // The patterns, methods and hosts, as the proxy compiles them when it starts: a route
+        // it would refuse then is refused here, before anything starts.
+        crate::route::Routes::new(self.routes.clone()).map_err(|e| e.to_string())?;
         Ok(())
     }
 

@@ -87,6 +87,10 @@ impl Connections {
             &["reason"],
         )
         .unwrap_or_else(|e| panic!("metric: {e}"));
+        // Both series exist from the start, so `increase()` sees the first close.
+        for reason in ["max_connections", "header_timeout"] {
+            closed.with_label_values(&[reason]);
+        }
         let open_gauge = IntGauge::new(
             "proxy_connections_open",
             "Client connections open on the proxy's listener",

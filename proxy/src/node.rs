@@ -104,6 +104,12 @@ struct NodeFileConfig {
     /// `election_timeout_ms`), the same on every member.
     #[serde(default)]
     raft: Option<RaftTiming>,
+    /// The audit log rotates at this size (bytes)...
+    #[serde(default)]
+    audit_max_bytes: Option<u64>,
+    /// ...keeping this many rotated files.
+    #[serde(default)]
+    audit_keep: Option<usize>,
 }
 
 /// A parsed, checked config file.
@@ -166,6 +172,15 @@ fn parse(text: &str) -> anyhow::Result<Loaded> {
         config.peer_limits = limits;
     }
     config.tls = file.node.tls;
+    if let Some(bytes) = file.node.audit_max_bytes {
+        if bytes < 4096 {
+            anyhow::bail!("node.audit_max_bytes must be at least 4096");
+        }
+        config.audit_max_bytes = bytes;
+    }
+    if let Some(keep) = file.node.audit_keep {
+        config.audit_keep = keep;
+    }
     if let Some(max) = file.node.max_queued_writes {
         if max == 0 {
             anyhow::bail!("node.max_queued_writes must be at least 1");
@@ -394,6 +409,53 @@ mod tests {
     const OPEN_NODE: &str =
         "listen = \"127.0.0.1:7001\"\npeer_listen = \"127.0.0.1:7101\"\n[node]\nid = 1\n\
          data_dir = \"/tmp/x\"\npeer_secret = \"0123456789abcdef0123\"\nauth = \"off\"\n";
+
+    #[test]
+    fn the_audit_logs_rotation_is_read_from_the_node_table() {
+        let default = parse(OPEN_NODE).expect("loads");
+        assert_eq!(
+            (default.config.audit_max_bytes, default.config.audit_keep),
+            (64 << 20, 5)
+        );
+        let set = parse(&format!(
+            "{OPEN_NODE}audit_max_bytes = 1048576\naudit_keep = 2\n"
+        ))
+        .expect("loads");
+        assert_eq!(
+            (set.config.audit_max_bytes, set.config.audit_keep),
+            (1 << 20, 2)
+        );
+        let err = format!(
+            "{:#}",
+            parse(&format!("{OPEN_NODE}audit_max_bytes = 10\n"))
+                .err()
+                .expect("refused")
+        );
+        assert!(err.contains("audit_max_bytes"), "{err}");
+    }
+
+    /// The check covers what the proxy compiles from its routes when it starts: patterns,
+    /// methods, hosts (these passed the check and then stopped the start).
+    #[test]
+    fn a_route_the_proxy_would_refuse_fails_the_check() {
+        let route = |extra: &str| {
+            format!(
+                "{OPEN_NODE}[proxy]\nlisten = \"127.0.0.1:8001\"\n[[proxy.routes]]\n\
+                 path = \"/dav/**\"\nresource = \"dav\"\nupstream = \"127.0.0.1:9000\"\n{extra}"
+            )
+        };
+        assert!(parse(&route("")).is_ok());
+        for (extra, says) in [
+            ("read_methods = [\"GET\"]\n", "read_methods"),
+            ("hosts = [\"a b\"]\n", "a b"),
+        ] {
+            let err = format!("{:#}", parse(&route(extra)).err().expect("refused"));
+            assert!(err.contains(says), "{extra}: {err}");
+        }
+        let relative = route("").replace("path = \"/dav/**\"", "path = \"dav/{x}\"");
+        let err = format!("{:#}", parse(&relative).err().expect("refused"));
+        assert!(err.contains("must start with '/'"), "{err}");
+    }
 
     #[test]
     fn a_proxy_certificate_that_cannot_be_used_stops_the_start() {

@@ -517,8 +517,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     ) -> Result<(), StorageError<u64>> {
         // Not synced: a lost or older committed id only means fewer entries are re-applied at
         // startup (raft re-learns the commit index from the leader). The flusher thread writes
-        // it, and it rides along with the next synced append, as fjall has one journal for all
-        // keyspaces; raft's core goes on to apply meanwhile.
+        // it to fjall, and it rides along with fjall's next synced write (a vote, a purge
+        // marker, a snapshot), as fjall has one journal for all keyspaces; raft's core goes on
+        // to apply meanwhile.
         let value = encode("committed log id", &committed)
             .map_err(|e| e.into_raft(StorageIOError::write))?;
         *self.committed.lock().unwrap_or_else(|e| e.into_inner()) = committed;

@@ -9,8 +9,9 @@
 //! | `log`      | log index, 8 bytes big-endian| only in data dirs of earlier versions, moved to `raft-log/` at open |
 //! | `snapshot` | `header`, `chunk/<u32 BE>`   | only in data dirs of earlier versions   |
 //!
-//! Durability: every write openraft must be able to rely on (log append, vote, purge marker,
-//! snapshot) is synced with [`PersistMode::SyncAll`] before openraft hears it is done. The lock
+//! Durability: every write openraft must be able to rely on is synced before openraft hears it
+//! is done: log appends with `sync_data` on their `raft-log/` segment file, the vote, the purge
+//! marker and a snapshot's records with fjall's [`PersistMode::SyncAll`]. The lock
 //! state machine itself lives in memory and is persisted only through snapshots; after a
 //! restart openraft re-applies the committed log entries that follow the snapshot, which is why
 //! the committed log id is stored too (unsynced: a lost one only means fewer entries are

@@ -206,7 +206,8 @@ impl SnapshotFiles {
         };
         // Readable whatever happens to the path next.
         let file = File::open(&tmp).map_err(io_err(&tmp))?;
-        // The idempotency records share the fjall journal with the log, and their writes are
+        // The idempotency records are in fjall, whose journal is synced with the vote and the
+        // purge marker, not with each record write: their writes are
         // not synced one by one: a snapshot at index S stands for every record write up to S,
         // so those must be on disk before it is current (and the log before S can go).
         self.db.db.persist(fjall::PersistMode::SyncAll)?;

@@ -5,8 +5,7 @@ use std::process::ExitCode;
 use lock_core::client;
 use lock_core::wire::{ErrorBody, ErrorCode};
 
-/// Exit codes of the client commands (`fencegate help` lists them; so does
-/// `docs/operations.md`). `lock run` exits with its command's own code when the command ran to
+/// Exit codes of the client commands (`fencegate help` lists them; so does `docs/cli.md`). `lock run` exits with its command's own code when the command ran to
 /// its end.
 pub mod exit {
     /// Anything not covered below (a refused membership change, an internal server error).
