@@ -377,7 +377,7 @@ impl LogStore {
             read_meta::<Option<LogId<u64>>>(&db, COMMITTED_KEY, "committed log id")?.flatten();
         missing_committed_entries(&wal, purged, committed, dir)?;
         let sync_seconds = SyncTimer::default();
-        Ok(LogStore {
+        let store = LogStore {
             flusher: spawn_flusher(db.clone(), wal.clone(), sync_seconds.clone()),
             sync_seconds,
             purger: spawn_purger(),
@@ -385,6 +385,41 @@ impl LogStore {
             wal,
             tail: Arc::default(),
             committed: Arc::new(Mutex::new(committed)),
+        };
+        store.vote_not_behind_the_log(purged, committed)?;
+        Ok(store)
+    }
+
+    /// Refuses a saved vote older than the log. A node saves a leader's term as its vote
+    /// before it takes entries of that term, so its vote is never behind its newest entry, its
+    /// purge point or its committed id. One that is was lost or rolled back (fjall drops a
+    /// damaged journal's end silently), and a node that went on with it could vote twice in a
+    /// term.
+    fn vote_not_behind_the_log(
+        &self,
+        purged: Option<LogId<u64>>,
+        committed: Option<LogId<u64>>,
+    ) -> Result<(), StoreError> {
+        let vote = self.read_meta::<Vote<u64>>(VOTE_KEY, "vote")?;
+        let vote_term = vote.map_or(0, |v| v.leader_id().term);
+        let newest = [self.last_entry_id()?, purged, committed]
+            .into_iter()
+            .flatten()
+            .map(|id| id.leader_id.term)
+            .max()
+            .unwrap_or(0);
+        if vote_term >= newest {
+            return Ok(());
+        }
+        Err(StoreError::Corrupt {
+            what: "raft vote",
+            detail: format!(
+                "the saved vote is for term {vote_term}, but the log holds entries of term \
+                 {newest}: the vote was lost or rolled back (a damaged or missing fjall journal \
+                 in the data directory), and this node could vote twice in a term. Delete all \
+                 of the data directory and start the node again: it rejoins from the leader's \
+                 snapshot"
+            ),
         })
     }
 

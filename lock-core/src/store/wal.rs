@@ -33,7 +33,7 @@
 //! at open, a truncation) shortens the file, so that no old record can follow new ones.
 
 use std::fs::{self, File, OpenOptions};
-use std::io;
+use std::io::{self, Write};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -758,12 +758,27 @@ fn scan(first: u64, path: PathBuf, last: bool) -> Result<Option<Segment>, StoreE
                 end = at;
             }
             Parsed::Short | Parsed::Damaged(_) if last => {
+                // A write cut short by a crash is the log's last: a whole record of a later
+                // index after it means the damage is inside the log, and cutting there would
+                // drop entries this node acknowledged.
+                if let Some((later, offset)) = record_after(&bytes[at..], index) {
+                    return Err(corrupt(
+                        &path,
+                        format!(
+                            "record {index} at byte {at} is damaged, but record {later} follows \
+                             at byte {}: the damage is inside the log, not an unfinished write \
+                             at its end",
+                            at + offset
+                        ),
+                    ));
+                }
                 tracing::warn!(
                     path = %path.display(),
                     at,
                     bytes = bytes.len() - at,
                     "cutting off an unfinished write at the end of the raft log"
                 );
+                keep_cut_tail(&path, at, &bytes[at..])?;
                 file_cut = true;
                 break;
             }
@@ -797,6 +812,49 @@ fn scan(first: u64, path: PathBuf, last: bool) -> Result<Option<Segment>, StoreE
         // Unless the records end in a spare's unused space (a cut tail is gone with the cut).
         grows: end == bytes.len(),
     }))
+}
+
+/// The first whole record after a damaged one at the start of `bytes` (which should have held
+/// record `index`): its index and offset. Runs only when a segment's last record is damaged, so
+/// it may look at every offset (runs of zeros, the unused end of a segment, are skipped).
+fn record_after(bytes: &[u8], index: u64) -> Option<(u64, usize)> {
+    let mut at = 1;
+    while at + RECORD_HEAD + RECORD_TAIL <= bytes.len() {
+        if bytes[at] == 0 && bytes[at..].iter().take(4096).all(|&b| b == 0) {
+            at += 4096;
+            continue;
+        }
+        let rest = &bytes[at..];
+        if let Some(head) = rest.first_chunk::<RECORD_HEAD>() {
+            let found = u64::from_le_bytes(head[4..12].try_into().unwrap_or([0; 8]));
+            // A later record carries a later index, not too far ahead to have been written.
+            let plausible = found > index && found - index <= bytes.len() as u64;
+            if plausible {
+                if let Parsed::Record { .. } = parse_record(rest, found) {
+                    return Some((found, at));
+                }
+            }
+        }
+        at += 1;
+    }
+    None
+}
+
+/// Before a torn tail is cut off, its bytes go to `<segment>.cut-<offset>` next to it: should
+/// the cut turn out to drop entries after all (the start's checks name them), they are still
+/// there to look at.
+fn keep_cut_tail(path: &Path, at: usize, tail: &[u8]) -> Result<(), StoreError> {
+    let end = tail.len() - tail.iter().rev().take_while(|&&b| b == 0).count();
+    if end == 0 {
+        return Ok(());
+    }
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".cut-{at}"));
+    let kept = PathBuf::from(name);
+    let mut file = File::create(&kept).map_err(io_err(&kept))?;
+    file.write_all(&tail[..end])
+        .and_then(|()| file.sync_data())
+        .map_err(io_err(&kept))
 }
 
 #[cfg(test)]
@@ -902,6 +960,47 @@ mod tests {
         f.write_all_at(b"X", len - 10).unwrap();
         let wal = Wal::open(tmp.path(), None, 1 << 20, Preallocate::No).unwrap();
         assert_eq!(read_all(&wal, 0, 100).unwrap(), records(1..12));
+    }
+
+    /// Damage in the last segment with whole records after it is inside the log (a disk
+    /// fault, not a crash): cutting there would drop acknowledged entries, so the open fails
+    /// and the file is left as it was.
+    #[test]
+    fn damage_in_the_last_segment_with_records_after_it_is_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut wal = Wal::open(tmp.path(), None, 1 << 20, Preallocate::Spares).unwrap();
+        append_in_runs(&mut wal, 1..200, 7);
+        drop(wal);
+        let file = segment_files(tmp.path()).pop().unwrap();
+        let before = fs::read(&file).unwrap();
+        let f = OpenOptions::new().write(true).open(&file).unwrap();
+        f.write_all_at(&[0xAB; 64], HEADER_LEN + 2_000).unwrap();
+        let err = Wal::open(tmp.path(), None, 1 << 20, Preallocate::Spares)
+            .err()
+            .expect("damage inside the log is reported");
+        let msg = err.to_string();
+        assert!(
+            matches!(err, StoreError::Corrupt { .. }) && msg.contains("follows"),
+            "{msg}"
+        );
+        assert_eq!(fs::metadata(&file).unwrap().len(), before.len() as u64);
+
+        // Damage to the last record alone is a torn write: cut off, its bytes kept aside.
+        f.write_all_at(&before, 0).unwrap();
+        let wal = Wal::open(tmp.path(), None, 1 << 20, Preallocate::Spares).unwrap();
+        let last = wal.last().unwrap();
+        drop(wal);
+        let end = fs::read(&file).unwrap();
+        let records_end = end.len() - end.iter().rev().take_while(|&&b| b == 0).count();
+        f.write_all_at(b"XX", records_end as u64 - 4).unwrap();
+        let wal = Wal::open(tmp.path(), None, 1 << 20, Preallocate::Spares).unwrap();
+        assert_eq!(wal.last(), Some(last - 1));
+        let kept: Vec<_> = fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.contains(".seg.cut-"))
+            .collect();
+        assert_eq!(kept.len(), 1, "{kept:?}");
     }
 
     #[test]
