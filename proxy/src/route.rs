@@ -65,6 +65,17 @@ pub struct RouteConfig {
     /// The `Host` the upstream receives instead of the client's.
     #[serde(default)]
     pub upstream_host: Option<String>,
+    /// Connect to the upstream over TLS (HTTPS), verifying its certificate.
+    #[serde(default)]
+    pub upstream_tls: bool,
+    /// PEM file of the certificate authorities the upstream's certificate must chain to
+    /// (default: the system's). Only with `upstream_tls`.
+    #[serde(default)]
+    pub upstream_ca_file: Option<std::path::PathBuf>,
+    /// The name the upstream's certificate is checked against and sent as SNI (default:
+    /// `upstream_host`, else the host part of `upstream`). Only with `upstream_tls`.
+    #[serde(default)]
+    pub upstream_sni: Option<String>,
 }
 
 fn default_tenant_header() -> String {
@@ -93,6 +104,9 @@ impl RouteConfig {
             cost: default_cost(),
             hosts: Vec::new(),
             upstream_host: None,
+            upstream_tls: false,
+            upstream_ca_file: None,
+            upstream_sni: None,
         }
     }
 }
@@ -145,6 +159,8 @@ pub enum RouteError {
     ReadMethodStandard { pattern: String, method: String },
     #[error("route '{pattern}': '{host}' is not a host name or host:port")]
     BadHost { pattern: String, host: String },
+    #[error("route '{pattern}': {why}")]
+    UpstreamTls { pattern: String, why: String },
 }
 
 /// A piece of a compiled resource template.
@@ -167,6 +183,16 @@ pub struct Route {
     template: Vec<Piece>,
     /// `hosts`, normalised (see [`normal_host`]).
     hosts: Vec<String>,
+    /// With `upstream_tls`: the name checked and sent as SNI, and the authorities from
+    /// `upstream_ca_file` (none: the system's).
+    pub tls: Option<UpstreamTls>,
+}
+
+/// How a route reaches its upstream over TLS.
+#[derive(Clone, Debug)]
+pub struct UpstreamTls {
+    pub sni: String,
+    pub ca: Option<std::sync::Arc<pingora::protocols::tls::CaType>>,
 }
 
 /// The outcome of matching a path against the routes.
@@ -253,6 +279,10 @@ impl Route {
         for host in &config.hosts {
             hosts.push(normal_host(host));
         }
+        let tls = upstream_tls(&config).map_err(|why| RouteError::UpstreamTls {
+            pattern: config.path.clone(),
+            why,
+        })?;
         Ok(Route {
             config,
             segments,
@@ -260,6 +290,7 @@ impl Route {
             reads,
             template,
             hosts,
+            tls,
         })
     }
 
@@ -371,6 +402,73 @@ impl Routes {
             r.resource_for(path)
                 .map(|resource| RouteMatch { route: i, resource })
         })
+    }
+}
+
+/// The TLS settings of a route's upstream, checked: the certificate authorities are read now,
+/// so a missing or unreadable file stops the start instead of every request.
+fn upstream_tls(config: &RouteConfig) -> Result<Option<UpstreamTls>, String> {
+    if !config.upstream_tls {
+        if config.upstream_ca_file.is_some() || config.upstream_sni.is_some() {
+            return Err("upstream_ca_file and upstream_sni need upstream_tls = true".into());
+        }
+        return Ok(None);
+    }
+    if config.idempotency != IdempotencyMode::Off {
+        return Err(
+            "upstream_tls is not supported on routes with idempotency handling (they forward \
+             with their own plain-HTTP client)"
+                .into(),
+        );
+    }
+    let sni = match (&config.upstream_sni, &config.upstream_host) {
+        (Some(sni), _) => sni.clone(),
+        (None, Some(host)) => host_name(host).to_string(),
+        (None, None) => host_name(&config.upstream).to_string(),
+    };
+    if !valid_host(&sni) || sni.contains(':') && !sni.starts_with('[') {
+        return Err(format!("upstream_sni '{sni}' is not a host name"));
+    }
+    let ca = match &config.upstream_ca_file {
+        None => None,
+        Some(file) => {
+            let pem = std::fs::read(file)
+                .map_err(|e| format!("upstream_ca_file {}: {e}", file.display()))?;
+            let mut certs = Vec::new();
+            for block in x509_parser::pem::Pem::iter_from_buffer(&pem) {
+                let block =
+                    block.map_err(|e| format!("upstream_ca_file {}: {e}", file.display()))?;
+                if block.label != "CERTIFICATE" {
+                    continue;
+                }
+                // Parsed here: pingora's own parse of a stored certificate panics on bad DER.
+                if let Err(e) = block.parse_x509() {
+                    return Err(format!("upstream_ca_file {}: {e}", file.display()));
+                }
+                certs.push(pingora::utils::tls::WrappedX509::new(
+                    block.contents,
+                    pingora::utils::tls::parse_x509,
+                ));
+            }
+            if certs.is_empty() {
+                return Err(format!(
+                    "upstream_ca_file {} holds no PEM certificate",
+                    file.display()
+                ));
+            }
+            Some(std::sync::Arc::from(certs.into_boxed_slice()))
+        }
+    };
+    Ok(Some(UpstreamTls { sni, ca }))
+}
+
+/// The host part of `host:port` (a bracketed IPv6 address keeps its brackets).
+fn host_name(addr: &str) -> &str {
+    match addr.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !name.ends_with(':') => {
+            name
+        }
+        _ => addr,
     }
 }
 
@@ -574,6 +672,53 @@ mod tests {
         let mut r = route("/kv/{key}", "kv:{key}");
         r.upstream_host = Some("store name".into());
         assert!(Route::compile(r).is_err());
+    }
+
+    #[test]
+    fn upstream_tls_settings_are_checked_when_the_route_compiles() {
+        let tls = |f: &dyn Fn(&mut RouteConfig)| {
+            let mut r = route("/kv/{key}", "kv:{key}");
+            r.upstream = "store.example:443".into();
+            r.upstream_tls = true;
+            f(&mut r);
+            Route::compile(r)
+        };
+        let sni = |r: Result<Route, RouteError>| r.expect("compiles").tls.expect("tls").sni;
+        assert_eq!(sni(tls(&|_| {})), "store.example");
+        assert_eq!(
+            sni(tls(
+                &|r| r.upstream_host = Some("bucket.store.example".into())
+            )),
+            "bucket.store.example"
+        );
+        let dir = tempfile::tempdir().expect("dir");
+        let missing = dir.path().join("missing.pem");
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "no certificate here").expect("write");
+        for (bad, says) in [
+            (
+                tls(&|r| r.upstream_ca_file = Some(missing.clone())),
+                "missing.pem",
+            ),
+            (
+                tls(&|r| r.upstream_ca_file = Some(empty.clone())),
+                "no PEM certificate",
+            ),
+            (
+                tls(&|r| r.idempotency = IdempotencyMode::Required),
+                "idempotency",
+            ),
+            (
+                tls(&|r| {
+                    r.upstream_tls = false;
+                    r.upstream_sni = Some("x".into());
+                }),
+                "need upstream_tls",
+            ),
+        ] {
+            let err = bad.expect_err("refused").to_string();
+            assert!(err.contains(says), "{err}");
+        }
     }
 
     #[test]

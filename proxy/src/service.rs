@@ -626,7 +626,14 @@ impl ProxyHttp for FenceProxy {
             }
             None => timeout,
         };
-        let mut peer = HttpPeer::new(route.config.upstream.as_str(), false, String::new());
+        let mut peer = match &route.tls {
+            Some(tls) => {
+                let mut peer = HttpPeer::new(route.config.upstream.as_str(), true, tls.sni.clone());
+                peer.options.ca = tls.ca.clone();
+                peer
+            }
+            None => HttpPeer::new(route.config.upstream.as_str(), false, String::new()),
+        };
         // The epoch barrier's guarantee is stated in terms of these bounds (docs/fencing.md).
         peer.options.connection_timeout = Some(send_timeout);
         peer.options.total_connection_timeout = Some(send_timeout);
@@ -815,6 +822,16 @@ impl ProxyHttp for FenceProxy {
         }
         let (status, code, kind) = match e.etype() {
             ErrorType::ConnectTimedout | ErrorType::ConnectRefused | ErrorType::ConnectError => {
+                (502, "upstream_unavailable", "connect")
+            }
+            // A TLS handshake with the upstream that failed (its certificate not trusted or
+            // not for the route's name) is a connection never made: nothing was sent.
+            ErrorType::TLSHandshakeFailure
+            | ErrorType::TLSHandshakeTimedout
+            | ErrorType::InvalidCert
+            | ErrorType::HandshakeError
+                if e.esource() == &ErrorSource::Upstream =>
+            {
                 (502, "upstream_unavailable", "connect")
             }
             ErrorType::ReadTimedout | ErrorType::WriteTimedout => {

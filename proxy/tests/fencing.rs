@@ -12,6 +12,8 @@ mod common;
 mod framing;
 #[path = "fencing/send_deadline.rs"]
 mod send_deadline;
+#[path = "fencing/upstream_tls.rs"]
+mod upstream_tls;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -145,9 +145,15 @@ fn spawn_flusher(
                     committed.write_if_due();
                 }
                 for callback in waiting {
-                    let result = match &synced {
-                        Ok(()) => Ok(()),
-                        Err(e) => Err(io::Error::other(format!("log fsync failed: {e}"))),
+                    let result = match (&synced, &committed.failed) {
+                        (Err(e), _) => Err(io::Error::other(format!("log fsync failed: {e}"))),
+                        // The database holding the vote cannot be written any more (fjall
+                        // stops taking writes after one failed): raft must stop now, not at
+                        // its next vote or snapshot, while the node looks healthy meanwhile.
+                        (Ok(()), Some(e)) => Err(io::Error::other(format!(
+                            "the node's database cannot be written: {e}"
+                        ))),
+                        (Ok(()), None) => Ok(()),
                     };
                     callback.log_io_completed(result);
                 }
@@ -169,6 +175,8 @@ struct CommittedWriter {
     pending: Option<Vec<u8>>,
     last_write: Option<Instant>,
     writes: u32,
+    /// Why the database refused a write, once it did.
+    failed: Option<String>,
 }
 
 impl CommittedWriter {
@@ -178,6 +186,7 @@ impl CommittedWriter {
             pending: None,
             last_write: None,
             writes: 0,
+            failed: None,
         }
     }
 
@@ -197,8 +206,8 @@ impl CommittedWriter {
     }
 
     /// Writes the pending id, unsynced: the next synced write to the database (a vote, a purge
-    /// marker, a snapshot) carries it. A failure here poisons the database, and that next
-    /// write reports it.
+    /// marker, a snapshot) carries it. A failure here poisons the database: it is kept in
+    /// `failed`, and the appends synced after it are answered with it, which stops raft.
     fn write(&mut self) {
         let Some(value) = self.pending.take() else {
             return;
@@ -207,7 +216,10 @@ impl CommittedWriter {
         let mut batch = self.db.db.batch().durability(None);
         batch.insert(&self.db.meta, COMMITTED_KEY, value);
         if let Err(e) = batch.commit() {
-            tracing::error!(error = %e, "could not write the committed log id");
+            if self.failed.is_none() {
+                tracing::error!(error = %e, "could not write the committed log id");
+            }
+            self.failed = Some(e.to_string());
             return;
         }
         self.writes += 1;
@@ -654,6 +666,9 @@ mod tests {
         }
         let purged = encode("purged", &blank(5).log_id).expect("encode");
         batch.insert(&db.meta, PURGED_KEY, purged);
+        // The vote of the term that wrote the entries, as raft saved it before them.
+        let vote = encode("vote", &Vote::new_committed(3, 1)).expect("encode");
+        batch.insert(&db.meta, VOTE_KEY, vote);
         batch.commit().expect("write");
         tmp
     }
@@ -681,6 +696,11 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let db = Arc::new(Db::open(tmp.path()).expect("open"));
         let mut store = LogStore::open(db, tmp.path()).expect("log store");
+        // Raft saves a term's vote before it takes entries of that term.
+        store
+            .save_vote(&Vote::new_committed(3, 1))
+            .await
+            .expect("vote");
         let mut reader = store.get_log_reader().await;
         let all: Vec<_> = (1..=10).map(|i| in_term(2, i)).collect();
         store.blocking_append(all.clone()).await.expect("append");
@@ -736,6 +756,65 @@ mod tests {
         assert_eq!(timed.get_sample_count(), 3);
         assert!(timed.get_sample_sum() > 0.0);
         assert_eq!(ignored.get_sample_count(), 0);
+    }
+
+    /// The database (the vote, the committed id) on a disk that fills up while the log's own
+    /// file still has room: the first write the database refuses fails the appends after it,
+    /// which stops raft at once. (It went on leading, and answering its health checks, until
+    /// its next vote or snapshot.) Needs root to mount a small tmpfs; elsewhere it says so.
+    #[tokio::test]
+    async fn appends_fail_once_the_database_refused_a_write() {
+        use openraft::storage::RaftLogStorageExt;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let db_dir = tmp.path().join("db");
+        fs::create_dir_all(&db_dir).expect("mkdir");
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+            .arg(&db_dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!("skipped: mounting a tmpfs needs root");
+            return;
+        }
+        struct Unmount(PathBuf);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount")
+                    .arg("-l")
+                    .arg(&self.0)
+                    .status();
+            }
+        }
+        let _unmount = Unmount(db_dir.clone());
+        let db = Arc::new(Db::open(&db_dir).expect("open"));
+        let mut store = LogStore::open(db, &tmp.path().join("log")).expect("log store");
+        store
+            .save_vote(&Vote::new_committed(3, 1))
+            .await
+            .expect("vote");
+        store.blocking_append([blank(1)]).await.expect("append");
+
+        // Fill the database's file system.
+        let mut filler = fs::File::create(db_dir.join("filler")).expect("filler");
+        while std::io::Write::write_all(&mut filler, &[0xA5; 64 * 1024]).is_ok() {}
+        let _ = filler.sync_all();
+
+        let mut refused = None;
+        for index in 2..=400 {
+            store
+                .save_committed(Some(blank(index - 1).log_id))
+                .await
+                .expect("save");
+            if let Err(e) = store.blocking_append([blank(index)]).await {
+                refused = Some(e.to_string());
+                break;
+            }
+            tokio::time::sleep(COMMITTED_EVERY / 4).await;
+        }
+        let refused = refused.expect("appends went on with a database that refuses writes");
+        assert!(refused.contains("database cannot be written"), "{refused}");
     }
 
     /// Committed ids saved faster than they are written: the newest one reaches the disk once

@@ -128,6 +128,12 @@ impl SnapshotFiles {
     pub(super) fn open(data_dir: &Path, db: Arc<Db>) -> Result<Self, StoreError> {
         let dir = data_dir.join(DIR);
         fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        // A directory the node cannot write would stop it at its first snapshot, perhaps hours
+        // later: find out now.
+        let probe = dir.join(format!("probe.{TMP}"));
+        fs::write(&probe, b"")
+            .and_then(|()| fs::remove_file(&probe))
+            .map_err(io_err(&probe))?;
         let mut newest: Option<(u64, PathBuf)> = None;
         for item in fs::read_dir(&dir).map_err(io_err(&dir))? {
             let path = item.map_err(io_err(&dir))?.path();

@@ -31,16 +31,24 @@ async fn scripted_upstream() -> (String, Arc<Mutex<Vec<String>>>) {
     (addr, heads)
 }
 
-async fn answer(mut conn: TcpStream, heads: Arc<Mutex<Vec<String>>>) {
+/// Reads a request head byte by byte (nothing of the body): `None` if the connection ends
+/// first.
+pub(crate) async fn read_head(conn: &mut (impl AsyncReadExt + Unpin)) -> Option<String> {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         match conn.read(&mut byte).await {
             Ok(1) => head.push(byte[0]),
-            _ => return,
+            _ => return None,
         }
     }
-    let head = String::from_utf8_lossy(&head).into_owned();
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
+async fn answer(mut conn: TcpStream, heads: Arc<Mutex<Vec<String>>>) {
+    let Some(head) = read_head(&mut conn).await else {
+        return;
+    };
     let path = head.split(' ').nth(1).unwrap_or("").to_string();
     heads.lock().unwrap().push(head);
     let reply: &[u8] = match path.as_str() {

@@ -88,6 +88,10 @@ struct Writer {
     written_back: u64,
     max_bytes: u64,
     keep: usize,
+    /// Lines lost since the last error logged, and when that was: a disk that refuses every
+    /// write is reported once a minute, not once per call.
+    failed: u64,
+    failure_logged: Option<std::time::Instant>,
 }
 
 impl AuditLog {
@@ -105,6 +109,8 @@ impl AuditLog {
                 written_back: size,
                 max_bytes: max_bytes.max(1),
                 keep,
+                failed: 0,
+                failure_logged: None,
             })),
             recent: Mutex::new(VecDeque::new()),
         })
@@ -133,8 +139,23 @@ impl AuditLog {
         {
             let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(w) = w.as_mut() {
-                if let Err(e) = w.write(&line, sync) {
-                    tracing::error!(error = %e, "audit log write failed");
+                match w.write(&line, sync) {
+                    Err(e) => {
+                        w.failed += 1;
+                        let quiet = w
+                            .failure_logged
+                            .is_some_and(|at| at.elapsed() < std::time::Duration::from_secs(60));
+                        if !quiet {
+                            tracing::error!(error = %e, lines_lost = w.failed, "audit log write failed (reported at most once a minute)");
+                            w.failure_logged = Some(std::time::Instant::now());
+                        }
+                    }
+                    Ok(()) if w.failure_logged.is_some() => {
+                        tracing::warn!(lines_lost = w.failed, "audit log writes work again");
+                        w.failed = 0;
+                        w.failure_logged = None;
+                    }
+                    Ok(()) => {}
                 }
             }
         }
