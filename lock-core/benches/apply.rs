@@ -1,4 +1,4 @@
-//! Throughput of the pure lock state machine at the SPEC §2 workload sizes (100k resources,
+//! Throughput of the pure lock state machine at the seed workload's sizes (100k resources,
 //! 20k active leases, dedup records for the retry window).
 //!
 //! `apply` is what every replica runs for every committed entry, so it bounds the commit rate
@@ -174,7 +174,7 @@ fn bench_renew(c: &mut Criterion) {
     g.finish();
 }
 
-/// Snapshot build and install of the SPEC §2 state: 100k resource records of which 20k are
+/// Snapshot build and install of the seed workload's state: 100k resource records of which 20k are
 /// held, and 100k dedup records (one per acquire in the retry window). Throughput counts
 /// records (resources + dedup entries).
 fn bench_image(c: &mut Criterion) {

@@ -663,10 +663,15 @@ impl ProxyHttp for FenceProxy {
                 upstream_request.insert_header("host", route.config.upstream.as_str())?;
             }
         }
+        // An API key is for this cluster, never for the store, whatever the route.
+        let key_in_authorization = !upstream_request.headers.contains_key(tenant::KEY_HEADER);
+        upstream_request.remove_header(tenant::KEY_HEADER);
         let (Some(tenant), Some(route)) = (&ctx.key_tenant, route) else {
             return Ok(());
         };
-        upstream_request.remove_header("authorization");
+        if key_in_authorization {
+            upstream_request.remove_header("authorization");
+        }
         for name in route.config.tenant_headers() {
             upstream_request.insert_header(name.to_string(), tenant.as_str())?;
         }

@@ -59,11 +59,27 @@ impl RouteConfig {
 }
 
 /// The bearer value of `Authorization: Bearer <key>`, as the node's API reads it.
+/// The header that carries the API key to the proxy when `Authorization` is the store's (an S3
+/// signature, a store's own password): the key alone or as `Bearer <key>`. The proxy takes it
+/// off the request it forwards, and then leaves `Authorization` as the client sent it.
+pub const KEY_HEADER: &str = "fencegate-key";
+
+/// The key a request presents: `Fencegate-Key` if it has one, else `Authorization: Bearer`.
 fn bearer(req: &RequestHeader) -> Option<&str> {
+    if let Some(value) = req.headers.get(KEY_HEADER) {
+        let value = value.to_str().ok()?.trim();
+        return Some(lock_core::wire::headers::bearer_token(value).unwrap_or(value));
+    }
     req.headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(lock_core::wire::headers::bearer_token)
+}
+
+/// Whether the request's key came in `Authorization` (which is then the proxy's, not the
+/// store's, and is not forwarded).
+pub fn key_in_authorization(req: &RequestHeader) -> bool {
+    !req.headers.contains_key(KEY_HEADER)
 }
 
 /// Authenticates a request on a route that takes its tenant from the key: the key must be in
@@ -105,7 +121,8 @@ fn names_another_tenant(route: &RouteConfig, req: &RequestHeader, tenant: &str) 
 pub fn refusal_message(denied: Denied, route: &RouteConfig) -> String {
     match denied {
         Denied::Missing => "This proxy route takes the tenant from an API key: send \
-                            'Authorization: Bearer <api key>' (an admin creates keys with \
+                            'Authorization: Bearer <api key>', or 'Fencegate-Key: <api key>' \
+                            when Authorization is the store's (an admin creates keys with \
                             'fencegate keys create')."
             .to_string(),
         Denied::Invalid => {

@@ -1,10 +1,10 @@
 //! The fencing proxy end to end: a real 3-node cluster, one pingora proxy per node, the demo
-//! store behind them (see `common/`). Each test reads as linear phases; comments name the
-//! SPEC rule checked. The store's `/log` is the ground truth of what was forwarded.
+//! store behind them (see `common/`). Each test reads as linear phases; comments name the rule
+//! checked. The store's `/log` is the ground truth of what was forwarded.
 //!
-//! Rules: SPEC §3.3 (never forward a protected write whose token is below the highest issued or
-//! admitted for the resource, nor one not issued for it), §5 (outcome codes, epoch barrier,
-//! floors durable and replicated), §9 (the zombie scenario).
+//! Rules: never forward a protected write whose token is below the highest issued or admitted
+//! for the resource, nor one not issued for it; the documented outcome codes; the epoch
+//! barrier; admission floors durable and replicated; the zombie scenario.
 
 mod common;
 // Further tests of this binary live in tests/fencing/.
@@ -34,7 +34,7 @@ fn first_index_of(log: &[StoreWrite], token: u64) -> usize {
         .unwrap_or_else(|| panic!("no write with token {token} in {log:#?}"))
 }
 
-/// SPEC §9, §3.3: the zombie scenario. A's lease expires while A is paused; B gets a larger
+/// The zombie scenario. A's lease expires while A is paused; B gets a larger
 /// token and writes; A's delayed write is refused by every proxy and B's data stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t10_zombie_write_is_refused_on_every_proxy() {
@@ -55,11 +55,16 @@ async fn t10_zombie_write_is_refused_on_every_proxy() {
 
     phase("B acquires a larger token and writes through proxy 2");
     let b = h.acquire("kv:x", "B", 30_000, 0).await;
-    assert!(b.token > a.token, "§3.2: {} > {}", b.token, a.token);
+    assert!(
+        b.token > a.token,
+        "tokens increase: {} > {}",
+        b.token,
+        a.token
+    );
     let r = c.put(2, "x", b.token, "B-1").await;
     assert_eq!(r.status, 200, "B's write: {}", r.body);
 
-    phase("A wakes up: its delayed write gets 412 stale on EVERY proxy, naming B's token (§3.3)");
+    phase("A wakes up: its delayed write gets 412 stale on EVERY proxy, naming B's token");
     for r in h
         .assert_refused_everywhere("x", a.token, "stale_fencing_token")
         .await
@@ -72,7 +77,7 @@ async fn t10_zombie_write_is_refused_on_every_proxy() {
         );
     }
 
-    phase("the store holds B's data, and no write with A's token follows B's first (§9)");
+    phase("the store holds B's data, and no write with A's token follows B's first");
     assert_eq!(c.store_value("x").await.as_deref(), Some("B-1"));
     let log = c.store_log().await;
     let values: Vec<&str> = log.iter().map(|w| w.value.as_str()).collect();
@@ -88,7 +93,7 @@ async fn t10_zombie_write_is_refused_on_every_proxy() {
     h.shutdown().await;
 }
 
-/// SPEC §5 outcomes: a protected write without a token, with a malformed one, with another
+/// The documented outcomes: a protected write without a token, with a malformed one, with another
 /// resource's or a never-issued token, or with a mismatching `Fence-Resource` is answered by
 /// the proxy and never reaches the store. Reads pass through; unknown paths are a JSON 404.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,7 +114,7 @@ async fn t20_bad_tokens_are_refused_and_never_forwarded() {
     assert_eq!(r.status, 200, "{}", r.body);
     accepted.push("a-2");
 
-    phase("§5: protected methods without Fence-Token → 428 fencing_token_required");
+    phase("protected methods without Fence-Token → 428 fencing_token_required");
     for method in [Method::PUT, Method::POST, Method::PATCH, Method::DELETE] {
         let r = c
             .send(1, &Write::new(method.clone(), "/kv/a", "no-token"))
@@ -144,7 +149,7 @@ async fn t20_bad_tokens_are_refused_and_never_forwarded() {
         );
     }
 
-    phase("§5: a Fence-Token that is not a decimal u64 → 400 malformed_fencing_token");
+    phase("a Fence-Token that is not a decimal u64 → 400 malformed_fencing_token");
     for bad in [
         "abc",
         "-1",
@@ -164,7 +169,7 @@ async fn t20_bad_tokens_are_refused_and_never_forwarded() {
         );
     }
 
-    phase("§5: Fence-Resource naming another resource → 400 fence_resource_mismatch");
+    phase("Fence-Resource naming another resource → 400 fence_resource_mismatch");
     let w = Write::put("a", a.token, "mismatch").header("fence-resource", "kv:b");
     let r = c.send(1, &w).await;
     assert_eq!(
@@ -174,7 +179,7 @@ async fn t20_bad_tokens_are_refused_and_never_forwarded() {
         r.body
     );
 
-    phase("§3.3: another resource's token is refused with 412 by every proxy");
+    phase("another resource's token is refused with 412 by every proxy");
     // Which 412 code it gets depends on how it compares with the resource's own tokens:
     // above anything issued for kv:a → unknown; below kv:z's current token → stale.
     for id in h.proxy_ids() {
@@ -208,7 +213,7 @@ async fn t20_bad_tokens_are_refused_and_never_forwarded() {
         );
     }
 
-    phase("§3.3: a token never issued at all → 412 unknown_fencing_token");
+    phase("a token never issued at all → 412 unknown_fencing_token");
     for id in h.proxy_ids() {
         let r = c.put(id, "a", 1_000_000_000, "never-issued").await;
         assert_eq!(
@@ -231,7 +236,7 @@ async fn t20_bad_tokens_are_refused_and_never_forwarded() {
         r.body
     );
 
-    phase("§5: reads pass through without a token");
+    phase("reads pass through without a token");
     let r = c.send(3, &Write::new(Method::GET, "/kv/a", "")).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.body, json!("a-2"));
@@ -268,7 +273,7 @@ async fn t20_bad_tokens_are_refused_and_never_forwarded() {
     h.shutdown().await;
 }
 
-/// SPEC §3.5, §5: without a quorum the proxy cannot verify a token: 503 `no_quorum`, in
+/// Without a quorum the proxy cannot verify a token: 503 `no_quorum`, in
 /// bounded time, and nothing is forwarded. A proxy cut off from the cluster keeps forwarding
 /// only under a grant it already holds, and never past it (docs/fencing.md, "Leader change").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -607,7 +612,7 @@ async fn t43_release_after_a_proxied_write_fences_the_token_and_hands_off_at_onc
     h.shutdown().await;
 }
 
-/// The same promise for a release sent to a follower that lags (SPEC §5, epoch barrier): the
+/// The same promise for a release sent to a follower that lags (the epoch barrier): the
 /// leader's messages to it are delayed, so the follower hears the leader's answer to the
 /// forwarded release before its own state has the release. It must still answer only once
 /// the proxies confirmed: it waits to apply the log index the leader's answer names.
@@ -661,7 +666,7 @@ async fn t45_release_through_a_lagging_follower_fences_the_token_before_it_answe
     h.shutdown().await;
 }
 
-/// SPEC §5, the documented limit of the epoch barrier (docs/fencing.md, "The limits"): when
+/// The documented limit of the epoch barrier (docs/fencing.md, "The limits"): when
 /// the store takes longer than the route's upstream timeout, the proxy answers 504, and that
 /// is all it can do — the store already has the request.
 ///
@@ -802,7 +807,7 @@ fn count_ok_after(attempts: &Mutex<Vec<Attempt>>, after: Instant) -> usize {
         .count()
 }
 
-/// SPEC §5 "durable and replicated … survives leader failover", §3.3: a stream of fenced writes
+/// Admission floors are durable and replicated and survive leader failover: a stream of fenced writes
 /// with A's token runs through all proxies while the leader crashes. After failover B takes
 /// over; from then on A's token is refused everywhere and no stale write lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -888,7 +893,7 @@ async fn t50_leader_failover_mid_stream_keeps_the_floors() {
         assert_eq!(r.status, 200, "B via proxy {id}: {}", r.body);
     }
 
-    phase("the store: no write with A's token after B's first; tokens never decrease (§3.3)");
+    phase("the store: no write with A's token after B's first; tokens never decrease");
     let log = c.store_log().await;
     let b_first = first_index_of(&log, b.token);
     assert!(
@@ -901,8 +906,8 @@ async fn t50_leader_failover_mid_stream_keeps_the_floors() {
     h.shutdown().await;
 }
 
-/// SPEC §5 "highest admitted token per resource is durable and replicated: it survives proxy
-/// restarts": proxies restarted with empty caches, then every node crashed and restarted from
+/// The highest admitted token per resource is durable and replicated: it survives proxy
+/// restarts: proxies restarted with empty caches, then every node crashed and restarted from
 /// its data dir, still refuse A's old token and accept B's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t60_proxy_and_node_restarts_keep_the_floors() {
@@ -995,7 +1000,7 @@ async fn t60_proxy_and_node_restarts_keep_the_floors() {
     h.shutdown().await;
 }
 
-/// SPEC §5 epoch barrier, against a slow client: A's write is admitted on its headers, then
+/// The epoch barrier, against a slow client: A's write is admitted on its headers, then
 /// its body trickles in (a byte every 200 ms, each well inside every per-read timeout) for
 /// longer than A's grant. Meanwhile A releases and B writes. The proxy must not complete A's
 /// request to the store after B's token exists.

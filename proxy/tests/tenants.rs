@@ -464,3 +464,69 @@ async fn a_route_may_keep_the_header_explicitly() {
     assert_refused(&r, 401, "unauthenticated");
     h.shutdown().await;
 }
+
+/// A store with credentials of its own (an S3 signature, a password in `Authorization`): the
+/// client sends its API key to the proxy in `Fencegate-Key` instead, and the store receives
+/// `Authorization` as the client sent it, and never the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_in_fencegate_key_leaves_authorization_to_the_store() {
+    let (upstream, heads) = common::recording_upstream().await;
+    let h = FenceHarness::start_with_auth(ADMIN_TOKEN, |c| {
+        c.routes.push(fencegate_proxy::route::RouteConfig::new(
+            "/signed/{key}",
+            "signed:{key}",
+            &upstream,
+        ));
+    })
+    .await;
+    h.leader().await;
+    let acme = Tenant::create(&h, "acme").await;
+    let (token, _) = acme.acquire(&h, "signed:a").await;
+    let store_credential = "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20261207/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=abc123";
+    let write = |key: &str| {
+        Write::new(Method::PUT, "/signed/a", "v")
+            .header("fence-token", token.to_string())
+            .header("authorization", store_credential)
+            .header("fencegate-key", key)
+    };
+
+    phase("the key in Fencegate-Key: admitted; the store gets its own Authorization only");
+    let r = h.client.send(1, &write(&acme.key)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = h
+        .client
+        .send(2, &write(&format!("Bearer {}", acme.key)))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let seen = heads.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for head in &seen {
+        let lower = head.to_ascii_lowercase();
+        assert!(
+            lower.contains(&format!(
+                "authorization: {}",
+                store_credential.to_ascii_lowercase()
+            )),
+            "{head}"
+        );
+        assert!(!lower.contains("fencegate-key"), "{head}");
+        assert!(
+            !head.contains(&acme.key),
+            "the API key reached the store: {head}"
+        );
+        assert!(lower.contains("x-tenant: acme"), "{head}");
+    }
+
+    phase("a wrong key in Fencegate-Key is refused, whatever Authorization says");
+    assert_refused(
+        &h.client.send(3, &write("fgk_not_a_key")).await,
+        401,
+        "unauthenticated",
+    );
+    assert_eq!(
+        heads.lock().unwrap().len(),
+        2,
+        "a refused write reached the store"
+    );
+    h.shutdown().await;
+}

@@ -624,12 +624,17 @@ fn forwarded_headers(
             .any(|h| h.eq_ignore_ascii_case(n))
     };
     let hop_named: Vec<String> = crate::service::connection_options(req).collect();
+    // The API key goes no further than the proxy: `Fencegate-Key` never, `Authorization` when
+    // it carried the key.
+    let key_in_authorization = crate::tenant::key_in_authorization(req);
     let mut headers: Vec<(String, Vec<u8>)> = req
         .headers
         .iter()
         .filter(|(n, _)| forwarded_header(n.as_str()) && !hop_named.iter().any(|h| h == n.as_str()))
+        .filter(|(n, _)| *n != crate::tenant::KEY_HEADER)
         .filter(|(n, _)| {
-            key_tenant.is_none() || !(*n == "authorization" || tenant_header(n.as_str()))
+            key_tenant.is_none()
+                || !((*n == "authorization" && key_in_authorization) || tenant_header(n.as_str()))
         })
         .map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec()))
         .collect();

@@ -495,3 +495,65 @@ pub fn free_ports(n: usize) -> Vec<u16> {
     }
     ports
 }
+
+/// Reads a request head byte by byte (nothing of the body): `None` if the connection ends
+/// first.
+pub async fn read_head(conn: &mut (impl tokio::io::AsyncRead + Unpin)) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match conn.read(&mut byte).await {
+            Ok(1) => head.push(byte[0]),
+            _ => return None,
+        }
+    }
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
+/// Reads a request head and its `Content-Length` body: the head, or `None` if the connection
+/// ends first.
+pub async fn read_request(conn: &mut (impl tokio::io::AsyncRead + Unpin)) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let head = read_head(conn).await?;
+    let len = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    conn.read_exact(&mut body).await.ok()?;
+    Some(head)
+}
+
+/// A store that answers every request `200 ok` (reading its `Content-Length` body) and
+/// records each request head it got: its address and the heads.
+pub async fn recording_upstream() -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let Some(head) = read_request(&mut conn).await else {
+                    return;
+                };
+                seen.lock().unwrap_or_else(|e| e.into_inner()).push(head);
+                let _ = conn
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                    )
+                    .await;
+            });
+        }
+    });
+    (addr, heads)
+}

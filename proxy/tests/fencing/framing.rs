@@ -10,7 +10,7 @@ use fencegate_proxy::route::RouteConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::common::{phase, FenceHarness};
+use crate::common::{phase, read_head, FenceHarness};
 
 /// An upstream that answers by the request path and records each request head it reads:
 /// `/raw/cut` sends 10 of the 20 body bytes it announces and then stalls past the proxy's
@@ -29,20 +29,6 @@ async fn scripted_upstream() -> (String, Arc<Mutex<Vec<String>>>) {
         }
     });
     (addr, heads)
-}
-
-/// Reads a request head byte by byte (nothing of the body): `None` if the connection ends
-/// first.
-pub(crate) async fn read_head(conn: &mut (impl AsyncReadExt + Unpin)) -> Option<String> {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match conn.read(&mut byte).await {
-            Ok(1) => head.push(byte[0]),
-            _ => return None,
-        }
-    }
-    Some(String::from_utf8_lossy(&head).into_owned())
 }
 
 async fn answer(mut conn: TcpStream, heads: Arc<Mutex<Vec<String>>>) {

@@ -9,8 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio_rustls::rustls::{self, ServerConfig};
 
-use crate::common::{phase, FenceHarness};
-use crate::framing::read_head;
+use crate::common::{phase, read_request, FenceHarness};
 
 /// An HTTPS upstream for `localhost` that answers 200 `ok` and records each request head;
 /// returns its address and the PEM of the authority that signed its certificate.
@@ -48,21 +47,9 @@ async fn tls_upstream() -> (String, String, Arc<Mutex<Vec<String>>>) {
                 let Ok(mut tls) = acceptor.accept(conn).await else {
                     return;
                 };
-                let Some(head) = read_head(&mut tls).await else {
+                let Some(head) = read_request(&mut tls).await else {
                     return;
                 };
-                let len = head
-                    .lines()
-                    .find_map(|l| {
-                        let (name, value) = l.split_once(':')?;
-                        name.eq_ignore_ascii_case("content-length")
-                            .then(|| value.trim().parse::<usize>().ok())?
-                    })
-                    .unwrap_or(0);
-                let mut body = vec![0u8; len];
-                if tls.read_exact(&mut body).await.is_err() {
-                    return;
-                }
                 seen.lock().unwrap().push(head);
                 let _ = tls
                     .write_all(
