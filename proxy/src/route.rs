@@ -193,6 +193,18 @@ pub struct Route {
 pub struct UpstreamTls {
     pub sni: String,
     pub ca: Option<std::sync::Arc<pingora::protocols::tls::CaType>>,
+    /// Tells pooled connections apart by the authorities that verified them (a hash of the
+    /// authorities' certificates; 0 for the system's).
+    pub pool_key: u64,
+}
+
+/// Headers through which a store behind another proxy may take the host a request is for
+/// (`X-Forwarded-Host`, `Forwarded: host=`, `X-Forwarded-Server`), in any spelling: a route
+/// with `hosts` does not pass them on.
+pub fn is_forwarding_header(name: &str) -> bool {
+    ["x-forwarded-host", "forwarded", "x-forwarded-server"]
+        .iter()
+        .any(|f| crate::tenant::spelled_as(name, f))
 }
 
 /// The outcome of matching a path against the routes.
@@ -429,6 +441,7 @@ fn upstream_tls(config: &RouteConfig) -> Result<Option<UpstreamTls>, String> {
     if !valid_host(&sni) || sni.contains(':') && !sni.starts_with('[') {
         return Err(format!("upstream_sni '{sni}' is not a host name"));
     }
+    let mut pool_key = 0;
     let ca = match &config.upstream_ca_file {
         None => None,
         Some(file) => {
@@ -445,6 +458,9 @@ fn upstream_tls(config: &RouteConfig) -> Result<Option<UpstreamTls>, String> {
                 if let Err(e) = block.parse_x509() {
                     return Err(format!("upstream_ca_file {}: {e}", file.display()));
                 }
+                let mut hasher = std::hash::DefaultHasher::new();
+                std::hash::Hash::hash(&(pool_key, &block.contents), &mut hasher);
+                pool_key = std::hash::Hasher::finish(&hasher) | 1;
                 certs.push(pingora::utils::tls::WrappedX509::new(
                     block.contents,
                     pingora::utils::tls::parse_x509,
@@ -459,7 +475,7 @@ fn upstream_tls(config: &RouteConfig) -> Result<Option<UpstreamTls>, String> {
             Some(std::sync::Arc::from(certs.into_boxed_slice()))
         }
     };
-    Ok(Some(UpstreamTls { sni, ca }))
+    Ok(Some(UpstreamTls { sni, ca, pool_key }))
 }
 
 /// The host part of `host:port` (a bracketed IPv6 address keeps its brackets).
@@ -493,13 +509,38 @@ fn has_port(host: &str) -> bool {
     }
 }
 
-/// A host name, IPv4 address or bracketed IPv6 address, with an optional port.
+/// A host name, IPv4 address or bracketed IPv6 address, with an optional port (0–65535).
 fn valid_host(host: &str) -> bool {
-    !host.is_empty()
-        && host.len() <= 255
-        && host
+    if host.is_empty() || host.len() > 255 {
+        return false;
+    }
+    let valid_port = |port: Option<&str>| port.is_none_or(|p| p.parse::<u16>().is_ok());
+    if let Some(rest) = host.strip_prefix('[') {
+        let Some((inside, after)) = rest.split_once(']') else {
+            return false;
+        };
+        let port = match after {
+            "" => None,
+            after => match after.strip_prefix(':') {
+                Some(port) => Some(port),
+                None => return false,
+            },
+        };
+        return !inside.is_empty()
+            && inside
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.')
+            && valid_port(port);
+    }
+    let (name, port) = match host.split_once(':') {
+        Some((name, port)) => (name, Some(port)),
+        None => (host, None),
+    };
+    !name.is_empty()
+        && name
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b))
+            .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b))
+        && valid_port(port)
 }
 
 /// Refuses request paths that another component could read as a different path than the
@@ -661,7 +702,17 @@ mod tests {
 
     #[test]
     fn hosts_that_are_not_host_names_are_refused() {
-        for bad in ["", "a b", "h/x", "http://h"] {
+        for bad in [
+            "",
+            "a b",
+            "h/x",
+            "http://h",
+            "a.example:99999",
+            "a.example:",
+            "::1",
+            "[::1",
+            "u@a.example",
+        ] {
             let mut r = route("/kv/{key}", "kv:{key}");
             r.hosts = vec![bad.to_string()];
             assert!(

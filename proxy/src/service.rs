@@ -370,14 +370,7 @@ fn request_host(req: &RequestHeader) -> std::result::Result<Option<&str>, String
 fn copies(req: &RequestHeader, name: &str) -> usize {
     req.headers
         .iter()
-        .filter(|(n, _)| {
-            let n = n.as_str();
-            n.len() == name.len()
-                && n.bytes().zip(name.bytes()).all(|(a, b)| {
-                    let a = if a == b'_' { b'-' } else { a };
-                    a.eq_ignore_ascii_case(&b)
-                })
-        })
+        .filter(|(n, _)| tenant::spelled_as(n.as_str(), name))
         .count()
 }
 
@@ -630,6 +623,10 @@ impl ProxyHttp for FenceProxy {
             Some(tls) => {
                 let mut peer = HttpPeer::new(route.config.upstream.as_str(), true, tls.sni.clone());
                 peer.options.ca = tls.ca.clone();
+                // pingora pools connections by address and name, not by the authorities that
+                // verified them: a route must not reuse a connection another route's
+                // authorities accepted.
+                peer.group_key = tls.pool_key;
                 peer
             }
             None => HttpPeer::new(route.config.upstream.as_str(), false, String::new()),
@@ -664,14 +661,40 @@ impl ProxyHttp for FenceProxy {
             }
         }
         // An API key is for this cluster, never for the store, whatever the route.
-        let key_in_authorization = !upstream_request.headers.contains_key(tenant::KEY_HEADER);
-        upstream_request.remove_header(tenant::KEY_HEADER);
+        let key_in_authorization = tenant::key_in_authorization(upstream_request);
+        let key_route = ctx.key_tenant.is_some();
+        let withheld: Vec<String> = upstream_request
+            .headers
+            .iter()
+            .filter(|(n, v)| {
+                tenant::withheld_from_store(
+                    n.as_str(),
+                    v.as_bytes(),
+                    key_route,
+                    key_in_authorization,
+                )
+            })
+            .map(|(n, _)| n.as_str().to_string())
+            .collect();
+        for name in withheld {
+            upstream_request.remove_header(&name);
+        }
+        // On a route with hosts, the store must not pick its target from a forwarding header
+        // either.
+        if route.is_some_and(|r| !r.config.hosts.is_empty()) {
+            let forwarding: Vec<String> = upstream_request
+                .headers
+                .keys()
+                .filter(|n| crate::route::is_forwarding_header(n.as_str()))
+                .map(|n| n.as_str().to_string())
+                .collect();
+            for name in forwarding {
+                upstream_request.remove_header(&name);
+            }
+        }
         let (Some(tenant), Some(route)) = (&ctx.key_tenant, route) else {
             return Ok(());
         };
-        if key_in_authorization {
-            upstream_request.remove_header("authorization");
-        }
         for name in route.config.tenant_headers() {
             upstream_request.insert_header(name.to_string(), tenant.as_str())?;
         }

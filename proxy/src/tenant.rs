@@ -64,9 +64,28 @@ impl RouteConfig {
 /// off the request it forwards, and then leaves `Authorization` as the client sent it.
 pub const KEY_HEADER: &str = "fencegate-key";
 
+/// Whether header `n` is `name` as a store may read it: any case, and `_` for `-` (CGI-style
+/// servers — WSGI, Rack, PHP — read `Fence_Token` and `Fence-Token` as one variable).
+pub(crate) fn spelled_as(n: &str, name: &str) -> bool {
+    n.len() == name.len()
+        && n.bytes().zip(name.bytes()).all(|(a, b)| {
+            let a = if a == b'_' { b'-' } else { a };
+            a.eq_ignore_ascii_case(&b)
+        })
+}
+
 /// The key a request presents: `Fencegate-Key` if it has one, else `Authorization: Bearer`.
+/// Two copies of `Fencegate-Key` (in any spelling) present no valid key: which one a store or
+/// another proxy would read is anyone's guess.
 fn bearer(req: &RequestHeader) -> Option<&str> {
-    if let Some(value) = req.headers.get(KEY_HEADER) {
+    let mut keys = req
+        .headers
+        .iter()
+        .filter(|(n, _)| spelled_as(n.as_str(), KEY_HEADER));
+    if let Some((_, value)) = keys.next() {
+        if keys.next().is_some() {
+            return Some("");
+        }
         let value = value.to_str().ok()?.trim();
         return Some(lock_core::wire::headers::bearer_token(value).unwrap_or(value));
     }
@@ -79,7 +98,31 @@ fn bearer(req: &RequestHeader) -> Option<&str> {
 /// Whether the request's key came in `Authorization` (which is then the proxy's, not the
 /// store's, and is not forwarded).
 pub fn key_in_authorization(req: &RequestHeader) -> bool {
-    !req.headers.contains_key(KEY_HEADER)
+    !req.headers
+        .keys()
+        .any(|n| spelled_as(n.as_str(), KEY_HEADER))
+}
+
+/// Whether a request header must not reach the store: `Fencegate-Key` in any spelling, and an
+/// `Authorization` that carried the request's key (`key_route` and no `Fencegate-Key`) or holds
+/// one of this cluster's API keys.
+pub fn withheld_from_store(
+    name: &str,
+    value: &[u8],
+    key_route: bool,
+    key_in_authorization: bool,
+) -> bool {
+    if spelled_as(name, KEY_HEADER) {
+        return true;
+    }
+    if !name.eq_ignore_ascii_case("authorization") {
+        return false;
+    }
+    let cluster_key = std::str::from_utf8(value)
+        .ok()
+        .and_then(lock_core::wire::headers::bearer_token)
+        .is_some_and(|k| k.starts_with(lock_core::wire::API_KEY_PREFIX));
+    cluster_key || (key_route && key_in_authorization)
 }
 
 /// Authenticates a request on a route that takes its tenant from the key: the key must be in

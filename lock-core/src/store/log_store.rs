@@ -398,24 +398,21 @@ impl LogStore {
             tail: Arc::default(),
             committed: Arc::new(Mutex::new(committed)),
         };
-        store.vote_not_behind_the_log(purged, committed)?;
+        store.vote_not_behind(&[purged, committed])?;
         Ok(store)
     }
 
     /// Refuses a saved vote older than the log. A node saves a leader's term as its vote
-    /// before it takes entries of that term, so its vote is never behind its newest entry, its
-    /// purge point or its committed id. One that is was lost or rolled back (fjall drops a
-    /// damaged journal's end silently), and a node that went on with it could vote twice in a
-    /// term.
-    fn vote_not_behind_the_log(
-        &self,
-        purged: Option<LogId<u64>>,
-        committed: Option<LogId<u64>>,
-    ) -> Result<(), StoreError> {
+    /// before it takes entries of that term (or a snapshot of them), so its vote is never
+    /// behind its newest entry, nor any of `also` (its purge point, its committed id, its
+    /// snapshot). One that is was lost or rolled back (fjall drops a damaged journal's end
+    /// silently; a data directory that kept only its snapshot), and a node that went on with
+    /// it could vote twice in a term, or as if it held entries it lost.
+    pub(super) fn vote_not_behind(&self, also: &[Option<LogId<u64>>]) -> Result<(), StoreError> {
         let vote = self.read_meta::<Vote<u64>>(VOTE_KEY, "vote")?;
         let vote_term = vote.map_or(0, |v| v.leader_id().term);
-        let newest = [self.last_entry_id()?, purged, committed]
-            .into_iter()
+        let newest = std::iter::once(self.last_entry_id()?)
+            .chain(also.iter().copied())
             .flatten()
             .map(|id| id.leader_id.term)
             .max()
@@ -426,11 +423,11 @@ impl LogStore {
         Err(StoreError::Corrupt {
             what: "raft vote",
             detail: format!(
-                "the saved vote is for term {vote_term}, but the log holds entries of term \
-                 {newest}: the vote was lost or rolled back (a damaged or missing fjall journal \
-                 in the data directory), and this node could vote twice in a term. Delete all \
-                 of the data directory and start the node again: it rejoins from the leader's \
-                 snapshot"
+                "the saved vote is for term {vote_term}, but the log or the snapshot holds \
+                 entries of term {newest}: the vote was lost or rolled back (a damaged or \
+                 missing fjall journal or raft log in the data directory), and this node could \
+                 vote twice in a term or as if it held entries it lost. Delete all of the data \
+                 directory and start the node again: it rejoins from the leader's snapshot"
             ),
         })
     }

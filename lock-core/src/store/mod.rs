@@ -123,6 +123,9 @@ pub fn open(dir: &Path, effects: EffectSink) -> Result<(LogStore, StateMachineSt
     let db = Arc::new(Db::open(dir)?);
     let log_store = LogStore::open(db.clone(), dir)?;
     let sm_store = StateMachineStore::open(db, dir, effects)?;
+    // A directory that kept its snapshot but lost its log and database would otherwise start
+    // as a voter with no vote and the snapshot's state.
+    log_store.vote_not_behind(&[sm_store.shared().last_applied()])?;
     Ok((log_store, sm_store))
 }
 

@@ -395,6 +395,12 @@ impl Wal {
                 sync_dir(parent)?;
             }
         }
+        // A directory the node cannot write would only fail at the next segment, perhaps
+        // 64 MiB of log later: find out now.
+        let probe = dir.join("probe.tmp");
+        fs::write(&probe, b"")
+            .and_then(|()| fs::remove_file(&probe))
+            .map_err(io_err(&probe))?;
         let mut found = Vec::new();
         for item in fs::read_dir(dir).map_err(io_err(dir))? {
             let item = item.map_err(io_err(dir))?;

@@ -340,7 +340,9 @@ async fn installed_snapshot_survives_reopen() -> Result<()> {
     let snap = leader.get_snapshot_builder().await.build_snapshot().await?;
 
     phase("install it on another, which has applied nothing");
-    let (_flog, mut follower, _) = open(follower_dir.path())?;
+    let (mut flog, mut follower, _) = open(follower_dir.path())?;
+    // Raft saves the sending leader's vote before it installs its snapshot.
+    flog.save_vote(&Vote::new_committed(2, 1)).await?;
     let mut received = follower.begin_receiving_snapshot().await?;
     let mut sent = snap.snapshot;
     tokio::io::copy(&mut *sent, &mut *received).await?;
@@ -348,7 +350,7 @@ async fn installed_snapshot_survives_reopen() -> Result<()> {
     follower.install_snapshot(&snap.meta, received).await?;
     ensure!(follower.shared().read(|m| m.image()) == image);
     ensure!(follower.shared().last_applied_index() == 8);
-    drop((_flog, follower));
+    drop((flog, follower));
 
     phase("reopen the follower: the installed state is what comes back");
     let (_flog, mut follower, _) = open(follower_dir.path())?;
@@ -359,6 +361,28 @@ async fn installed_snapshot_survives_reopen() -> Result<()> {
         .await?
         .context("installed snapshot kept")?;
     ensure!(current.meta == snap.meta);
+    drop((_flog, follower));
+
+    phase("the directory keeps its snapshot but loses its log and database: refused");
+    for item in std::fs::read_dir(follower_dir.path())? {
+        let path = item?.path();
+        if path.file_name().is_some_and(|n| n == "snapshots") {
+            continue;
+        }
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    let refused = match open(follower_dir.path()) {
+        Ok(_) => bail!("a snapshot without its vote opened as a voter's state"),
+        Err(e) => format!("{e:#}"),
+    };
+    ensure!(
+        refused.contains("vote is for term 0") && refused.contains("term 2"),
+        "{refused}"
+    );
     Ok(())
 }
 

@@ -631,10 +631,17 @@ fn forwarded_headers(
         .headers
         .iter()
         .filter(|(n, _)| forwarded_header(n.as_str()) && !hop_named.iter().any(|h| h == n.as_str()))
-        .filter(|(n, _)| *n != crate::tenant::KEY_HEADER)
+        .filter(|(n, v)| {
+            !crate::tenant::withheld_from_store(
+                n.as_str(),
+                v.as_bytes(),
+                key_tenant.is_some(),
+                key_in_authorization,
+            )
+        })
+        .filter(|(n, _)| key_tenant.is_none() || !tenant_header(n.as_str()))
         .filter(|(n, _)| {
-            key_tenant.is_none()
-                || !((*n == "authorization" && key_in_authorization) || tenant_header(n.as_str()))
+            route.config.hosts.is_empty() || !crate::route::is_forwarding_header(n.as_str())
         })
         .map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec()))
         .collect();

@@ -302,12 +302,19 @@ async fn t94_a_route_with_hosts_serves_only_its_hosts() {
     );
 
     phase("for its own host it is forwarded, with the route's upstream_host");
-    let reply = exchange(&h, &put("DOCS.store.example:8443")).await;
+    // Nor can a forwarding header name another host to a store behind further proxies.
+    let put_forwarded = put("DOCS.store.example:8443").replace(
+        "Connection: close",
+        "X-Forwarded-Host: photos.store.example\r\nForwarded: host=photos.store.example\r\n\
+         Connection: close",
+    );
+    let reply = exchange(&h, &put_forwarded).await;
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
     let seen = heads.lock().unwrap().clone();
     assert_eq!(seen.len(), 1, "{seen:?}");
     let head = seen[0].to_ascii_lowercase();
     assert!(head.contains("\r\nhost: docs.internal\r\n"), "{seen:?}");
     assert!(!head.contains("store.example"), "{seen:?}");
+    assert!(!head.contains("forwarded"), "{seen:?}");
     h.shutdown().await;
 }

@@ -11,8 +11,9 @@ use tokio_rustls::rustls::{self, ServerConfig};
 
 use crate::common::{phase, read_request, FenceHarness};
 
-/// An HTTPS upstream for `localhost` that answers 200 `ok` and records each request head;
-/// returns its address and the PEM of the authority that signed its certificate.
+/// An HTTPS upstream for `localhost` that answers 200 `ok` on kept-alive connections and
+/// records each request head; returns its address and the PEM of the authority that signed its
+/// certificate.
 async fn tls_upstream() -> (String, String, Arc<Mutex<Vec<String>>>) {
     let ca_key = rcgen::KeyPair::generate().expect("ca key");
     let mut ca_params = rcgen::CertificateParams::new(Vec::new()).expect("ca params");
@@ -47,16 +48,16 @@ async fn tls_upstream() -> (String, String, Arc<Mutex<Vec<String>>>) {
                 let Ok(mut tls) = acceptor.accept(conn).await else {
                     return;
                 };
-                let Some(head) = read_request(&mut tls).await else {
-                    return;
-                };
-                seen.lock().unwrap().push(head);
-                let _ = tls
-                    .write_all(
-                        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
-                    )
-                    .await;
-                let _ = tls.shutdown().await;
+                // Keep-alive: the proxy may pool this connection.
+                while let Some(head) = read_request(&mut tls).await {
+                    seen.lock().unwrap().push(head);
+                    let answered = tls
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .await;
+                    if answered.is_err() {
+                        return;
+                    }
+                }
             });
         }
     });
@@ -127,6 +128,8 @@ async fn t95_a_store_over_tls_is_verified_and_fenced() {
     );
 
     phase("a certificate the route's authorities did not sign, or for another name: 502");
+    // The good route's connection to this store is pooled now: another route must not reuse
+    // a connection that other authorities verified.
     for path in ["/wrongca/a", "/wrongname/a"] {
         let reply = put(&h, path, next.token).await;
         assert!(reply.starts_with("HTTP/1.1 502"), "{path}: {reply:?}");

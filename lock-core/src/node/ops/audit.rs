@@ -192,7 +192,12 @@ impl Writer {
         if self.size > 0 && self.size + line.len() as u64 > self.max_bytes {
             self.rotate()?;
         }
-        self.file.write_all(line)?;
+        if let Err(e) = self.file.write_all(line) {
+            // A line cut short (a full disk) would run into the next one written: cut it off,
+            // so the file stays one whole JSON object per line.
+            let _ = self.file.set_len(self.size);
+            return Err(e);
+        }
         self.size += line.len() as u64;
         if sync {
             self.file.sync_data()?;
