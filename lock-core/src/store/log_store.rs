@@ -1,5 +1,6 @@
 //! The raft log (segment files, see `wal.rs`), and the vote, committed id and purge marker in
-//! fjall's `meta` keyspace (openraft `RaftLogStorage`, storage-v2).
+//! fjall's `meta` keyspace (openraft `RaftLogStorage`, storage-v2). The vote is mirrored in a
+//! file of its own (see [`VOTE_FILE`]).
 
 use std::fmt::Debug;
 use std::fs;
@@ -25,6 +26,13 @@ const PURGED_KEY: &[u8] = b"purged";
 
 /// The log's directory under the data directory.
 const LOG_DIR: &str = "raft-log";
+/// A copy of the saved vote beside the database, in the data directory. Raft's safety rests on
+/// a node never voting twice in a term, and fjall drops the end of a damaged journal silently:
+/// a vote rolled back with it, for a term whose entries never reached this node, would pass
+/// every check against the log. The file is written after the database, so a crash between
+/// the two leaves the file behind the database, never ahead of it; a file ahead of the
+/// database at open means the database lost synced writes, and the node refuses to start.
+const VOTE_FILE: &str = "vote";
 /// Where a log kept in fjall by an earlier version is copied before it becomes [`LOG_DIR`].
 const MIGRATING_DIR: &str = "raft-log.migrating";
 
@@ -49,6 +57,8 @@ pub struct LogStore {
     committed: Arc<Mutex<Option<LogId<u64>>>>,
     /// Where the flusher records how long each sync of the log took, once a node sets it.
     sync_seconds: SyncTimer,
+    /// The vote's own file ([`VOTE_FILE`]).
+    vote_file: Arc<Path>,
 }
 
 /// A histogram the flusher thread, started before the node's metrics exist, observes once set.
@@ -342,6 +352,71 @@ fn migrate_fjall_log(db: &Db, dir: &Path, purged: Option<u64>) -> Result<(), Sto
     Ok(())
 }
 
+/// Writes `value` (an encoded vote) as the vote file, replacing the old one atomically, and
+/// syncs it.
+fn write_vote_file(path: &Path, value: &[u8]) -> Result<(), StoreError> {
+    let failed = |source| StoreError::VoteFile {
+        path: path.to_path_buf(),
+        source,
+    };
+    let tmp = path.with_extension("tmp");
+    let mut f = fs::File::create(&tmp).map_err(failed)?;
+    io::Write::write_all(&mut f, value).map_err(failed)?;
+    f.sync_all().map_err(failed)?;
+    fs::rename(&tmp, path).map_err(failed)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(failed)
+}
+
+/// Refuses a database whose vote is behind the vote file (see [`VOTE_FILE`]); writes the file
+/// from the database's vote where there is none yet (a directory of an earlier version, or a
+/// crash before the first one was written).
+fn vote_file_not_ahead(db: &Db, path: &Path) -> Result<(), StoreError> {
+    let saved = read_meta::<Vote<u64>>(db, VOTE_KEY, "vote")?;
+    let bytes = match fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return match saved {
+                Some(vote) => write_vote_file(path, &encode("vote", &vote)?),
+                None => Ok(()),
+            };
+        }
+        Err(source) => {
+            return Err(StoreError::VoteFile {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let mirrored: Vote<u64> = decode("vote file", &bytes)?;
+    if vote_covers(saved.as_ref(), &mirrored) {
+        return Ok(());
+    }
+    let said = saved.map_or_else(|| "no vote".to_string(), |v| format!("vote {v}"));
+    Err(StoreError::Corrupt {
+        what: "raft vote",
+        detail: format!(
+            "the database holds {said}, but {} holds the later vote {mirrored}: the database \
+             lost writes it had synced (a damaged or missing fjall journal), and this node \
+             could vote twice in a term. Delete all of the data directory and start the node \
+             again: it rejoins from the leader's snapshot",
+            path.display()
+        ),
+    })
+}
+
+/// Whether the database's vote is at least the mirrored one: a later term, or the same vote
+/// (committed or not: a vote is committed after it is saved, for the same candidate).
+fn vote_covers(saved: Option<&Vote<u64>>, mirrored: &Vote<u64>) -> bool {
+    let Some(saved) = saved else {
+        return false;
+    };
+    let (s, m) = (saved.leader_id(), mirrored.leader_id());
+    s.term > m.term || s == m
+}
+
 /// Refuses a log that ends below its committed id. The committed id is written only after
 /// the entries up to it were synced, so such a log lost files after the fact (deleted by hand,
 /// a damaged disk); a node that went on with it would vote and serve as if it still held
@@ -388,6 +463,8 @@ impl LogStore {
         let committed =
             read_meta::<Option<LogId<u64>>>(&db, COMMITTED_KEY, "committed log id")?.flatten();
         missing_committed_entries(&wal, purged, committed, dir)?;
+        let vote_file: Arc<Path> = dir.join(VOTE_FILE).into();
+        vote_file_not_ahead(&db, &vote_file)?;
         let sync_seconds = SyncTimer::default();
         let store = LogStore {
             flusher: spawn_flusher(db.clone(), wal.clone(), sync_seconds.clone()),
@@ -397,6 +474,7 @@ impl LogStore {
             wal,
             tail: Arc::default(),
             committed: Arc::new(Mutex::new(committed)),
+            vote_file,
         };
         store.vote_not_behind(&[purged, committed])?;
         Ok(store)
@@ -543,7 +621,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError<u64>> {
         let write = async {
             let value = encode("vote", vote)?;
-            self.write_meta(VOTE_KEY, value).await
+            let db = self.db.clone();
+            let file = self.vote_file.clone();
+            blocking(move || {
+                let mut batch = db.db.batch().durability(Some(PersistMode::SyncAll));
+                batch.insert(&db.meta, VOTE_KEY, value.as_slice());
+                batch.commit()?;
+                write_vote_file(&file, &value)
+            })
+            .await
         };
         write
             .await

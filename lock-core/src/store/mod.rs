@@ -70,6 +70,13 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    /// The file mirroring the raft vote could not be written or read.
+    #[error("raft vote file {path}: {source}")]
+    VoteFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// A raft log segment file could not be written or read.
     #[error("raft log file {path}: {source}")]
     LogFile {

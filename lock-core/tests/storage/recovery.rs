@@ -442,3 +442,74 @@ async fn a_vote_behind_the_log_is_refused_at_open() -> Result<()> {
     );
     Ok(())
 }
+
+/// A vote for a term whose entries never reached this node passes every check against the
+/// log. If the database loses it (fjall drops the end of a damaged journal silently), only the
+/// vote's own file still knows it, and the store refuses to open instead of letting the node
+/// vote a second time in that term.
+#[tokio::test]
+async fn a_vote_rolled_back_with_no_entries_of_its_term_is_refused_at_open() -> Result<()> {
+    let dir = TempDir::new()?;
+    let vote_file = dir.path().join("vote");
+    phase("entries of term 3, then a vote for node 2 in term 5 (no entries of term 5 yet)");
+    let kept = {
+        let (mut log, _sm, _) = open(dir.path())?;
+        log.save_vote(&Vote::new_committed(3, 1)).await?;
+        log.blocking_append(blanks(3, 1..=10)).await?;
+        log.save_vote(&Vote::new(5, 2)).await?;
+        let kept = std::fs::read(&vote_file).context("the vote file")?;
+        // The database's vote goes back to term 3, as a journal that lost its end leaves it;
+        // the vote file keeps term 5.
+        log.save_vote(&Vote::new_committed(3, 1)).await?;
+        kept
+    };
+    std::fs::write(&vote_file, kept)?;
+
+    phase("reopen: refused, naming both votes");
+    let refused = match open(dir.path()) {
+        Ok(_) => bail!("a database that lost its vote opened"),
+        Err(e) => format!("{e:#}"),
+    };
+    ensure!(
+        refused.contains("holds the later vote") && refused.contains("could vote twice"),
+        "{refused}"
+    );
+    Ok(())
+}
+
+/// The vote file is written after the database: a crash between the two leaves the file one
+/// vote behind, which is not damage. A data directory of an earlier version, without the file,
+/// gets one at open.
+#[tokio::test]
+async fn a_vote_file_behind_the_database_or_missing_is_not_damage() -> Result<()> {
+    let dir = TempDir::new()?;
+    let vote_file = dir.path().join("vote");
+    phase("the file keeps term 3 while the database saved term 4");
+    let behind = {
+        let (mut log, _sm, _) = open(dir.path())?;
+        log.save_vote(&Vote::new_committed(3, 1)).await?;
+        let behind = std::fs::read(&vote_file)?;
+        log.save_vote(&Vote::new(4, 2)).await?;
+        behind
+    };
+    std::fs::write(&vote_file, behind)?;
+    {
+        let (mut log, _sm, _) = open(dir.path()).context("a file behind the database")?;
+        ensure!(log.read_vote().await? == Some(Vote::new(4, 2)));
+    }
+
+    phase("no file at all: opens, and writes it");
+    std::fs::remove_file(&vote_file)?;
+    drop(open(dir.path()).context("no vote file")?);
+    ensure!(vote_file.exists(), "the vote file was not written at open");
+
+    phase("and it guards from then on: the database loses term 4, the file has it");
+    {
+        let (mut log, _sm, _) = open(dir.path())?;
+        let kept = std::fs::read(&vote_file)?;
+        log.save_vote(&Vote::new_committed(3, 1)).await?;
+        std::fs::write(&vote_file, kept)?;
+    }
+    ensure!(open(dir.path()).is_err(), "a rolled-back vote opened");
+    Ok(())
+}
