@@ -47,9 +47,14 @@ fn problems(pem: &[u8], now_s: i64) -> Vec<String> {
                  refuse it until then (is this machine's clock right?)"
             ));
         } else if until.timestamp() - now_s < EXPIRY_NOTICE_S {
-            let days = (until.timestamp() - now_s) / 86_400;
+            let left_s = until.timestamp() - now_s;
+            let left = if left_s < 2 * 86_400 {
+                format!("in {} hours", left_s / 3_600)
+            } else {
+                format!("in {} days", left_s / 86_400)
+            };
             out.push(format!(
-                "the certificate for \"{subject}\" expires on {until}, in {days} days"
+                "the certificate for \"{subject}\" expires on {until}, {left}"
             ));
         }
     }
@@ -97,6 +102,9 @@ mod tests {
         assert!(early[0].contains("not valid before"), "{early:?}");
         let soon = problems(&pem, JAN_2025_S + 355 * DAY_S);
         assert!(soon[0].contains("in 10 days"), "{soon:?}");
+        // The last two days are counted in hours, not rounded down to "0 days".
+        let hours = problems(&pem, JAN_2025_S + 365 * DAY_S - 13 * 3_600 - 60);
+        assert!(hours[0].contains("in 13 hours"), "{hours:?}");
     }
 
     #[test]

@@ -141,6 +141,8 @@ pub enum RouteError {
     NotAbsolute(String),
     #[error("route pattern '{0}': '**' may only be the last segment")]
     RestNotLast(String),
+    #[error("route pattern '{pattern}' can never match: {why} (such request paths are refused)")]
+    NeverMatches { pattern: String, why: String },
     #[error("resource template '{template}' uses '{{{name}}}', which pattern '{pattern}' does not capture")]
     UnknownCapture {
         template: String,
@@ -219,6 +221,12 @@ impl Route {
         let Some(rest) = config.path.strip_prefix('/') else {
             return Err(RouteError::NotAbsolute(config.path.clone()));
         };
+        if let Err(why) = check_path(&config.path) {
+            return Err(RouteError::NeverMatches {
+                pattern: config.path.clone(),
+                why,
+            });
+        }
         let mut segments = Vec::new();
         let parts: Vec<&str> = rest.split('/').collect();
         for (i, part) in parts.iter().enumerate() {
@@ -853,6 +861,22 @@ mod tests {
             Route::compile(route("/kv/{key}", "kv:{id}")),
             Err(RouteError::UnknownCapture { .. })
         ));
+        // Paths the proxy refuses before routing: a pattern made of them would never match.
+        for never in [
+            "/kv/../{key}",
+            "/kv/./x",
+            "/kv//{key}",
+            "/kv/",
+            "/a%2Fb/{k}",
+            "/a\\b",
+        ] {
+            let refused = Route::compile(route(never, "x"));
+            assert!(
+                matches!(refused, Err(RouteError::NeverMatches { .. })),
+                "{never}: {refused:?}"
+            );
+        }
+        assert!(Route::compile(route("/", "root")).is_ok());
     }
 
     #[test]
