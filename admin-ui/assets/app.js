@@ -369,7 +369,7 @@ async function refreshResource() {
   setText($("#resource-name"), name);
   let d;
   try {
-    d = await getJson(`/v1/admin/resources/${name.split("/").map(encodeURIComponent).join("/")}`);
+    d = await getJson(`/v1/admin/resources/${encodeURIComponent(name)}`);
   } catch (e) {
     // Refused (a name no resource can have): show nothing of the resource shown before.
     if (e instanceof ApiError) {
@@ -795,7 +795,7 @@ async function refreshIdempotency() {
 }
 
 function forceRelease(resource) {
-  const path = `/v1/admin/force-release/${resource.split("/").map(encodeURIComponent).join("/")}`;
+  const path = `/v1/admin/force-release/${encodeURIComponent(resource)}`;
   return runAction(`force release of ${resource}`, path, {});
 }
 

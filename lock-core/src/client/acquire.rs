@@ -185,11 +185,11 @@ fn check_margin(transport: &Transport, ttl: Duration) -> Result<(), Error> {
     Ok(())
 }
 
-/// Checks a resource name like the server does (1–256 bytes of `[A-Za-z0-9._:/-]`, no `.` or
-/// `..` segment), so a bad name fails before anything is sent and never needs escaping in a
-/// URL.
+/// Checks a resource name like the server does (1–256 bytes of `[A-Za-z0-9._:/-]`), and that
+/// it can be sent in a URL (not `.` or `..`), so a bad name fails before anything is sent.
 pub(crate) fn validate_resource(resource: &str) -> Result<(), Error> {
     wire::validate_resource(resource)
+        .and_then(|()| wire::resource_in_path(resource).map(drop))
         .map_err(|why| Error::Invalid(format!("resource '{resource}': {why}")))
 }
 

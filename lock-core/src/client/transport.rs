@@ -9,7 +9,7 @@ use serde::Serialize;
 use super::route::NodeRoute;
 use super::schedule::{backoff_delay, instant_after};
 use super::{error_chain, ClientOptions, Error};
-use crate::wire::{classify, ErrorBody, ErrorCode, Failure};
+use crate::wire::{self, classify, ErrorBody, ErrorCode, Failure};
 
 /// A definite error answer from a node (anything but 5xx).
 #[derive(Debug, Clone)]
@@ -126,7 +126,9 @@ impl Transport {
     ) -> Result<T, AttemptError> {
         let idx = self.route.current();
         let base = &self.nodes[idx];
-        let url = format!("{base}/v1/locks/{resource}/{action}");
+        // Names were checked before (`validate_resource`): only `.` and `..` have no path form.
+        let segment = wire::resource_in_path(resource).unwrap_or_default();
+        let url = format!("{base}/v1/locks/{segment}/{action}");
         let outcome = if timeout.is_zero() {
             Err(AttemptError::Uncertain("no time left".into()))
         } else {

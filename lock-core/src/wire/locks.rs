@@ -29,15 +29,6 @@ pub fn validate_resource(resource: &str) -> Result<(), String> {
     if !resource.bytes().all(ok_char) {
         return Err("Resource names may only contain letters, digits and . _ : / -".into());
     }
-    // HTTP clients resolve such segments before sending (`x/../kv:a` reaches the server as
-    // `kv:a`, curl's --path-as-is does not): one name would be two locks depending on the client.
-    if resource.split('/').any(|seg| seg == "." || seg == "..") {
-        return Err(
-            "Resource names may not have a '.' or '..' segment: HTTP clients resolve them away \
-             before sending, so the name would not reach the server as written."
-                .into(),
-        );
-    }
     if let Some((_, last)) = resource.rsplit_once('/') {
         if LOCK_ACTIONS.contains(&last) {
             return Err(format!(
@@ -46,6 +37,20 @@ pub fn validate_resource(resource: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A valid resource name as one segment of a URL path: each `/` as `%2F`, so that no part of
+/// the name is a `.` or `..` segment, which HTTP clients resolve away before sending (`a/./b`
+/// would reach the server as `a/b`). The names `.` and `..` cannot be sent this way at all
+/// (URL parsers resolve `%2E` too), and are an error.
+pub fn resource_in_path(resource: &str) -> Result<String, String> {
+    if matches!(resource, "." | "..") {
+        return Err(format!(
+            "the resource name '{resource}' cannot be sent in a URL: HTTP clients resolve a \
+             '{resource}' path segment away"
+        ));
+    }
+    Ok(resource.replace('/', "%2F"))
 }
 
 /// Checks a caller-chosen id field (`request_id`, `holder`): 1–128 characters.
@@ -160,7 +165,7 @@ impl AcquireResponse {
 
 #[cfg(test)]
 mod tests {
-    use super::validate_resource;
+    use super::{resource_in_path, validate_resource};
 
     #[test]
     fn resource_names_are_checked_like_the_api_documents() {
@@ -171,22 +176,32 @@ mod tests {
             "a.b/.c",
             "x".repeat(256).as_str(),
             "a_b-c:d",
+            // Every name of the allowed bytes, dot segments included (sent with `/` as %2F).
+            "x/../kv:a",
+            "kv:a/./b",
+            ".",
+            "..",
+            "a/.",
+            "/",
         ] {
             assert!(validate_resource(good).is_ok(), "{good}");
         }
         for bad in [
             "",
             "a b",
-            "x/../kv:a",
-            "kv:a/./b",
-            ".",
-            "..",
-            "a/.",
             "a/acquire",
             "x".repeat(257).as_str(),
             "caf\u{e9}",
         ] {
             assert!(validate_resource(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn names_go_into_a_url_as_one_segment() {
+        assert_eq!(resource_in_path("kv:a").unwrap(), "kv:a");
+        assert_eq!(resource_in_path("x/../kv:a").unwrap(), "x%2F..%2Fkv:a");
+        assert_eq!(resource_in_path("/").unwrap(), "%2F");
+        assert!(resource_in_path(".").is_err() && resource_in_path("..").is_err());
     }
 }

@@ -191,10 +191,10 @@ pub async fn lock(args: LockArgs) -> Result<std::process::ExitCode, CliError> {
 }
 
 async fn read_one(api: &Api, resource: &str) -> Result<LockView, CliError> {
-    wire::validate_resource(resource)
+    let segment = wire::validate_resource(resource)
+        .and_then(|()| wire::resource_in_path(resource))
         .map_err(|why| CliError::usage(format!("resource '{resource}': {why}")))?;
-    // Valid names need no escaping in a path.
-    api.get(&format!("/v1/locks/{resource}"), &[]).await
+    api.get(&format!("/v1/locks/{segment}"), &[]).await
 }
 
 /// The server's log time, for the countdown of a held lock: the view (`GET /v1/locks/{r}`)

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lock_core::testkit::{phase, TestCluster};
+use lock_core::testkit::{phase, raw_http, TestCluster};
 use serde_json::json;
 
 use super::support::{assert_error, assert_grant, lock_path, release, renew, wait_for_lock};
@@ -181,5 +181,37 @@ async fn resources_with_slashes_work_raw_and_percent_encoded() {
     phase("an action word elsewhere in the name is fine");
     let got = c.acquire(f[0], "acquire/jobs", "slash-4", 5_000).await;
     assert_grant(&got, "acquire/jobs", 5_000);
+
+    phase("'.' and '..' segments are part of the name, sent with '/' as %2F: their own locks");
+    let got = c.acquire(f[0], "kv:a/b", "dot-0", 10_000).await;
+    assert_grant(&got, "kv:a/b", 10_000);
+    for (name, spelled) in [
+        ("kv:a/./b", "kv:a%2F.%2Fb"),
+        ("x/../kv:a/b", "x%2F..%2Fkv:a%2Fb"),
+    ] {
+        let got = c
+            .acquire(f[1], spelled, &format!("dot-{name}"), 10_000)
+            .await;
+        assert_grant(&got, name, 10_000);
+        let (s, v) = c.get(leader, &format!("/v1/locks/{spelled}")).await;
+        assert_eq!((s, &v["resource"]), (200, &json!(name)), "{v}");
+    }
+    phase("'..' alone: URL parsers resolve it (and %2E%2E), a client sending it as is gets it");
+    let body = r#"{"request_id":"dot-up","ttl_ms":10000}"#;
+    let head = format!(
+        "POST /v1/locks/../acquire HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let got = raw_http::send(
+        c.node(leader).addr,
+        head.into_bytes(),
+        vec![],
+        Duration::ZERO,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(got.status, Some(200), "{got:?}");
+    assert!(got.body.contains(r#""resource":"..""#), "{got:?}");
     c.shutdown().await;
 }

@@ -118,3 +118,37 @@ async fn t82_nonsense_options_and_node_urls_are_refused_up_front() {
         other => panic!("expected Invalid, got {other:?}"),
     }
 }
+
+/// A name with `.` or `..` segments is its own lock: the client sends it as one path segment,
+/// so no URL parser resolves it into another name. `.` and `..` alone cannot be sent in a URL
+/// and are refused before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t83_dot_segments_in_a_name_reach_the_server_as_written() {
+    let c = TestCluster::start(3).await;
+    let client = client_with(&c, ClientOptions::default());
+    phase("a/./b and x/../a/b are granted as themselves, a/b stays free");
+    let mut guards = Vec::new();
+    for name in ["a/./b", "x/../a/b"] {
+        let guard = client
+            .acquire(name, AcquireOptions::new(30 * SEC))
+            .await
+            .expect("acquire");
+        guards.push(guard);
+        let view = lock_status(&c, &name.replace('/', "%2F")).await;
+        assert_eq!(
+            (&view["resource"], &view["held"]),
+            (&name.into(), &true.into())
+        );
+    }
+    assert_eq!(lock_status(&c, "a/b").await["held"], false);
+
+    phase("'.' and '..' are refused by the client");
+    for name in [".", ".."] {
+        match client.acquire(name, AcquireOptions::new(30 * SEC)).await {
+            Err(Error::Invalid(m)) => assert!(m.contains("cannot be sent in a URL"), "{m}"),
+            other => panic!("{name}: expected Invalid, got {other:?}"),
+        }
+    }
+    drop(guards);
+    c.shutdown().await;
+}
