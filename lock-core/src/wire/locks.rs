@@ -15,9 +15,8 @@ pub const MAX_LIST_LIMIT: usize = 1_000;
 /// The lock actions, which end a `POST /v1/locks/{resource}/{action}` path.
 pub const LOCK_ACTIONS: [&str; 4] = ["acquire", "renew", "release", "cancel"];
 
-/// Checks a resource name: 1–256 bytes of `[A-Za-z0-9._:/-]`, not ending in `/` and a lock
-/// action (`kv:a/acquire` would be ambiguous in `GET /v1/locks/kv:a/acquire`). The error is a
-/// sentence for the caller.
+/// Checks a resource name: 1–256 bytes of `[A-Za-z0-9._:/-]`. The error is a sentence for the
+/// caller. (In a URL, send it as [`resource_in_path`] spells it.)
 pub fn validate_resource(resource: &str) -> Result<(), String> {
     let ok_char = |b: u8| b.is_ascii_alphanumeric() || b"._:/-".contains(&b);
     if resource.is_empty() || resource.len() > MAX_RESOURCE_LEN {
@@ -29,20 +28,14 @@ pub fn validate_resource(resource: &str) -> Result<(), String> {
     if !resource.bytes().all(ok_char) {
         return Err("Resource names may only contain letters, digits and . _ : / -".into());
     }
-    if let Some((_, last)) = resource.rsplit_once('/') {
-        if LOCK_ACTIONS.contains(&last) {
-            return Err(format!(
-                "Resource names may not end in '/{last}': that reads as a lock action."
-            ));
-        }
-    }
     Ok(())
 }
 
 /// A valid resource name as one segment of a URL path: each `/` as `%2F`, so that no part of
 /// the name is a `.` or `..` segment, which HTTP clients resolve away before sending (`a/./b`
-/// would reach the server as `a/b`). The names `.` and `..` cannot be sent this way at all
-/// (URL parsers resolve `%2E` too), and are an error.
+/// would reach the server as `a/b`), and a name ending in a lock action (`jobs/acquire`) is not
+/// read as one. The names `.` and `..` cannot be sent this way at all (URL parsers resolve
+/// `%2E` too), and are an error.
 pub fn resource_in_path(resource: &str) -> Result<String, String> {
     if matches!(resource, "." | "..") {
         return Err(format!(
@@ -186,13 +179,11 @@ mod tests {
         ] {
             assert!(validate_resource(good).is_ok(), "{good}");
         }
-        for bad in [
-            "",
-            "a b",
-            "a/acquire",
-            "x".repeat(257).as_str(),
-            "caf\u{e9}",
-        ] {
+        assert!(
+            validate_resource("jobs/acquire").is_ok(),
+            "sent as jobs%2Facquire"
+        );
+        for bad in ["", "a b", "x".repeat(257).as_str(), "caf\u{e9}"] {
             assert!(validate_resource(bad).is_err(), "{bad}");
         }
     }

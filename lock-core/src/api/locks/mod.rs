@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::Json;
 use serde::Serialize;
@@ -95,14 +95,15 @@ impl Scope {
     }
 }
 
-/// `POST /v1/locks/{resource}/{action}`; the resource may itself contain `/`.
+/// `POST /v1/locks/{resource}/{action}`; the resource may itself contain `/` (raw or `%2F`).
+/// The action is the last segment of the path as sent, so a name ending in an action word is
+/// unambiguous with its `/` sent as `%2F`.
 pub async fn post(
     State(node): State<Arc<Node>>,
     caller: Option<axum::Extension<Caller>>,
-    path: Result<Path<String>, PathRejection>,
+    uri: Uri,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<HttpResponse, ApiError> {
-    let path = path_param(path)?;
     // Axum's own rejections (e.g. 413 for an oversized body) are plain text; every error
     // must be the JSON error body.
     let body = body.map_err(|e| {
@@ -113,11 +114,12 @@ pub async fn post(
         };
         ApiError::new(code, e.body_text()).with_status(e.status())
     })?;
-    let Some((resource, action)) = path.rsplit_once('/') else {
+    let Some((resource, action)) = lock_path(&uri).rsplit_once('/') else {
         return Err(ApiError::not_found(
             "Use POST /v1/locks/{resource}/acquire|renew|release|cancel.",
         ));
     };
+    let resource = &decode_name(resource)?;
     if !LOCK_ACTIONS.contains(&action) {
         return Err(ApiError::not_found(format!(
             "Unknown lock action '{action}'; use acquire, renew, release or cancel."
@@ -204,9 +206,17 @@ fn json<T: Serialize>(result: Result<T, ApiError>) -> Result<HttpResponse, ApiEr
 }
 
 /// The `{*path}` part of the URL; a path that does not decode (e.g. `%FF`) is a JSON 400.
-fn path_param(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
-    path.map(|Path(p)| p)
-        .map_err(|e| ApiError::invalid(format!("Bad resource in the URL: {}.", e.body_text())))
+/// What follows `/v1/locks/` in the request's path, as sent (percent-encoded).
+fn lock_path(uri: &Uri) -> &str {
+    uri.path().strip_prefix("/v1/locks/").unwrap_or_default()
+}
+
+/// A resource name from its spelling in a path: percent-decoded, and UTF-8.
+fn decode_name(spelled: &str) -> Result<String, ApiError> {
+    percent_encoding::percent_decode_str(spelled)
+        .decode_utf8()
+        .map(|name| name.into_owned())
+        .map_err(|_| ApiError::invalid("Bad resource in the URL: it is not UTF-8 once decoded."))
 }
 
 /// Latency and outcome metrics of one call; `failed` is the outcome of a call that failed.

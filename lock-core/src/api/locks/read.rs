@@ -4,12 +4,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::Uri;
 use axum::Json;
 use serde::Deserialize;
 
-use super::{path_param, record, Scope};
+use super::{decode_name, lock_path, record, Scope};
 use crate::api::auth::caller_of;
 use crate::api::ApiError;
 use crate::node::Caller;
@@ -18,14 +19,16 @@ use crate::wire::tenant::MAX_TENANT_LEN;
 use crate::wire::MAX_RESOURCE_LEN;
 use crate::wire::{validate_resource, ErrorCode, LockList, LockView, LOCK_ACTIONS, MAX_LIST_LIMIT};
 
-/// `GET /v1/locks/{resource}`.
+/// `GET /v1/locks/{resource}`. A path whose last segment as sent is a lock action is that
+/// action (`GET /v1/locks/jobs/acquire`: 405); a name that ends in one is read with its `/`
+/// as `%2F` (`GET /v1/locks/jobs%2Facquire`).
 pub async fn get(
     State(node): State<Arc<Node>>,
     caller: Option<axum::Extension<Caller>>,
-    resource: Result<Path<String>, PathRejection>,
+    uri: Uri,
 ) -> Result<Json<LockView>, ApiError> {
-    let resource = path_param(resource)?;
-    if let Some((_, action)) = resource.rsplit_once('/') {
+    let spelled = lock_path(&uri);
+    if let Some((_, action)) = spelled.rsplit_once('/') {
         if LOCK_ACTIONS.contains(&action) {
             return Err(ApiError::new(
                 ErrorCode::MethodNotAllowed,
@@ -33,6 +36,7 @@ pub async fn get(
             ));
         }
     }
+    let resource = decode_name(spelled)?;
     let started = Instant::now();
     let result = async {
         validate_resource(&resource).map_err(ApiError::invalid)?;

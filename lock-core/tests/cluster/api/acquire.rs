@@ -171,11 +171,18 @@ async fn resources_with_slashes_work_raw_and_percent_encoded() {
     let (s, r) = release(&c, leader, "app%2Fdb%2Fprimary", &lease).await;
     assert_eq!((s, r), (200, json!({ "released": true })));
 
-    phase("a name ending in an action word is refused: GET .../acquire would be ambiguous");
+    phase("a name ending in an action word: the last segment as sent is the action");
     let got = c.acquire(f[0], "jobs/acquire", "slash-3", 5_000).await;
-    assert_error(&got, 400, "invalid_request", &[]);
+    assert_grant(&got, "jobs/acquire", 5_000);
+    let (s, v) = c.get(leader, "/v1/locks/jobs%2Facquire").await;
+    assert_eq!(
+        (s, &v["resource"], &v["held"]),
+        (200, &json!("jobs/acquire"), &json!(true))
+    );
     let got = c.get(leader, "/v1/locks/jobs/acquire").await;
     assert_error(&got, 405, "method_not_allowed", &[]);
+    let got = c.acquire(f[1], "jobs%2Facquire", "slash-3b", 5_000).await;
+    assert_error(&got, 409, "lock_held", &["retry_after_ms"]);
     let got = c.get(leader, "/v1/locks/kv:demo/release").await;
     assert_error(&got, 405, "method_not_allowed", &[]);
     phase("an action word elsewhere in the name is fine");
