@@ -83,6 +83,7 @@ pub fn router(node: Arc<Node>) -> Router {
     };
     Router::new()
         .route("/v1/locks", get(locks::list))
+        .route("/v1/locks/", get(locks::no_name).post(locks::no_name))
         .route("/v1/locks/{*path}", get(locks::get).post(locks::post))
         .route("/v1/cluster", get(cluster::status))
         .route("/v1/cluster/members/add", post(cluster::add_member))

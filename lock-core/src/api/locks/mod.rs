@@ -206,6 +206,14 @@ fn json<T: Serialize>(result: Result<T, ApiError>) -> Result<HttpResponse, ApiEr
 }
 
 /// The `{*path}` part of the URL; a path that does not decode (e.g. `%FF`) is a JSON 400.
+/// `/v1/locks/` with nothing after it: a lock call without its resource.
+pub async fn no_name() -> ApiError {
+    ApiError::invalid(
+        "The resource name is missing: use /v1/locks/{resource} (1–256 bytes of letters, digits \
+         and . _ : / -).",
+    )
+}
+
 /// What follows `/v1/locks/` in the request's path, as sent (percent-encoded).
 fn lock_path(uri: &Uri) -> &str {
     uri.path().strip_prefix("/v1/locks/").unwrap_or_default()

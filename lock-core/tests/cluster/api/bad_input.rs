@@ -100,6 +100,8 @@ async fn acquire_rejects_bad_input_with_a_clear_400() {
     }
     let got = c.get(f, &format!("/v1/locks/{long}")).await;
     assert_error(&got, 400, "invalid_request", &[]);
+    let got = c.get(f, "/v1/locks/").await;
+    assert_error(&got, 400, "invalid_request", &[]);
 
     phase("a path that is not UTF-8 after decoding is a JSON 400, not a plain-text one");
     let got = c
