@@ -119,6 +119,13 @@ const SNAPSHOT_KEYSPACE: &str = "snapshot";
 const IDEM_KEYSPACE: &str = "idempotency";
 /// Block cache of the node's database (see `Db::open`).
 const BLOCK_CACHE_BYTES: u64 = 8 << 20;
+/// Most disk fjall's journals (`*.jnl` in the data directory) may hold before fjall flushes the
+/// memtables that keep the oldest one alive. A journal is rotated at 64 MB, and one can be
+/// deleted only once every keyspace has flushed what it wrote there: idempotency records
+/// trickling into their 64 MiB memtable kept every journal alive, up to fjall's default bound
+/// of 512 MiB, while the raft metadata's writes went on. The smallest bound fjall accepts that
+/// leaves room for one full journal besides the current one.
+const MAX_JOURNAL_BYTES: u64 = 128 << 20;
 /// Memtable size of the idempotency keyspace.
 const IDEM_MEMTABLE_BYTES: u64 = 64 << 20;
 
@@ -144,6 +151,7 @@ impl Db {
         // cache has it too). A heap profile found fjall's default 32 MiB full of such blocks.
         let db = Database::builder(dir)
             .cache_size(BLOCK_CACHE_BYTES)
+            .max_journaling_size(MAX_JOURNAL_BYTES)
             .open()?;
         // Earlier versions kept the raft log here; it is moved into segment files when the
         // node opens (see `log_store.rs`), and stays empty afterwards.
@@ -313,6 +321,32 @@ fn decompress(packed: &[u8]) -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Raft's metadata written on and on while idempotency records trickle in (each journal
+    /// then holds some of them, unflushed): the journals stay under the bound instead of
+    /// growing to fjall's default 512 MiB. Writes ~850 MB.
+    #[test]
+    fn journals_stay_bounded_while_a_keyspace_holds_old_ones() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let db = Db::open(tmp.path()).expect("open");
+        let value = vec![7u8; 1_000];
+        let mut most = 0;
+        for i in 0..850_000u64 {
+            if i % 1_000 == 0 {
+                db.idem.insert(i.to_be_bytes(), b"record").expect("idem");
+                most = most.max(db.db.journal_disk_space().expect("journal size"));
+            }
+            db.meta.insert(COMMITTED_PROBE, &value[..]).expect("meta");
+        }
+        // The current journal besides the bound: flushing and deleting the oldest one runs in
+        // fjall's background workers, a little behind.
+        assert!(
+            most <= MAX_JOURNAL_BYTES + (64 << 20),
+            "journals reached {most} bytes"
+        );
+    }
+
+    const COMMITTED_PROBE: &[u8] = b"probe";
 
     #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
     struct Value {
