@@ -205,7 +205,6 @@ fn json<T: Serialize>(result: Result<T, ApiError>) -> Result<HttpResponse, ApiEr
     result.map(|body| Json(body).into_response())
 }
 
-/// The `{*path}` part of the URL; a path that does not decode (e.g. `%FF`) is a JSON 400.
 /// `/v1/locks/` with nothing after it: a lock call without its resource.
 pub async fn no_name() -> ApiError {
     ApiError::invalid(
@@ -219,7 +218,8 @@ fn lock_path(uri: &Uri) -> &str {
     uri.path().strip_prefix("/v1/locks/").unwrap_or_default()
 }
 
-/// A resource name from its spelling in a path: percent-decoded, and UTF-8.
+/// A resource name from its spelling in a path: percent-decoded, and UTF-8 (`%FF` is a JSON
+/// 400).
 fn decode_name(spelled: &str) -> Result<String, ApiError> {
     percent_encoding::percent_decode_str(spelled)
         .decode_utf8()
