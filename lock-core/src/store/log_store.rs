@@ -364,10 +364,7 @@ fn write_vote_file(path: &Path, value: &[u8]) -> Result<(), StoreError> {
     io::Write::write_all(&mut f, value).map_err(failed)?;
     f.sync_all().map_err(failed)?;
     fs::rename(&tmp, path).map_err(failed)?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(failed)
+    wal::sync_dir(path.parent().unwrap_or(Path::new(".")))
 }
 
 /// Refuses a database whose vote is behind the vote file (see [`VOTE_FILE`]); writes the file

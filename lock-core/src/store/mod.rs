@@ -336,7 +336,7 @@ mod tests {
                 db.idem.insert(i.to_be_bytes(), b"record").expect("idem");
                 most = most.max(db.db.journal_disk_space().expect("journal size"));
             }
-            db.meta.insert(COMMITTED_PROBE, &value[..]).expect("meta");
+            db.meta.insert(b"probe", &value[..]).expect("meta");
         }
         // The current journal besides the bound: flushing and deleting the oldest one runs in
         // fjall's background workers, a little behind.
@@ -345,8 +345,6 @@ mod tests {
             "journals reached {most} bytes"
         );
     }
-
-    const COMMITTED_PROBE: &[u8] = b"probe";
 
     #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
     struct Value {
