@@ -106,6 +106,7 @@ pub fn router(node: Arc<Node>) -> Router {
         )
         .route("/v1/admin/drain", post(admin::drain))
         .route("/v1/admin/snapshot", post(admin::snapshot))
+        .route("/v1/admin/backup", post(admin::backup))
         .route(
             "/v1/admin/idempotency/unknown",
             get(admin::idempotency_unknown),

@@ -19,6 +19,7 @@ pub mod ops;
 mod propose;
 mod read;
 mod read_rounds;
+mod restore;
 mod revocations;
 mod snapshots;
 mod start;
@@ -44,6 +45,7 @@ pub use member_api::{MemberApiAnswer, MemberApiCall, MAX_MEMBER_API_ANSWER, MEMB
 pub use metrics::{Metrics, HOT_ACQUIRES_PER_S, HOT_FENCE_REJECTIONS, HOT_IN_METRICS};
 pub use propose::Committed;
 pub use read_rounds::READ_INDEX_PATH;
+pub use restore::{restore_data_dir, BackupError};
 pub use revocations::{Revocation, Revocations};
 pub use start::{start, RunningNode};
 pub use waits::{WaitOutcome, WaitRegistry, WaitTicket};
@@ -79,6 +81,8 @@ pub struct Node {
     pub vote_hold: vote_hold::VoteHold,
     /// When this node last heard from a leader (it decides when to campaign).
     pub leader_contact: campaign::LeaderContact,
+    /// What a backup reads: the current snapshot and the idempotency records.
+    backups: crate::store::BackupSource,
     /// Turns true when the node begins to shut down (see [`Node::begin_stopping`]).
     stopping: tokio::sync::watch::Sender<bool>,
 }

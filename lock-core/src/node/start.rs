@@ -131,6 +131,7 @@ pub async fn start(
     sm_store.observe_apply_with(metrics.apply_seconds.clone());
     sm_store.observe_idem_forgotten_with(metrics.idem_forgotten.clone());
     let machine = sm_store.shared();
+    let backups = sm_store.backup_source();
 
     let raft_config = RaftConfig::fencegate(&config.raft)
         .validate()
@@ -178,6 +179,7 @@ pub async fn start(
         tenant_rates: Default::default(),
         vote_hold,
         leader_contact: Default::default(),
+        backups,
         stopping: tokio::sync::watch::Sender::new(false),
     });
 
@@ -215,7 +217,7 @@ async fn storage_at_start(
 
 /// Creates the data directory readable by the node's user only: its raft log holds lease ids
 /// (bearer capabilities) in the clear. A directory that exists keeps its mode.
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+pub(super) fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     if dir.exists() {
         return Ok(());
     }
@@ -233,7 +235,7 @@ const OWNER_FILE: &str = "node-id";
 /// node with another id refuses to start on it. A copy of another member's data would make this
 /// node vote with a log that is not its own; a quorum of such votes can elect a leader that
 /// lacks acknowledged entries, and granted leases would be lost.
-fn claim_data_dir(dir: &Path, id: u64) -> Result<(), NodeError> {
+pub(super) fn claim_data_dir(dir: &Path, id: u64) -> Result<(), NodeError> {
     let path = dir.join(OWNER_FILE);
     let failed = |source| NodeError::DataDir {
         path: path.clone(),

@@ -37,6 +37,11 @@ impl SnapshotStream {
         }
     }
 
+    /// The file's length in bytes.
+    pub async fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata().await?.len())
+    }
+
     /// The path of the temporary file, which from now on is the caller's to keep or remove.
     /// `None` for a durable file.
     pub fn keep(&mut self) -> Option<PathBuf> {

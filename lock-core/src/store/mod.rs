@@ -26,6 +26,7 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod backup;
 mod idempotency;
 mod log_store;
 mod log_tail;
@@ -41,7 +42,7 @@ use openraft::{AnyError, StorageError, StorageIOError};
 
 pub use idempotency::UnknownPage;
 pub use log_store::LogStore;
-pub use state_machine::{SharedMachine, SnapshotBuilder, StateMachineStore};
+pub use state_machine::{BackupSource, SharedMachine, SnapshotBuilder, StateMachineStore};
 
 use crate::machine::Effect;
 

@@ -230,6 +230,34 @@ impl SnapshotFiles {
         Ok((true, file))
     }
 
+    /// Writes a whole snapshot of `meta` into a temporary file of this directory, with the
+    /// payload `write_payload` encodes and the idempotency `records` as of `meta`'s index: the
+    /// file a restore installs, as if a leader had sent it. Returns its path and the file.
+    pub(super) fn write_restored(
+        &self,
+        meta: &Meta,
+        write_payload: impl FnOnce(&mut dyn Write) -> Result<(), StoreError>,
+        records: Option<&mut dyn Iterator<Item = Result<IdemEntry, StoreError>>>,
+    ) -> Result<(PathBuf, File), StoreError> {
+        let header = SnapshotHeader {
+            meta: meta.clone(),
+            len: 0,
+            chunks: 0,
+            seq: 0,
+            records_index: records
+                .is_some()
+                .then(|| meta.last_log_id.map_or(0, |id| id.index)),
+        };
+        let tmp = self.temporary_path("restore");
+        let written = write_file(&tmp, Pace::Full, &header, write_payload, records);
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+        let file = File::open(&tmp).map_err(io_err(&tmp))?;
+        Ok((tmp, file))
+    }
+
     /// A new temporary file for a snapshot being received.
     pub(super) fn receiving(&self) -> Result<SnapshotStream, StoreError> {
         let path = self.temporary_path("receiving");
@@ -446,6 +474,12 @@ fn locate(path: PathBuf) -> Result<(SnapshotHeader, Located), StoreError> {
             payload_len,
         },
     ))
+}
+
+/// A reader on the snapshot file at `path` (a backup), after checking that it is whole.
+pub(super) fn open_at(path: &Path) -> Result<SnapshotReader, StoreError> {
+    let (header, located) = locate(path.to_path_buf())?;
+    SnapshotReader::open_file(header, &located)
 }
 
 /// Reads one snapshot: its payload, then its idempotency records if it carries them.

@@ -320,6 +320,90 @@ fn outgoing(
     snapshots.outgoing(Some((index, &mut entries)))
 }
 
+/// A node's state as a backup takes it: see [`StateMachineStore::backup_source`].
+#[derive(Clone)]
+pub struct BackupSource {
+    snapshots: Arc<SnapshotFiles>,
+    shared: SharedMachine,
+}
+
+impl BackupSource {
+    /// The current snapshot as one self-contained file, with the idempotency records as of the
+    /// last applied entry (exactly what a lagging follower would be sent), and the log id it
+    /// covers. `None` before the node has any snapshot.
+    pub async fn current(
+        &self,
+    ) -> Result<Option<(Option<LogId<u64>>, SnapshotStream)>, StoreError> {
+        let (snapshots, shared) = (self.snapshots.clone(), self.shared.clone());
+        let current = blocking(move || outgoing(&snapshots, &shared)).await?;
+        Ok(current.map(|(meta, stream)| (meta.last_log_id, stream)))
+    }
+}
+
+/// A backup file, its state decoded and checked; its idempotency records are still to be
+/// read from `reader`.
+pub(super) struct BackupImage {
+    pub(super) meta: Meta,
+    pub(super) machine: LockMachine,
+    pub(super) reader: SnapshotReader,
+}
+
+/// Opens the backup (a snapshot file) at `path` and decodes its state.
+pub(super) fn read_backup(path: &Path) -> Result<BackupImage, StoreError> {
+    let mut reader = super::snapshot_file::open_at(path)?;
+    let mut payload = read_payload(&mut reader)?;
+    if payload.idempotency_index.is_some() {
+        return Err(StoreError::Corrupt {
+            what: "backup",
+            detail: "it carries its idempotency records in a form of earlier versions; \
+                     take a new backup"
+                .into(),
+        });
+    }
+    let machine = LockMachine::from_restored(std::mem::take(&mut payload.image));
+    Ok(BackupImage {
+        meta: reader.header.meta.clone(),
+        machine,
+        reader,
+    })
+}
+
+impl StateMachineStore {
+    /// What a backup of this node's state reads from.
+    pub fn backup_source(&self) -> BackupSource {
+        BackupSource {
+            snapshots: self.snapshots.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Installs `machine` as the state at `meta`, with `records` as the idempotency records:
+    /// written as a snapshot file and installed as one from a leader would be.
+    pub(super) async fn install_restored(
+        &mut self,
+        meta: &Meta,
+        machine: &LockMachine,
+        records: Option<&mut dyn Iterator<Item = Result<IdemEntry, StoreError>>>,
+    ) -> Result<(), StoreError> {
+        let payload = PayloadRef {
+            last_applied: meta.last_log_id,
+            last_membership: &meta.last_membership,
+            image: machine.snapshot_image(),
+            idempotency: &[],
+            idempotency_index: None,
+        };
+        let (path, file) = self.snapshots.write_restored(
+            meta,
+            move |out| encode_into("snapshot", &payload, out),
+            records,
+        )?;
+        let stream = Box::new(SnapshotStream::temporary(file, path));
+        self.install_snapshot(meta, stream)
+            .await
+            .map_err(|e| StoreError::Task(format!("install the restored snapshot: {e}")))
+    }
+}
+
 /// Reads a snapshot's payload and checks it against the snapshot's meta.
 fn read_payload(reader: &mut SnapshotReader) -> Result<SnapshotPayload, StoreError> {
     let payload: SnapshotPayload = reader.payload()?;

@@ -271,6 +271,33 @@ impl TestCluster {
         )
     }
 
+    /// Takes a backup on node `id` (`POST /v1/admin/backup`) into the file `to`; returns the
+    /// raft term and log index it covers, as its answer's headers name them.
+    pub async fn backup(&self, id: u64, to: &std::path::Path) -> (u64, u64) {
+        let resp = self
+            .authorized(self.http.post(self.url(id, "/v1/admin/backup")))
+            .json(&serde_json::json!({"operator": "testkit"}))
+            .timeout(Duration::from_secs(180))
+            .send()
+            .await
+            .expect("backup request");
+        assert_eq!(resp.status().as_u16(), 200, "backup on node {id}");
+        let header = |name: &str| -> u64 {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("backup answer without {name}"))
+        };
+        let at = (
+            header(crate::wire::BACKUP_TERM_HEADER),
+            header(crate::wire::BACKUP_INDEX_HEADER),
+        );
+        let bytes = resp.bytes().await.expect("backup body");
+        std::fs::write(to, &bytes).expect("write the backup");
+        at
+    }
+
     /// A try-once acquire of `resource` on node `id`.
     pub async fn acquire(
         &self,

@@ -13,6 +13,11 @@ pub const NODE_ID_HEADER: &str = "Fencegate-Node-Id";
 /// the follower's forwarding hop; any node still serves any call.
 pub const LEADER_ID_HEADER: &str = "Fencegate-Leader-Id";
 
+/// On a backup (`POST /v1/admin/backup`): the raft term and log index of the last entry it
+/// covers.
+pub const BACKUP_TERM_HEADER: &str = "Fencegate-Backup-Term";
+pub const BACKUP_INDEX_HEADER: &str = "Fencegate-Backup-Index";
+
 /// The token of an `Authorization: Bearer <token>` value. The scheme is matched without regard
 /// to case, as HTTP's authentication schemes are (`bearer`, `BEARER`).
 pub fn bearer_token(authorization: &str) -> Option<&str> {

@@ -41,7 +41,10 @@ pub use cluster::{
 };
 pub use demo_store::{LimitedLogEntry, Order, StoreLogEntry};
 pub use error::{classify, ErrorBody, ErrorCode, Failure};
-pub use headers::{FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER, LEADER_ID_HEADER, NODE_ID_HEADER};
+pub use headers::{
+    BACKUP_INDEX_HEADER, BACKUP_TERM_HEADER, FENCE_RESOURCE_HEADER, FENCE_TOKEN_HEADER,
+    LEADER_ID_HEADER, NODE_ID_HEADER,
+};
 pub use idempotency::{
     IdemResolution, IdemResolveRequest, IdemResolveResponse, IdemResolvedAnswer, IdemUnknownPage,
     IdemUnknownRecord,

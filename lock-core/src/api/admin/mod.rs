@@ -3,6 +3,7 @@
 
 mod actions;
 mod auth;
+mod backup;
 mod idempotency;
 mod keys;
 mod quotas;
@@ -10,6 +11,7 @@ mod reads;
 
 pub use actions::{add_member, drain, force_release, remove_member, snapshot};
 pub use auth::{check_admin_if_configured, require_admin};
+pub use backup::backup;
 pub use idempotency::{resolve as idempotency_resolve, unknown as idempotency_unknown};
 pub use keys::{create_key, list_keys, revoke_key};
 pub use quotas::{list as quotas, set as set_quota};

@@ -11,6 +11,7 @@ mod leader_kill;
 mod lost_data;
 mod partition;
 mod restart;
+mod restore;
 
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,234 @@
+//! Disaster recovery: a cluster that lost its data is made again from a backup. The restored
+//! cluster keeps the backup's leases and tokens, never issues a token the lost cluster may
+//! have issued after the backup, and a member still holding the lost cluster's log follows the
+//! restored state instead of mixing the two.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use lock_core::node::{restore_data_dir, Policy};
+use lock_core::store::backup::{self, DEFAULT_TOKEN_GAP, INDEX_JUMP, TERM_JUMP};
+use lock_core::testkit::{phase, TestCluster};
+use serde_json::Value;
+
+use super::EVENT;
+
+const HOUR_MS: u64 = 3_600_000;
+
+/// A 3-node cluster whose leases outlive the test.
+async fn cluster() -> TestCluster {
+    let policy = Policy {
+        max_ttl_ms: HOUR_MS,
+        ..Policy::default()
+    };
+    TestCluster::start_with(3, policy).await
+}
+
+fn token(v: &Value) -> u64 {
+    v["fencing_token"].as_u64().unwrap_or_else(|| panic!("{v}"))
+}
+
+/// Stops every node, then replaces the data directories of `restored` with ones made from
+/// `file`.
+async fn restore(c: &mut TestCluster, file: &std::path::Path, restored: &[u64]) {
+    for id in c.running() {
+        c.stop(id).await;
+    }
+    for &id in restored {
+        let dir = c.data_root().join(format!("node{id}"));
+        std::fs::remove_dir_all(&dir).expect("remove the lost data directory");
+        let summary = restore_data_dir(&c.config(id), file, DEFAULT_TOKEN_GAP)
+            .await
+            .unwrap_or_else(|e| panic!("restore node {id}: {e}"));
+        assert!(dir.join("node-id").exists(), "the directory is claimed");
+        eprintln!("node {id} restored: {summary:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_restored_from_a_backup_keeps_its_leases_and_never_reissues_a_token() {
+    let mut c = cluster().await;
+    let leader = c.wait_leader(EVENT).await;
+    let follower = c.followers(leader)[0];
+
+    phase("20,000 leases, then a backup taken on a follower");
+    let kept = c.acquire_many(leader, "kept", 20_000, 64, HOUR_MS).await;
+    let file = c.data_root().join("cluster.backup");
+    let committed = c.last_applied(leader).await;
+    let (term, index) = c.backup(follower, &file).await;
+    assert!(
+        index >= committed,
+        "the backup ends at {index}, before {committed}, committed before it was asked for"
+    );
+    let summary = backup::inspect(&file).expect("the backup reads back whole");
+    assert_eq!((summary.term, summary.index), (term, index));
+    assert_eq!(summary.active_locks, 20_000, "{summary:?}");
+    assert_eq!(summary.members, vec![1, 2, 3]);
+
+    phase("after the backup the lost cluster goes on: new leases, a release");
+    let later = c.acquire_many(leader, "later", 500, 16, HOUR_MS).await;
+    let highest_issued = later.iter().map(token).max().expect("tokens");
+    let released = &kept[0];
+    let (status, _) = c
+        .post(
+            leader,
+            &format!(
+                "/v1/locks/{}/release",
+                released["resource"].as_str().unwrap()
+            ),
+            serde_json::json!({"lease_id": released["lease_id"]}),
+        )
+        .await;
+    assert_eq!(status, 200);
+
+    phase("every member loses its data; all three are restored from the backup");
+    restore(&mut c, &file, &[1, 2, 3]).await;
+    for id in [1, 2, 3] {
+        c.restart(id).await;
+    }
+    let leader = c.wait_leader(EVENT).await;
+    let status = c.cluster_status(leader).await;
+    assert!(status.term > term + TERM_JUMP, "{status:?}");
+    assert!(status.last_applied > index + INDEX_JUMP, "{status:?}");
+
+    phase("the backup's leases are held, with their tokens, on every member");
+    let by_resource: HashMap<&str, &Value> = kept
+        .iter()
+        .map(|g| (g["resource"].as_str().unwrap(), g))
+        .collect();
+    for grant in kept.iter().step_by(101) {
+        let resource = grant["resource"].as_str().unwrap();
+        for id in [1, 2, 3] {
+            let (status, lock) = c.get(id, &format!("/v1/locks/{resource}")).await;
+            assert_eq!(status, 200, "{lock}");
+            assert_eq!(lock["held"], true, "{resource} on node {id}: {lock}");
+            assert_eq!(lock["fencing_token"], grant["fencing_token"], "{lock}");
+        }
+    }
+    // Released after the backup: the restored cluster still sees it held until it expires,
+    // the safe side (the holder's lease id still renews it).
+    let (_, lock) = c
+        .get(
+            leader,
+            &format!("/v1/locks/{}", released["resource"].as_str().unwrap()),
+        )
+        .await;
+    assert_eq!(lock["held"], true, "{lock}");
+    let (status, renewed) = c
+        .post(
+            leader,
+            &format!("/v1/locks/{}/renew", released["resource"].as_str().unwrap()),
+            serde_json::json!({"lease_id": released["lease_id"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{renewed}");
+
+    phase("leases granted after the backup are unknown; new ones get tokens above all");
+    for grant in later.iter().step_by(25) {
+        let resource = grant["resource"].as_str().unwrap();
+        let (_, lock) = c.get(leader, &format!("/v1/locks/{resource}")).await;
+        assert_eq!(lock["held"], false, "{lock}");
+        assert!(lock["fencing_token"].is_null(), "{lock}");
+        let (status, fresh) = c
+            .acquire(leader, resource, &format!("again-{resource}"), 10_000)
+            .await;
+        assert_eq!(status, 200, "{fresh}");
+        assert!(
+            token(&fresh) > highest_issued
+                && token(&fresh) > summary.last_token + DEFAULT_TOKEN_GAP,
+            "a token the lost cluster may have issued came again: {fresh}"
+        );
+    }
+    // The request ids of the backup's grants still deduplicate: a retry returns the grant.
+    let retried = &kept[7];
+    let resource = retried["resource"].as_str().unwrap();
+    let i: u64 = resource.trim_start_matches("kept:").parse().unwrap();
+    let (status, again) = c
+        .acquire(leader, resource, &format!("kept-{i}"), HOUR_MS)
+        .await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["lease_id"], by_resource[resource]["lease_id"]);
+
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_left_with_the_lost_clusters_log_follows_the_restored_cluster() {
+    let mut c = cluster().await;
+    let leader = c.wait_leader(EVENT).await;
+
+    phase("a backup, then entries the backup lacks");
+    let before = c.acquire_many(leader, "before", 1_000, 16, HOUR_MS).await;
+    let file = c.data_root().join("cluster.backup");
+    c.backup(leader, &file).await;
+    let after = c.acquire_many(leader, "after", 1_000, 16, HOUR_MS).await;
+    c.wait_caught_up(3, Duration::from_secs(30)).await;
+
+    phase("nodes 1 and 2 are restored; node 3 keeps the lost cluster's longer log");
+    restore(&mut c, &file, &[1, 2]).await;
+    for id in [1, 2, 3] {
+        c.restart(id).await;
+    }
+    let leader = c.wait_leader(EVENT).await;
+    assert_ne!(leader, 3, "the member with the old log was elected");
+    c.wait_caught_up(3, Duration::from_secs(60)).await;
+
+    phase("node 3 holds the restored state: the backup's leases, none granted after it");
+    for grant in before.iter().step_by(37) {
+        let resource = grant["resource"].as_str().unwrap();
+        let (_, lock) = c.get(3, &format!("/v1/locks/{resource}")).await;
+        assert_eq!(lock["fencing_token"], grant["fencing_token"], "{lock}");
+    }
+    for grant in after.iter().step_by(37) {
+        let resource = grant["resource"].as_str().unwrap();
+        let (_, lock) = c.get(3, &format!("/v1/locks/{resource}")).await;
+        assert_eq!(lock["held"], false, "{lock}");
+    }
+    let snapshot = c.node(3).node.raft.metrics().borrow().snapshot;
+    assert!(
+        snapshot.is_some_and(|s| s.index > INDEX_JUMP),
+        "node 3 took the restored state by snapshot: {snapshot:?}"
+    );
+
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restore_refuses_a_used_directory_and_a_damaged_backup() {
+    let mut c = cluster().await;
+    let leader = c.wait_leader(EVENT).await;
+    c.acquire_many(leader, "x", 100, 4, HOUR_MS).await;
+    let file = c.data_root().join("cluster.backup");
+    c.backup(leader, &file).await;
+    c.stop(1).await;
+
+    phase("a directory that holds a node's data is left alone");
+    let config = c.config(1);
+    let e = restore_data_dir(&config, &file, DEFAULT_TOKEN_GAP)
+        .await
+        .expect_err("restored over live data");
+    assert!(e.to_string().contains("is not empty"), "{e}");
+    assert!(config.data_dir.join("node-id").exists());
+
+    phase("a truncated backup is refused and leaves no directory behind");
+    let bytes = std::fs::read(&file).expect("read backup");
+    let cut = c.data_root().join("cut.backup");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).expect("write");
+    assert!(backup::inspect(&cut).is_err());
+    let mut elsewhere = c.config(1);
+    elsewhere.data_dir = c.data_root().join("fresh");
+    let e = restore_data_dir(&elsewhere, &cut, DEFAULT_TOKEN_GAP)
+        .await
+        .expect_err("restored a damaged backup");
+    eprintln!("refused: {e}");
+    assert!(!elsewhere.data_dir.exists());
+    assert!(!c.data_root().join("fresh.restoring").exists());
+
+    phase("a gap that would pass the largest exact JSON integer is refused");
+    let e = restore_data_dir(&elsewhere, &file, backup::MAX_TOKEN)
+        .await
+        .expect_err("restored with an overflowing gap");
+    assert!(e.to_string().contains("smaller gap"), "{e}");
+
+    c.shutdown().await;
+}
