@@ -35,6 +35,7 @@ Examples:
   fencegate node --config /etc/fencegate/node1.toml
   fencegate lock run kv:report -- ./make-report.sh
   fencegate member list -e 10.0.1.10:7001
+  fencegate backup save --out /backups/fencegate.backup
   fencegate completion bash > /etc/bash_completion.d/fencegate";
 
 #[derive(Parser)]
@@ -77,6 +78,8 @@ enum Cmd {
     Lock(cli::LockArgs),
     /// Create, list and revoke API keys (for a cluster that requires them).
     Keys(cli::KeysArgs),
+    /// Save the cluster's state into a file; check one; restore a cluster that lost its data.
+    Backup(cli::BackupArgs),
     /// Print fencegate's version.
     #[command(after_help = "Example:\n  fencegate version -o json")]
     Version {
@@ -148,6 +151,7 @@ async fn main() -> ExitCode {
         Cmd::Cluster(a) => done(cli::cluster(a).await),
         Cmd::Member(a) => done(cli::member(a).await),
         Cmd::Keys(a) => done(cli::keys(a).await),
+        Cmd::Backup(a) => done(cli::backup_cmd(a).await),
         Cmd::Lock(a) => cli::lock(a).await.unwrap_or_else(|e| e.report()),
         Cmd::Version { output } => {
             let v = Version {

@@ -218,6 +218,11 @@ fn parse(text: &str) -> anyhow::Result<Loaded> {
 }
 
 impl Loaded {
+    /// The node's own settings (id, data directory, members).
+    pub fn node_config(&self) -> &NodeConfig {
+        &self.config
+    }
+
     /// One line on what the file describes, for `--check`.
     pub fn summary(&self) -> String {
         let proxy = match &self.proxy {

@@ -1,6 +1,7 @@
 //! Durability against a real process kill: three `fencegate node` OS processes, SIGKILL the
 //! leader, and check the lease survives (tokens never go back, a retried acquire gets its lease, failover never shortens a lease) and the killed node rejoins
-//! from its data dir and catches up.
+//! from its data dir and catches up. And when every data directory is lost: the cluster made
+//! again from a backup with the `fencegate backup` commands.
 //!
 //! Unlike the in-process clusters of lock-core's tests, nothing here can flush or clean up on
 //! the way down: whatever was acknowledged must already be on disk.
@@ -17,6 +18,9 @@ use common::{free_ports, phase};
 use serde_json::{json, Value};
 
 const EVENT: Duration = Duration::from_secs(30);
+
+/// Every node's admin credential (backups need it).
+const ADMIN_TOKEN: &str = "sigkill-test-admin-token";
 
 /// The three processes and their data. Dropping it SIGKILLs every child that still runs (also
 /// when the test panics) and, on a panic, prints the tail of each node's log.
@@ -84,6 +88,7 @@ impl Processes {
             let mut config = format!(
                 "listen = \"{addr}\"\npeer_listen = \"127.0.0.1:{peer}\"\n\n[node]\nid = {id}\n\
                  data_dir = {data_dir:?}\npeer_secret = \"sigkill-test-peer-secret\"\nauth = \"off\"\n\
+                 admin_token = \"{ADMIN_TOKEN}\"\n\
                  initial_members = {{ {} }}\n",
                 members.join(", ")
             );
@@ -347,11 +352,9 @@ async fn post_order(p: &Processes, id: u64, key: &str, body: &str) -> (u16, bool
     }
 }
 
-/// Idempotency records are durable against a real kill of every process: SIGKILL all three
-/// nodes right after their proxies answered, restart them, and every key still replays its
-/// original answer — the store never sees a second order.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_every_node_keeps_every_idempotency_record() {
+/// A demo store, and three ready node processes whose proxies route `POST /orders` to it:
+/// the processes, the store's address and the node ids.
+async fn running_with_orders() -> (Processes, String, Vec<u64>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind store");
@@ -368,6 +371,15 @@ async fn sigkill_every_node_keeps_every_idempotency_record() {
     for id in &all {
         p.wait_ready(*id).await;
     }
+    (p, store, all)
+}
+
+/// Idempotency records are durable against a real kill of every process: SIGKILL all three
+/// nodes right after their proxies answered, restart them, and every key still replays its
+/// original answer — the store never sees a second order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_every_node_keeps_every_idempotency_record() {
+    let (mut p, store, all) = running_with_orders().await;
 
     phase("12 orders with 12 keys, through the three proxies");
     let mut firsts = Vec::new();
@@ -408,4 +420,123 @@ async fn sigkill_every_node_keeps_every_idempotency_record() {
         .await
         .expect("log JSON");
     assert_eq!(log.len(), 12, "one order per key: {log:#?}");
+}
+
+/// Runs the `fencegate` binary with `args`; its exit code and stdout (stderr is shown on a
+/// failure).
+fn fencegate(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_fencegate"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .env("FENCEGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+        .output()
+        .expect("run fencegate");
+    let code = out.status.code().unwrap_or(-1);
+    if code != 0 {
+        eprintln!(
+            "fencegate {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    (code, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Disaster recovery on real processes with the CLI: a backup saved while the cluster runs,
+/// every data directory lost, each member restored from the backup, and the cluster serves
+/// the backup's leases and replays its idempotency records, while the lease granted after the
+/// backup is unknown and a new grant gets a token above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_lost_every_data_directory_is_restored_from_a_backup() {
+    let (mut p, _store, all) = running_with_orders().await;
+    let endpoints = p.addrs.values().cloned().collect::<Vec<_>>().join(",");
+
+    phase("a lease and five orders, then `fencegate backup save`");
+    let (s, lease) = p.acquire(&all, "dr:job", "req-dr").await;
+    assert_eq!(s, 200, "{lease}");
+    let mut firsts = Vec::new();
+    for i in 0..5u64 {
+        let (s, replayed, v) = post_order(&p, all[i as usize % 3], &format!("dr-{i}"), "{}").await;
+        assert_eq!((s, replayed), (201, false), "{v}");
+        firsts.push(v);
+    }
+    let file = p.dir.path().join("cluster.backup");
+    let file_arg = file.to_str().expect("path");
+    let (code, out) = fencegate(&[
+        "backup", "save", "--out", file_arg, "-e", &endpoints, "-o", "json",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let saved: Value = serde_json::from_str(&out).expect("save prints JSON");
+    assert_eq!(saved["active_locks"], 1, "{saved}");
+    assert_eq!(saved["idempotency_records"], 5, "{saved}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file)
+            .expect("backup")
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o077,
+            0,
+            "the backup is readable by others: {mode:o}"
+        );
+    }
+
+    phase("after the backup, another lease; then every process and data directory is lost");
+    let (s, later) = p.acquire(&all, "dr:later", "req-later").await;
+    assert_eq!(s, 200, "{later}");
+    for id in &all {
+        p.kill(*id);
+        std::fs::remove_dir_all(p.dir.path().join(format!("node{id}"))).expect("lose data");
+    }
+
+    phase("`fencegate backup restore` on every member, then start them");
+    let (code, out) = fencegate(&["backup", "inspect", file_arg, "-o", "json"]);
+    assert_eq!(code, 0, "{out}");
+    let restore = |id: u64| {
+        let config = p.dir.path().join(format!("node{id}.toml"));
+        let config = config.to_str().expect("path");
+        fencegate(&[
+            "backup", "restore", "--backup", file_arg, "--config", config, "-o", "json",
+        ])
+    };
+    for id in &all {
+        let (code, out) = restore(*id);
+        assert_eq!(code, 0, "{out}");
+        let restored: Value = serde_json::from_str(&out).expect("restore prints JSON");
+        assert_eq!(restored["node_id"], *id, "{restored}");
+    }
+    let (code, _) = restore(1);
+    assert_eq!(
+        code, 1,
+        "a second restore over the restored directory was accepted"
+    );
+    for id in &all {
+        p.spawn(*id);
+    }
+    for id in &all {
+        p.wait_ready(*id).await;
+    }
+
+    phase("the backup's lease, its request id and its orders are all there");
+    let (s, again) = p.acquire(&all, "dr:job", "req-dr").await;
+    assert_eq!(s, 200, "{again}");
+    assert_eq!(again["lease_id"], lease["lease_id"]);
+    assert_eq!(again["fencing_token"], lease["fencing_token"]);
+    for i in 0..5u64 {
+        let (s, replayed, v) =
+            post_order(&p, all[(i as usize + 1) % 3], &format!("dr-{i}"), "{}").await;
+        assert_eq!((s, replayed), (201, true), "dr-{i}: {v}");
+        assert_eq!(v, firsts[i as usize]);
+    }
+
+    phase("the lease granted after the backup is unknown; a new one gets a higher token");
+    let (s, g) = p.get(all[0], "/v1/locks/dr:later").await.expect("GET");
+    assert_eq!((s, &g["held"]), (200, &json!(false)), "{g}");
+    let (s, fresh) = p.acquire(&all, "dr:later", "req-later-again").await;
+    assert_eq!(s, 200, "{fresh}");
+    assert!(
+        fresh["fencing_token"].as_u64() > later["fencing_token"].as_u64(),
+        "a token of the lost cluster came again: {fresh} after {later}"
+    );
 }

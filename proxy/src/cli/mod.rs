@@ -1,10 +1,12 @@
-//! The operator and scripting commands: `cluster`, `member`, `lock`, `keys`, `version`.
+//! The operator and scripting commands: `cluster`, `member`, `lock`, `keys`, `backup`,
+//! `version`.
 //!
 //! Every command takes the same endpoint list (`--endpoints` or `FENCEGATE_ENDPOINTS`), prints
 //! with `-o json|table`, and fails the same way: one `error: <code>: <message>` line on stderr
 //! and an exit code from [`exit`].
 
 mod api;
+mod backup;
 mod cluster;
 mod error;
 mod keys;
@@ -14,6 +16,7 @@ mod run;
 
 use std::time::Duration;
 
+pub use backup::{backup_cmd, BackupArgs};
 pub use cluster::{cluster, member, ClusterArgs, MemberArgs};
 pub use error::{exit, CliError, EXIT_CODES_HELP};
 pub use keys::{keys, KeysArgs};

@@ -1,0 +1,306 @@
+//! `fencegate backup save|inspect|restore`: a file with the cluster's whole replicated state,
+//! and the data directories of a new cluster made from it.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use lock_core::client::error_chain;
+use lock_core::store::backup::{self, BackupSummary, RestoreSummary, DEFAULT_TOKEN_GAP};
+use lock_core::wire::{classify, Failure, OperatorRequest};
+use serde::Serialize;
+
+use super::output::{json_pretty, Table};
+use super::{CliError, ClientArgs, Format};
+
+/// How long one node may take to build the snapshot and send it (the seed state is tens of
+/// megabytes; a snapshot of it takes seconds).
+const SAVE_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(clap::Args)]
+#[command(after_help = "\
+Examples:
+  fencegate backup save --out /backups/fencegate-$(date +%F).backup
+  fencegate backup inspect /backups/fencegate-2026-12-07.backup
+  fencegate backup restore --backup /backups/fencegate-2026-12-07.backup \\
+      --config /etc/fencegate/node1.toml")]
+pub struct BackupArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    #[command(subcommand)]
+    cmd: BackupCmd,
+}
+
+#[derive(clap::Subcommand)]
+enum BackupCmd {
+    /// Save the cluster's replicated state into a file.
+    ///
+    /// Locks, tokens, request ids, idempotency records, quotas and API keys. It covers every
+    /// write committed before the command started; the node that answers builds a snapshot
+    /// for it. Needs the admin credential. The file holds lease ids and stored responses: keep
+    /// it as private as the data directories.
+    #[command(after_help = "Example:\n  fencegate backup save --out /backups/fencegate.backup")]
+    Save {
+        /// Where to write the backup (written beside it first, then renamed: an interrupted
+        /// save leaves no partial file under this name).
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Your name, for the audit log.
+        #[arg(long, env = "USER", default_value = "cli")]
+        operator: String,
+    },
+    /// Read a backup whole and check it; print what it holds.
+    #[command(after_help = "Example:\n  fencegate backup inspect /backups/fencegate.backup")]
+    Inspect {
+        /// The backup file.
+        file: PathBuf,
+    },
+    /// Make a member's data directory from a backup (offline).
+    ///
+    /// For a cluster that lost its data: run it on every member, with the same backup and
+    /// options, while no member runs; then start them. The restored cluster's members are the
+    /// config's `initial_members`; its fencing tokens start above every token the lost
+    /// cluster can have issued, and a member left with the lost cluster's data follows the
+    /// restored ones.
+    #[command(after_help = "\
+Example:
+  fencegate backup restore --backup /backups/fencegate.backup --config /etc/fencegate/node1.toml")]
+    Restore {
+        /// The backup file.
+        #[arg(long, value_name = "FILE")]
+        backup: PathBuf,
+        /// The node's config file (`fencegate node --config`): its id, data directory and
+        /// `initial_members`. The data directory must be missing or empty.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// How far the fencing token counter moves past the backup's. It must exceed the
+        /// tokens the lost cluster issued after the backup; the default, a trillion, is 15
+        /// years of acquisitions at 2,000 a second. Use the same value on every member.
+        #[arg(long, default_value_t = DEFAULT_TOKEN_GAP, value_name = "N")]
+        token_gap: u64,
+    },
+}
+
+pub async fn backup_cmd(args: BackupArgs) -> Result<(), CliError> {
+    let format = args.client.format();
+    match args.cmd {
+        BackupCmd::Save { out, operator } => {
+            let summary = save(&args.client, &out, &operator).await?;
+            print_backup(&out, &summary, format);
+        }
+        BackupCmd::Inspect { file } => {
+            let summary = inspect(&file)?;
+            print_backup(&file, &summary, format);
+        }
+        BackupCmd::Restore {
+            backup,
+            config,
+            token_gap,
+        } => {
+            let loaded =
+                crate::node::load(&config).map_err(|e| CliError::usage(format!("{e:#}")))?;
+            let node = loaded.node_config();
+            let summary = lock_core::node::restore_data_dir(node, &backup, token_gap)
+                .await
+                .map_err(|e| {
+                    CliError::new(super::exit::FAILURE, "restore_failed", e.to_string())
+                })?;
+            print_restore(node.id, &node.data_dir, &summary, format);
+        }
+    }
+    Ok(())
+}
+
+fn inspect(file: &Path) -> Result<BackupSummary, CliError> {
+    backup::inspect(file).map_err(|e| {
+        CliError::new(
+            super::exit::FAILURE,
+            "bad_backup",
+            format!("{}: {e}", file.display()),
+        )
+    })
+}
+
+/// Asks the endpoints in turn for a backup and streams the first one given into `out`.
+async fn save(client: &ClientArgs, out: &Path, operator: &str) -> Result<BackupSummary, CliError> {
+    let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(SAVE_TIMEOUT)
+        .build()
+        .map_err(|e| CliError::internal(e.to_string()))?;
+    let body = OperatorRequest {
+        operator: operator.to_string(),
+    };
+    let partial = partial_path(out);
+    let mut problems = Vec::new();
+    for base in &client.endpoints {
+        let mut req = http.post(format!("{base}/v1/admin/backup")).json(&body);
+        if let Some(token) = client.admin_token.as_ref().or(client.api_key.as_ref()) {
+            req = req.bearer_auth(token);
+        }
+        let mut resp = match req.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                problems.push(format!("{base}: {}", error_chain(&e)));
+                continue;
+            }
+        };
+        let status = resp.status().as_u16();
+        if status != 200 {
+            let bytes = resp.bytes().await.unwrap_or_default();
+            match classify::<serde_json::Value>(status, &bytes) {
+                Err(Failure::Definite { status, body }) if status != 503 => {
+                    return Err(CliError::from_body(status, body))
+                }
+                Err(Failure::Definite { body, .. }) => {
+                    problems.push(format!("{base}: {}", body.message));
+                }
+                Err(Failure::Uncertain(why)) => problems.push(format!("{base}: {why}")),
+                Ok(_) => problems.push(format!("{base}: answered {status}")),
+            }
+            continue;
+        }
+        let mut file = private_file(&partial)?;
+        let mut written = 0u64;
+        let copied: Result<(), String> = loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => {
+                    if let Err(e) = file.write_all(&chunk) {
+                        break Err(format!("writing {}: {e}", partial.display()));
+                    }
+                    written += chunk.len() as u64;
+                }
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(format!("{base}: the backup broke off: {}", error_chain(&e))),
+            }
+        };
+        if let Err(why) = copied.and_then(|()| {
+            file.sync_all()
+                .map_err(|e| format!("syncing {}: {e}", partial.display()))
+        }) {
+            let _ = std::fs::remove_file(&partial);
+            problems.push(why);
+            continue;
+        }
+        // A backup that does not read back whole is no backup.
+        let summary = match inspect(&partial) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_file(&partial);
+                return Err(e);
+            }
+        };
+        std::fs::rename(&partial, out)
+            .and_then(|()| sync_parent(out))
+            .map_err(|e| CliError::internal(format!("{}: {e}", out.display())))?;
+        debug_assert_eq!(summary.bytes, written);
+        return Ok(summary);
+    }
+    Err(CliError::unavailable(format!(
+        "no node gave a backup ({})",
+        problems.join("; ")
+    )))
+}
+
+/// `<out>.partial`, beside the backup.
+fn partial_path(out: &Path) -> PathBuf {
+    let mut name = out.as_os_str().to_owned();
+    name.push(".partial");
+    PathBuf::from(name)
+}
+
+/// A new file only its owner can read.
+fn private_file(path: &Path) -> Result<std::fs::File, CliError> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options
+        .open(path)
+        .map_err(|e| CliError::usage(format!("cannot write {}: {e}", path.display())))
+}
+
+fn sync_parent(path: &Path) -> std::io::Result<()> {
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::File::open(parent)?.sync_all()
+}
+
+#[derive(Serialize)]
+struct SavedBackup<'a> {
+    file: &'a Path,
+    #[serde(flatten)]
+    summary: &'a BackupSummary,
+}
+
+fn print_backup(file: &Path, s: &BackupSummary, format: Format) {
+    match format {
+        Format::Json => json_pretty(&SavedBackup { file, summary: s }),
+        Format::Table => {
+            let mut t = Table::new(&["file", &file.display().to_string()]);
+            t.row(vec!["bytes".into(), s.bytes.to_string()])
+                .row(vec![
+                    "covers".into(),
+                    format!("term {}, log index {}", s.term, s.index),
+                ])
+                .row(vec!["members".into(), join(&s.members)])
+                .row(vec!["resources".into(), s.resources.to_string()])
+                .row(vec!["active locks".into(), s.active_locks.to_string()])
+                .row(vec!["waiters".into(), s.waiters.to_string()])
+                .row(vec!["request ids".into(), s.dedup_records.to_string()])
+                .row(vec![
+                    "idempotency records".into(),
+                    s.idempotency_records.to_string(),
+                ])
+                .row(vec!["last token".into(), s.last_token.to_string()]);
+            t.print();
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Restored<'a> {
+    node_id: u64,
+    data_dir: &'a Path,
+    #[serde(flatten)]
+    summary: &'a RestoreSummary,
+}
+
+fn print_restore(node_id: u64, data_dir: &Path, s: &RestoreSummary, format: Format) {
+    match format {
+        Format::Json => json_pretty(&Restored {
+            node_id,
+            data_dir,
+            summary: s,
+        }),
+        Format::Table => {
+            println!(
+                "node {node_id}: {} restored from a backup of log index {} ({} resources, {} \
+                 active locks, {} idempotency records).",
+                data_dir.display(),
+                s.backup.index,
+                s.backup.resources,
+                s.backup.active_locks,
+                s.backup.idempotency_records,
+            );
+            println!(
+                "The restored cluster starts at term {}, log index {}; every token it issues \
+                 is above {}.",
+                s.term, s.index, s.token_floor
+            );
+            println!(
+                "Restore every other member from the same backup the same way, then start them \
+                 all."
+            );
+        }
+    }
+}
+
+fn join(ids: &[u64]) -> String {
+    ids.iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
