@@ -3,7 +3,11 @@
 
 use lock_core::machine::{Effect, LockMachine, DEFAULT_IDLE_RETAIN_MS};
 
-use crate::support::{at, granted, lease, release, restore, run, tick, try_once, wait, T0};
+use lock_core::machine::AdmitOutcome;
+
+use crate::support::{
+    admit_at, at, granted, lease, release, restore, run, tick, try_once, wait, P1, T0,
+};
 
 /// Tokens keep increasing after an idle resource record (which carried the resource's last
 /// token) is dropped.
@@ -53,4 +57,29 @@ fn tokens_keep_increasing_after_snapshot_restore() {
     );
     let (_, fx) = r.apply(&at(T0 + 4, release("a", 1)), 1);
     assert!(matches!(&fx[..], [Effect::HandedOff { grant, .. }] if grant.fencing_token == 4));
+}
+
+/// A cluster restored from a backup raises its token counter past the tokens the lost cluster
+/// may have issued after the backup: the next token is above the floor, a token between the
+/// old counter and the floor is unknown to every resource (a proxy refuses it), a floor below
+/// the counter changes nothing, and the floor lasts through a snapshot.
+#[test]
+fn a_raised_token_floor_issues_above_it_and_knows_no_token_below_it() {
+    let mut m = LockMachine::new();
+    let a = granted(run(&mut m, T0, try_once("a", "r1", 1)));
+    assert_eq!(a.fencing_token, 1);
+
+    m.raise_token_floor(1_000);
+    m.raise_token_floor(10);
+    assert_eq!(m.last_token(), 1_000, "a lower floor moved the counter back");
+    assert_eq!(admit_at(&mut m, T0 + 1, "a", 500, P1), AdmitOutcome::Unknown);
+    assert_eq!(admit_at(&mut m, T0 + 1, "b", 500, P1), AdmitOutcome::Unknown);
+    assert!(matches!(
+        admit_at(&mut m, T0 + 1, "a", 1, P1),
+        AdmitOutcome::Admitted { .. }
+    ));
+
+    let mut m = restore(&m);
+    let b = granted(run(&mut m, T0 + 2, try_once("b", "r2", 2)));
+    assert_eq!(b.fencing_token, 1_001);
 }
