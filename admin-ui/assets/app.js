@@ -672,7 +672,27 @@ function confirmAction(text) {
   });
 }
 
-async function runAction(what, path, body, out = $("#action-result")) {
+// What a successful action's answer says: its JSON body.
+async function jsonAnswer(r, what) {
+  const answer = await r.json().catch(() => ({}));
+  return `Done (${r.status}): ${what} — ${JSON.stringify(answer)}`;
+}
+
+// A backup's answer is the file: handed to the browser as a download.
+async function backupAnswer(r) {
+  const index = r.headers.get("fencegate-backup-index");
+  const blob = await r.blob();
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(blob);
+  link.download = `fencegate-${index}.backup`;
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(link.href), 60_000);
+  return `Done (${r.status}): backup of log index ${index}, ${blob.size} bytes, saved as ${link.download}`;
+}
+
+async function runAction(what, path, body, out = $("#action-result"), done = jsonAnswer) {
   if (!(await confirmAction(what))) {
     out.textContent = `Cancelled: ${what}`;
     return;
@@ -686,11 +706,13 @@ async function runAction(what, path, body, out = $("#action-result")) {
       headers,
       body: JSON.stringify({ operator: $("#operator").value.trim(), ...body }),
     });
-    const answer = await r.json().catch(() => ({}));
     out.dataset.status = r.status;
-    out.textContent = r.ok
-      ? `Done (${r.status}): ${what} — ${JSON.stringify(answer)}`
-      : `Refused (${r.status} ${answer.error || ""}): ${answer.message || r.statusText}`;
+    if (r.ok) {
+      out.textContent = await done(r, what);
+    } else {
+      const answer = await r.json().catch(() => ({}));
+      out.textContent = `Refused (${r.status} ${answer.error || ""}): ${answer.message || r.statusText}`;
+    }
   } catch (e) {
     out.dataset.status = "network";
     out.textContent = `Failed: ${e.message}`;
@@ -809,6 +831,9 @@ function wireActions() {
   on("#form-force", () => forceRelease($("#fr-resource").value.trim()));
   on("#form-drain", () => runAction("drain the leader (another voter takes over)", "/v1/admin/drain", {}));
   on("#form-snapshot", () => runAction("take a snapshot on this node", "/v1/admin/snapshot", {}));
+  on("#form-backup", () =>
+    runAction("download a backup of the cluster's state", "/v1/admin/backup", {}, $("#action-result"), backupAnswer),
+  );
   on("#form-add", () =>
     runAction(`add node ${$("#add-id").value} at ${$("#add-addr").value}`, "/v1/admin/members/add", {
       node_id: Number($("#add-id").value),

@@ -681,6 +681,28 @@ async fn operators_see_locks_page_through_them_and_force_a_release() {
     let view: LockView = cluster.get(2, "/v1/locks/kv:order-42").await;
     assert!(!view.held, "the lease is gone on every node");
 
+    phase("a backup downloaded from the page covers the forced release");
+    let applied = cluster
+        .get::<lock_core::wire::ClusterStatus>(1, "/v1/cluster")
+        .await
+        .last_applied;
+    browser.click("#backup-submit").await;
+    browser.click("#confirm-yes").await;
+    let done = browser
+        .wait_text("#action-result", "the backup", |t| t.starts_with("Done"))
+        .await;
+    let index: u64 = done
+        .split("log index ")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no log index in {done:?}"));
+    assert!(
+        index >= applied,
+        "the backup ends before the forced release: {done}"
+    );
+    assert!(done.contains(" bytes, saved as fencegate-"), "{done}");
+
     phase("the old token's write through every proxy is refused (412)");
     // Proxy 1 admitted the token before the release; like a holder's release, the forced one
     // answered only after the token was revoked at every proxy holding a grant.
@@ -703,7 +725,7 @@ async fn operators_see_locks_page_through_them_and_force_a_release() {
         let mut rows: Vec<(String, String, String)> = Vec::new();
         eventually(
             EVENT,
-            "alice's forced release in the audit tail",
+            "alice's forced release and backup in the audit tail",
             async || {
                 rows = browser
                     .eval(
@@ -717,12 +739,13 @@ async fn operators_see_locks_page_through_them_and_force_a_release() {
                     && rows
                         .iter()
                         .any(|r| r.0 == "force_release" && r.2 == "released")
+                    && rows.iter().any(|r| r.0 == "backup" && r.2 == "done")
             },
         )
         .await;
         rows
     };
-    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows.len(), 2, "{rows:?}");
     browser.fill("#audit-caller", "").await;
     browser.click("#audit-apply").await;
     browser

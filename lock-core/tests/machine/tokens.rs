@@ -71,9 +71,19 @@ fn a_raised_token_floor_issues_above_it_and_knows_no_token_below_it() {
 
     m.raise_token_floor(1_000);
     m.raise_token_floor(10);
-    assert_eq!(m.last_token(), 1_000, "a lower floor moved the counter back");
-    assert_eq!(admit_at(&mut m, T0 + 1, "a", 500, P1), AdmitOutcome::Unknown);
-    assert_eq!(admit_at(&mut m, T0 + 1, "b", 500, P1), AdmitOutcome::Unknown);
+    assert_eq!(
+        m.last_token(),
+        1_000,
+        "a lower floor moved the counter back"
+    );
+    assert_eq!(
+        admit_at(&mut m, T0 + 1, "a", 500, P1),
+        AdmitOutcome::Unknown
+    );
+    assert_eq!(
+        admit_at(&mut m, T0 + 1, "b", 500, P1),
+        AdmitOutcome::Unknown
+    );
     assert!(matches!(
         admit_at(&mut m, T0 + 1, "a", 1, P1),
         AdmitOutcome::Admitted { .. }
