@@ -17,6 +17,69 @@ use crate::signal::{shutdown_signal, stopped};
 /// The demo store's journal, under the data directory: its keys and orders survive a restart.
 const DEMO_STORE_JOURNAL: &str = "demo-store/journal.jsonl";
 
+/// Where `fencegate dev` keeps its nodes' data and which ports they use: also what `fencegate
+/// backup restore --dev` restores.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DevLayout {
+    /// Root of the nodes' data directories (node1/, node2/, node3/ inside) and of the demo
+    /// store's journal (demo-store/).
+    #[arg(long, default_value = "./fencegate-data")]
+    pub data_dir: PathBuf,
+    /// API ports of the three nodes.
+    #[arg(long, value_delimiter = ',', default_value = "7001,7002,7003")]
+    pub api_ports: Vec<u16>,
+    /// Peer ports of the three nodes (raft and forwarding between nodes; authenticated with
+    /// a secret generated at each start).
+    #[arg(long, value_delimiter = ',', default_value = "7101,7102,7103")]
+    pub peer_ports: Vec<u16>,
+}
+
+impl DevLayout {
+    /// The three members, by id, with their API and peer addresses.
+    fn members(&self) -> anyhow::Result<BTreeMap<u64, MemberAddrs>> {
+        anyhow::ensure!(self.api_ports.len() == 3, "--api-ports takes three ports");
+        anyhow::ensure!(self.peer_ports.len() == 3, "--peer-ports takes three ports");
+        Ok(self
+            .api_ports
+            .iter()
+            .zip(&self.peer_ports)
+            .enumerate()
+            .map(|(i, (api, peer))| {
+                let addrs = MemberAddrs {
+                    api: format!("127.0.0.1:{api}"),
+                    peer: format!("127.0.0.1:{peer}"),
+                };
+                (i as u64 + 1, addrs)
+            })
+            .collect())
+    }
+
+    /// Node `id`'s config: its data directory under the root, the members, `secret`.
+    fn node_config(
+        &self,
+        id: u64,
+        members: &BTreeMap<u64, MemberAddrs>,
+        secret: &PeerSecret,
+    ) -> NodeConfig {
+        NodeConfig::new(
+            id,
+            self.data_dir.join(format!("node{id}")),
+            members.clone(),
+            secret.clone(),
+        )
+    }
+
+    /// The three nodes' configs (with a throwaway peer secret), as a restore needs them.
+    pub fn node_configs(&self) -> anyhow::Result<Vec<NodeConfig>> {
+        let members = self.members()?;
+        let secret = PeerSecret::new(&PeerSecret::generate())?;
+        Ok(members
+            .keys()
+            .map(|id| self.node_config(*id, &members, &secret))
+            .collect())
+    }
+}
+
 #[derive(clap::Args)]
 #[command(after_help = "\
 Data survives restarts: run it again with the same --data-dir to continue where it stopped.
@@ -25,17 +88,8 @@ Examples:
   fencegate dev
   fencegate dev --data-dir /tmp/fg --api-ports 17001,17002,17003 --proxy-ports 18001,18002,18003")]
 pub struct DevArgs {
-    /// Root of the nodes' data directories (node1/, node2/, node3/ inside) and of the demo
-    /// store's journal (demo-store/).
-    #[arg(long, default_value = "./fencegate-data")]
-    data_dir: PathBuf,
-    /// API ports of the three nodes.
-    #[arg(long, value_delimiter = ',', default_value = "7001,7002,7003")]
-    api_ports: Vec<u16>,
-    /// Peer ports of the three nodes (raft and forwarding between nodes; authenticated with
-    /// a secret generated at each start).
-    #[arg(long, value_delimiter = ',', default_value = "7101,7102,7103")]
-    peer_ports: Vec<u16>,
+    #[command(flatten)]
+    pub layout: DevLayout,
     /// Fencing proxy ports of the three nodes.
     #[arg(long, value_delimiter = ',', default_value = "8001,8002,8003")]
     proxy_ports: Vec<u16>,
@@ -54,8 +108,6 @@ pub struct DevArgs {
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.api_ports.len() == 3, "--api-ports takes three ports");
-    anyhow::ensure!(args.peer_ports.len() == 3, "--peer-ports takes three ports");
     anyhow::ensure!(
         args.proxy_ports.len() == 3,
         "--proxy-ports takes three ports"
@@ -66,24 +118,12 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let store_listener = listen::bind(&store_addr)
         .await
         .with_context(|| format!("bind demo store {store_addr}"))?;
-    let journal = args.data_dir.join(DEMO_STORE_JOURNAL);
+    let journal = args.layout.data_dir.join(DEMO_STORE_JOURNAL);
     let store = DemoStore::open(&journal).context("open the demo store's journal")?;
     let store_writes = store.writes();
     let store_task = tokio::spawn(store.serve(store_listener, stopped(stop_rx.clone())));
 
-    let members: BTreeMap<u64, MemberAddrs> = args
-        .api_ports
-        .iter()
-        .zip(&args.peer_ports)
-        .enumerate()
-        .map(|(i, (api, peer))| {
-            let addrs = MemberAddrs {
-                api: format!("127.0.0.1:{api}"),
-                peer: format!("127.0.0.1:{peer}"),
-            };
-            (i as u64 + 1, addrs)
-        })
-        .collect();
+    let members = args.layout.members()?;
     // The nodes live in this process only, so a secret made now and shared in memory is
     // enough; a restart makes a new one for all three at once.
     let secret = PeerSecret::new(&PeerSecret::generate())?;
@@ -112,12 +152,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     for ((id, _), (listener, peer_listener, (proxy_addr, proxy_listener))) in
         members.iter().zip(listeners).rev()
     {
-        let mut config = NodeConfig::new(
-            *id,
-            args.data_dir.join(format!("node{id}")),
-            members.clone(),
-            secret.clone(),
-        );
+        let mut config = args.layout.node_config(*id, &members, &secret);
         config.enable_fault_injection = args.enable_fault_injection;
         config.admin_token = Some(admin_token.clone());
         if args.auth {
@@ -140,7 +175,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let proxy = format!("127.0.0.1:{}", args.proxy_ports[0]);
     println!(
         "fencegate dev is running (data in {}):",
-        args.data_dir.display()
+        args.layout.data_dir.display()
     );
     for (id, addrs) in &members {
         let p = args.proxy_ports[*id as usize - 1];

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{eventually, free_ports, phase};
+use common::{eventually, fencegate_cli as fencegate, free_ports, phase};
 use lock_core::wire::{CreateKeyRequest, CreatedKey, KeyRole};
 use reqwest::{Client, RequestBuilder};
 use serde_json::{json, Value};
@@ -50,7 +50,15 @@ impl Dev {
     }
 
     /// Stops `dev` as Ctrl-C does and starts it again on the same data directory and ports.
-    async fn restart(mut self) -> Dev {
+    async fn restart(self) -> Dev {
+        let (auth, dir, ports) = self.stop().await;
+        Dev::launch(auth, dir, ports)
+            .await
+            .expect("dev started again on its ports")
+    }
+
+    /// Stops `dev` as Ctrl-C does; what it takes to launch it again.
+    async fn stop(mut self) -> (bool, tempfile::TempDir, Vec<String>) {
         let pid = self.child.id().expect("dev is running");
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),
@@ -62,9 +70,7 @@ impl Dev {
             .expect("dev stopped on SIGINT")
             .expect("wait");
         assert!(status.success(), "dev exited with {status}");
-        Dev::launch(self.auth, self.dir, self.ports)
-            .await
-            .expect("dev started again on its ports")
+        (self.auth, self.dir, self.ports)
     }
 
     async fn launch(auth: bool, dir: tempfile::TempDir, ports: Vec<String>) -> Option<Dev> {
@@ -345,4 +351,82 @@ async fn dev_with_auth_takes_tenants_from_the_key() {
     let log = dev.store_log().await;
     assert_eq!(log.as_array().map(Vec::len), Some(1), "{log}");
     assert_eq!(log[0]["key"], "acme#demo", "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dev_cluster_that_lost_its_nodes_data_is_restored_from_a_backup() {
+    let dev = Dev::start(false).await;
+
+    phase("a lock and an order, then `fencegate backup save` with the printed admin token");
+    let holder = json!({ "request_id": "keep-1" });
+    let acquire = |dev: &Dev, resource: &str, body: &Value| {
+        dev.http
+            .post(format!("{}/v1/locks/{resource}/acquire", dev.api))
+            .json(body)
+    };
+    let (status, lease) = dev.send(acquire(&dev, "kv:kept", &holder)).await;
+    assert_eq!(status, 200, "{lease}");
+    let order = |dev: &Dev| {
+        dev.http
+            .post(format!("{}/orders", dev.proxy))
+            .header("idempotency-key", "before")
+            .body(r#"{"item":"lamp"}"#)
+    };
+    let (status, first) = dev.send(order(&dev)).await;
+    assert_eq!(status, 201, "{first}");
+    let file = dev.dir.path().join("dev.backup");
+    let file_arg = file.to_str().expect("path").to_string();
+    let endpoints = dev.ports[0..3]
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let (code, out) = fencegate(
+        &["backup", "save", "--out", &file_arg, "-e", &endpoints],
+        &dev.admin,
+    );
+    assert_eq!(code, 0, "{out}");
+
+    phase("a lease granted after the backup; then dev stops and its nodes' data is lost");
+    let later = dev.acquire(None, "kv:later", "later-1").await;
+    let admin = dev.admin.clone();
+    let (auth, dir, ports) = dev.stop().await;
+    for id in 1..=3 {
+        std::fs::remove_dir_all(dir.path().join(format!("node{id}"))).expect("lose data");
+    }
+
+    phase("`fencegate backup restore --dev`, then dev starts on the restored nodes");
+    let data_dir = dir.path().to_str().expect("path").to_string();
+    let (code, out) = fencegate(
+        &[
+            "backup",
+            "restore",
+            "--backup",
+            &file_arg,
+            "--dev",
+            "--data-dir",
+            &data_dir,
+            "--api-ports",
+            &ports[0..3].join(","),
+            "--peer-ports",
+            &ports[3..6].join(","),
+        ],
+        &admin,
+    );
+    assert_eq!(code, 0, "{out}");
+    let dev = Dev::launch(auth, dir, ports)
+        .await
+        .expect("dev started on the restored data");
+
+    phase("the backup's lease and order are there; a new lease's token is above the lost one");
+    let (status, again) = dev.send(acquire(&dev, "kv:kept", &holder)).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["lease_id"], lease["lease_id"]);
+    let (status, replayed) = dev.send(order(&dev)).await;
+    assert_eq!((status, &replayed["id"]), (201, &first["id"]), "{replayed}");
+    let fresh = dev.acquire(None, "kv:later", "later-2").await;
+    assert!(
+        fresh > later,
+        "token {fresh} after the lost cluster's {later}"
+    );
 }

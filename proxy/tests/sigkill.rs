@@ -422,23 +422,9 @@ async fn sigkill_every_node_keeps_every_idempotency_record() {
     assert_eq!(log.len(), 12, "one order per key: {log:#?}");
 }
 
-/// Runs the `fencegate` binary with `args`; its exit code and stdout (stderr is shown on a
-/// failure).
+/// Runs the `fencegate` binary with the nodes' admin token.
 fn fencegate(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_fencegate"))
-        .args(args)
-        .env("NO_COLOR", "1")
-        .env("FENCEGATE_ADMIN_TOKEN", ADMIN_TOKEN)
-        .output()
-        .expect("run fencegate");
-    let code = out.status.code().unwrap_or(-1);
-    if code != 0 {
-        eprintln!(
-            "fencegate {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    (code, String::from_utf8_lossy(&out.stdout).into_owned())
+    common::fencegate_cli(args, ADMIN_TOKEN)
 }
 
 /// Disaster recovery on real processes with the CLI: a backup saved while the cluster runs,

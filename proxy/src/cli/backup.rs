@@ -23,7 +23,8 @@ Examples:
   fencegate backup save --out /backups/fencegate-$(date +%F).backup
   fencegate backup inspect /backups/fencegate-2026-12-07.backup
   fencegate backup restore --backup /backups/fencegate-2026-12-07.backup \\
-      --config /etc/fencegate/node1.toml")]
+      --config /etc/fencegate/node1.toml
+  fencegate backup restore --backup fencegate.backup --dev     # the nodes of `fencegate dev`")]
 pub struct BackupArgs {
     #[command(flatten)]
     client: ClientArgs,
@@ -63,16 +64,23 @@ enum BackupCmd {
     /// cluster can have issued, and a member left with the lost cluster's data follows the
     /// restored ones.
     #[command(after_help = "\
-Example:
-  fencegate backup restore --backup /backups/fencegate.backup --config /etc/fencegate/node1.toml")]
+Examples:
+  fencegate backup restore --backup /backups/fencegate.backup --config /etc/fencegate/node1.toml
+  fencegate backup restore --backup fencegate.backup --dev --data-dir ./fencegate-data")]
     Restore {
         /// The backup file.
         #[arg(long, value_name = "FILE")]
         backup: PathBuf,
         /// The node's config file (`fencegate node --config`): its id, data directory and
         /// `initial_members`. The data directory must be missing or empty.
-        #[arg(long, value_name = "FILE")]
-        config: PathBuf,
+        #[arg(long, value_name = "FILE", required_unless_present = "dev")]
+        config: Option<PathBuf>,
+        /// Restore the three nodes of `fencegate dev` instead (their data directories under
+        /// --data-dir must be missing or empty; the demo store's journal is left as it is).
+        #[arg(long, conflicts_with = "config")]
+        dev: bool,
+        #[command(flatten, next_help_heading = "With --dev")]
+        layout: crate::dev::DevLayout,
         /// How far the fencing token counter moves past the backup's. It must exceed the
         /// tokens the lost cluster issued after the backup; the default, a trillion, is 15
         /// years of acquisitions at 2,000 a second. Use the same value on every member.
@@ -95,17 +103,28 @@ pub async fn backup_cmd(args: BackupArgs) -> Result<(), CliError> {
         BackupCmd::Restore {
             backup,
             config,
+            dev,
+            layout,
             token_gap,
         } => {
-            let loaded =
-                crate::node::load(&config).map_err(|e| CliError::usage(format!("{e:#}")))?;
-            let node = loaded.node_config();
-            let summary = lock_core::node::restore_data_dir(node, &backup, token_gap)
-                .await
-                .map_err(|e| {
-                    CliError::new(super::exit::FAILURE, "restore_failed", e.to_string())
-                })?;
-            print_restore(node.id, &node.data_dir, &summary, format);
+            let usage = |e: anyhow::Error| CliError::usage(format!("{e:#}"));
+            let nodes = match config {
+                Some(path) if !dev => {
+                    vec![crate::node::load(&path)
+                        .map_err(usage)?
+                        .node_config()
+                        .clone()]
+                }
+                _ => layout.node_configs().map_err(usage)?,
+            };
+            for node in &nodes {
+                let summary = lock_core::node::restore_data_dir(node, &backup, token_gap)
+                    .await
+                    .map_err(|e| {
+                        CliError::new(super::exit::FAILURE, "restore_failed", e.to_string())
+                    })?;
+                print_restore(node.id, &node.data_dir, &summary, format);
+            }
         }
     }
     Ok(())
@@ -289,10 +308,6 @@ fn print_restore(node_id: u64, data_dir: &Path, s: &RestoreSummary, format: Form
                 "The restored cluster starts at term {}, log index {}; every token it issues \
                  is above {}.",
                 s.term, s.index, s.token_floor
-            );
-            println!(
-                "Restore every other member from the same backup the same way, then start them \
-                 all."
             );
         }
     }

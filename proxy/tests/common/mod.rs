@@ -557,3 +557,22 @@ pub async fn recording_upstream() -> (String, Arc<std::sync::Mutex<Vec<String>>>
     });
     (addr, heads)
 }
+
+/// Runs the `fencegate` binary with `args` and `admin` as `FENCEGATE_ADMIN_TOKEN`; its exit
+/// code and stdout (stderr is shown on a failure).
+pub fn fencegate_cli(args: &[&str], admin: &str) -> (i32, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fencegate"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .env("FENCEGATE_ADMIN_TOKEN", admin)
+        .output()
+        .expect("run fencegate");
+    let code = out.status.code().unwrap_or(-1);
+    if code != 0 {
+        eprintln!(
+            "fencegate {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    (code, String::from_utf8_lossy(&out.stdout).into_owned())
+}
