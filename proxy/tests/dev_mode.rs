@@ -358,13 +358,11 @@ async fn a_dev_cluster_that_lost_its_nodes_data_is_restored_from_a_backup() {
     let dev = Dev::start(false).await;
 
     phase("a lock and an order, then `fencegate backup save` with the printed admin token");
-    let holder = json!({ "request_id": "keep-1" });
-    let acquire = |dev: &Dev, resource: &str, body: &Value| {
-        dev.http
-            .post(format!("{}/v1/locks/{resource}/acquire", dev.api))
-            .json(body)
-    };
-    let (status, lease) = dev.send(acquire(&dev, "kv:kept", &holder)).await;
+    let acquire = dev
+        .http
+        .post(format!("{}/v1/locks/kv:kept/acquire", dev.api))
+        .json(&json!({ "request_id": "keep-1" }));
+    let (status, lease) = dev.send(acquire).await;
     assert_eq!(status, 200, "{lease}");
     let order = |dev: &Dev| {
         dev.http
@@ -418,15 +416,20 @@ async fn a_dev_cluster_that_lost_its_nodes_data_is_restored_from_a_backup() {
         .await
         .expect("dev started on the restored data");
 
-    phase("the backup's lease and order are there; a new lease's token is above the lost one");
-    let (status, again) = dev.send(acquire(&dev, "kv:kept", &holder)).await;
-    assert_eq!(status, 200, "{again}");
-    assert_eq!(again["lease_id"], lease["lease_id"]);
+    phase("the backup's lease ended: its token is refused at the proxy; its order replays");
+    let token = lease["fencing_token"].as_u64().expect("token");
+    let (status, body) = dev.put(None, "kept", token, &[]).await;
+    assert_eq!(status, 412, "a lease of the backup still writes: {body}");
     let (status, replayed) = dev.send(order(&dev)).await;
     assert_eq!((status, &replayed["id"]), (201, &first["id"]), "{replayed}");
+
+    phase("new leases get tokens above the lost cluster's, and write");
     let fresh = dev.acquire(None, "kv:later", "later-2").await;
     assert!(
         fresh > later,
         "token {fresh} after the lost cluster's {later}"
     );
+    let kept = dev.acquire(None, "kv:kept", "keep-2").await;
+    let (status, body) = dev.put(None, "kept", kept, &[]).await;
+    assert_eq!(status, 200, "{body}");
 }

@@ -428,9 +428,9 @@ fn fencegate(args: &[&str]) -> (i32, String) {
 }
 
 /// Disaster recovery on real processes with the CLI: a backup saved while the cluster runs,
-/// every data directory lost, each member restored from the backup, and the cluster serves
-/// the backup's leases and replays its idempotency records, while the lease granted after the
-/// backup is unknown and a new grant gets a token above it.
+/// every data directory lost, each member restored from the backup. The backup's lease has
+/// ended (its holder must acquire again), its request id and idempotency records answer as
+/// before, the lease granted after the backup is unknown and a new grant gets a token above it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_that_lost_every_data_directory_is_restored_from_a_backup() {
     let (mut p, _store, all) = running_with_orders().await;
@@ -504,11 +504,29 @@ async fn a_cluster_that_lost_every_data_directory_is_restored_from_a_backup() {
         p.wait_ready(*id).await;
     }
 
-    phase("the backup's lease, its request id and its orders are all there");
+    phase("the backup's lease ended, its request id and its orders are there");
+    let (s, g) = p.get(all[0], "/v1/locks/dr:job").await.expect("GET");
+    assert_eq!((s, &g["held"]), (200, &json!(false)), "{g}");
+    assert_eq!(g["fencing_token"], lease["fencing_token"], "{g}");
+    let (s, renewed) = p
+        .post(
+            all[0],
+            "/v1/locks/dr:job/renew",
+            &json!({ "lease_id": lease["lease_id"] }),
+        )
+        .await
+        .expect("renew");
+    assert_eq!(
+        (s, &renewed["error"]),
+        (409, &json!("lease_lost")),
+        "{renewed}"
+    );
     let (s, again) = p.acquire(&all, "dr:job", "req-dr").await;
     assert_eq!(s, 200, "{again}");
-    assert_eq!(again["lease_id"], lease["lease_id"]);
-    assert_eq!(again["fencing_token"], lease["fencing_token"]);
+    assert_eq!(
+        again["lease_id"], lease["lease_id"],
+        "a retry gets its original answer"
+    );
     for i in 0..5u64 {
         let (s, replayed, v) =
             post_order(&p, all[(i as usize + 1) % 3], &format!("dr-{i}"), "{}").await;

@@ -1,6 +1,7 @@
 //! Snapshots: the machine as a plain image, and back (rebuilding the derived indexes).
 
 use std::cell::RefCell;
+use std::collections::HashSet;
 
 use imbl::OrdMap;
 use serde::ser::{Error as _, SerializeSeq, SerializeStruct};
@@ -11,7 +12,10 @@ use super::keys::ApiKeyRecord;
 use super::lock_machine::{count_up, LockMachine};
 use super::name::ResName;
 use super::quota::QuotaLedger;
-use super::state::{dedup_key, DedupEntry, ImageDedup, MachineImage, ResourceState, RestoredImage};
+use super::state::{
+    dedup_key, DedupEntry, ImageDedup, MachineImage, ResourceState, RestoredImage,
+    DEFAULT_IDLE_RETAIN_MS,
+};
 
 /// What a snapshot is written from: the parts of the machine its [`MachineImage`] holds,
 /// taken in O(1) (the collections are persistent and share their nodes with the live
@@ -150,6 +154,35 @@ impl LockMachine {
             keys: self.keys.values().cloned().collect(),
             commands: self.commands,
         }
+    }
+
+    /// This state as a cluster restored from a backup must start from, given `token_floor`, a
+    /// token above every one the lost cluster can have issued after the backup.
+    ///
+    /// The lost cluster may have ended any lease of the backup and granted a newer token since,
+    /// which the restored state cannot know. So every lease is ended and every token up to the
+    /// floor is stale for every resource (a proxy refuses it, a renew answers lease lost), the
+    /// token counter starts at the floor, and the waiters are dropped with their request ids
+    /// (their callers' long polls ended with the lost cluster). Request ids of granted acquires
+    /// are kept: a retry gets its original, ended, lease, as after any release.
+    pub fn restored_after_loss(&self, token_floor: u64) -> Self {
+        let mut image = self.image();
+        image.last_token = image.last_token.max(token_floor);
+        image.gc_floor = image.gc_floor.max(token_floor);
+        let idle_until = image.now_ms.saturating_add(DEFAULT_IDLE_RETAIN_MS);
+        let mut dropped = HashSet::new();
+        for (name, res) in &mut image.resources {
+            res.lease = None;
+            while let Some(w) = res.waiters.pop_front() {
+                dropped.insert(dedup_key(name, &w.request_id));
+            }
+            res.admitted = res.admitted.max(token_floor);
+            res.grants = Default::default();
+            res.reissue_at_ms = None;
+            res.idle_until_ms.get_or_insert(idle_until);
+        }
+        image.dedup_records.retain(|e| !dropped.contains(&e.0));
+        Self::from_image(image)
     }
 
     /// The machine an image describes, its indexes rebuilt.

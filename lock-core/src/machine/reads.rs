@@ -37,13 +37,6 @@ impl LockMachine {
         self.last_token
     }
 
-    /// Raises the token counter to at least `floor`. A cluster restored from a backup cannot
-    /// know the tokens its predecessor issued after the backup was taken; starting above all
-    /// of them keeps every new token larger than any a client or a store may still hold.
-    pub fn raise_token_floor(&mut self, floor: u64) {
-        self.last_token = self.last_token.max(floor);
-    }
-
     /// Commands applied since the log began (each command of a batch counts).
     pub fn commands(&self) -> u64 {
         self.commands

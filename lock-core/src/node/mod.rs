@@ -45,7 +45,9 @@ pub use member_api::{MemberApiAnswer, MemberApiCall, MAX_MEMBER_API_ANSWER, MEMB
 pub use metrics::{Metrics, HOT_ACQUIRES_PER_S, HOT_FENCE_REJECTIONS, HOT_IN_METRICS};
 pub use propose::Committed;
 pub use read_rounds::READ_INDEX_PATH;
-pub use restore::{restore_data_dir, BackupError};
+pub use restore::{
+    check_empty as check_restore_target, restore_data_dir, BackupError, RESTORING_FILE,
+};
 pub use revocations::{Revocation, Revocations};
 pub use start::{start, RunningNode};
 pub use waits::{WaitOutcome, WaitRegistry, WaitTicket};

@@ -5,7 +5,7 @@
 //! restored directory is made beside the target and renamed into place only when complete.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use openraft::LogId;
@@ -18,6 +18,9 @@ use crate::store::backup::{self, RestorePlan, RestoreSummary};
 /// How long a backup may wait for the snapshot it needs (one of the seed state takes a few
 /// seconds on a small machine).
 const SNAPSHOT_WAIT: Duration = Duration::from_secs(120);
+
+/// How often a backup asks raft again for the snapshot it waits for.
+const ASK_AGAIN: Duration = Duration::from_secs(1);
 
 /// Why a backup could not be taken.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +45,7 @@ impl Node {
         let needed = self.machine.last_applied_index();
         let deadline = Instant::now() + SNAPSHOT_WAIT;
         let mut rx = self.raft.metrics();
+        let mut asked: Option<Instant> = None;
         loop {
             let covered = rx.borrow().snapshot.is_some_and(|s| s.index >= needed);
             if covered {
@@ -55,26 +59,35 @@ impl Node {
             if left.is_zero() {
                 return Err(BackupError::Snapshot(needed, SNAPSHOT_WAIT.as_secs()));
             }
-            // openraft ignores the request while it builds one; asked again after each change.
-            if let Err(e) = self.raft.trigger().snapshot().await {
-                tracing::debug!(error = %e, "could not ask for a snapshot");
+            // openraft ignores the request while it builds one: asked again at most once a
+            // second, not at every commit.
+            if asked.is_none_or(|at| at.elapsed() >= ASK_AGAIN) {
+                asked = Some(Instant::now());
+                if let Err(e) = self.raft.trigger().snapshot().await {
+                    return Err(ProposeError::Stopped(e.to_string()).into());
+                }
             }
-            let _ = tokio::time::timeout(left.min(Duration::from_secs(1)), rx.changed()).await;
+            let changed = tokio::time::timeout(left.min(ASK_AGAIN), rx.changed()).await;
+            if let Ok(Err(_)) = changed {
+                return Err(ProposeError::Stopped("the node is shutting down".into()).into());
+            }
         }
     }
 }
 
+/// The file that marks a data directory while a restore writes it. A node refuses to start
+/// on a directory that has it: the restore did not finish.
+pub const RESTORING_FILE: &str = "restoring";
+
 /// Makes `config`'s data directory from the backup at `backup`: a member of a new cluster of
-/// `config.initial_members`, with the token counter moved by `token_gap`. The directory must be
-/// missing or empty. It is written as `<data_dir>.restoring` and renamed into place once
-/// complete, so an interrupted restore leaves no directory a node would start on.
+/// `config.initial_members`. The directory must be missing or empty. It is written in place
+/// (it may be a mount point) under a `restoring` marker, removed last: a node refuses a
+/// directory that still has it, and a failed restore empties the directory again.
 pub async fn restore_data_dir(
     config: &NodeConfig,
     backup: &Path,
-    token_gap: u64,
 ) -> Result<RestoreSummary, NodeError> {
-    // Without a trailing `/`, so the staging directory is a sibling.
-    let dir: &Path = &config.data_dir.components().collect::<PathBuf>();
+    let dir = &config.data_dir;
     if !config.initial_members.contains_key(&config.id) {
         return Err(NodeError::Config(format!(
             "initial_members does not list node {}: a restore makes a cluster of \
@@ -82,23 +95,7 @@ pub async fn restore_data_dir(
             config.id
         )));
     }
-    let in_dir = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| NodeError::DataDir { path, source }
-    };
-    match std::fs::read_dir(dir) {
-        Ok(mut entries) => {
-            if entries.next().is_some() {
-                return Err(NodeError::Config(format!(
-                    "data directory {} is not empty. A restore makes a new member's data \
-                     directory; stop the node and move the old directory aside first",
-                    dir.display()
-                )));
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(in_dir(dir)(e)),
-    }
+    check_empty(dir)?;
     let members: BTreeMap<u64, NodeInfo> = config
         .initial_members
         .iter()
@@ -113,38 +110,75 @@ pub async fn restore_data_dir(
     let plan = RestorePlan {
         node_id: config.id,
         members,
-        token_gap,
     };
-    let staging = staging_dir(dir);
-    if staging.exists() {
-        // What an interrupted restore left.
-        std::fs::remove_dir_all(&staging).map_err(in_dir(&staging))?;
+    let in_dir = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| NodeError::DataDir { path, source }
+    };
+    create_private_dir(dir).map_err(in_dir(dir))?;
+    let marker = dir.join(RESTORING_FILE);
+    let written = std::fs::write(
+        &marker,
+        b"a restore from a backup is writing this directory\n",
+    )
+    .and_then(|()| sync_dir(dir));
+    if let Err(e) = written {
+        empty(dir);
+        return Err(in_dir(&marker)(e));
     }
-    create_private_dir(&staging).map_err(in_dir(&staging))?;
-    claim_data_dir(&staging, config.id)?;
-    let summary = backup::restore(backup, &staging, &plan).await;
-    let summary = match summary {
+    let restored = match claim_data_dir(dir, config.id) {
+        Ok(()) => backup::restore(backup, dir, &plan)
+            .await
+            .map_err(NodeError::from),
+        Err(e) => Err(e),
+    };
+    let summary = match restored {
         Ok(summary) => summary,
         Err(e) => {
-            let _ = std::fs::remove_dir_all(&staging);
-            return Err(e.into());
+            empty(dir);
+            return Err(e);
         }
     };
-    // An empty directory is replaced by the rename; its parent is synced so the rename lasts.
-    std::fs::rename(&staging, dir).map_err(in_dir(dir))?;
-    let parent = dir
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::File::open(parent)
-        .and_then(|d| d.sync_all())
-        .map_err(in_dir(parent))?;
+    // Everything the restore wrote is synced; the marker goes last.
+    std::fs::remove_file(&marker)
+        .and_then(|()| sync_dir(dir))
+        .map_err(in_dir(&marker))?;
     Ok(summary)
 }
 
-/// `<data_dir>.restoring`, beside the data directory.
-fn staging_dir(dir: &Path) -> PathBuf {
-    let mut name = dir.as_os_str().to_owned();
-    name.push(".restoring");
-    PathBuf::from(name)
+/// Refuses a restore into a directory that holds anything.
+pub fn check_empty(dir: &Path) -> Result<(), NodeError> {
+    match std::fs::read_dir(dir).map(|mut entries| entries.next().is_some()) {
+        Ok(true) => Err(NodeError::Config(format!(
+            "data directory {} is not empty. A restore makes a new member's data directory; \
+             stop the node and empty the directory (or move it aside) first",
+            dir.display()
+        ))),
+        Ok(false) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(NodeError::DataDir {
+            path: dir.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// Removes what a failed restore wrote (best effort: the directory itself stays, it may be a
+/// mount point).
+fn empty(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let _ = if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+    }
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
 }

@@ -79,6 +79,14 @@ pub async fn start(
         move |source| NodeError::DataDir { path, source }
     };
     create_private_dir(&config.data_dir).map_err(in_data_dir(&config.data_dir))?;
+    if config.data_dir.join(super::RESTORING_FILE).exists() {
+        return Err(NodeError::Config(format!(
+            "data directory {} holds an unfinished restore from a backup (its `{}` file). \
+             Empty the directory and run the restore again.",
+            config.data_dir.display(),
+            super::RESTORING_FILE
+        )));
+    }
     claim_data_dir(&config.data_dir, config.id)?;
     let audit_dir = config.data_dir.join("audit");
     let audit = AuditLog::open(&audit_dir, config.audit_max_bytes, config.audit_keep)

@@ -4,17 +4,21 @@
 //! machine (leases, tokens, dedup records, quotas, API keys) and the proxy's idempotency records,
 //! self-contained and checked when read (see `snapshot_file.rs`).
 //!
-//! A restore cannot know what the lost cluster did after the backup was taken, so it moves
-//! three counters past anything that cluster could have reached, the same way on every member
-//! restored from the same file:
+//! A restore cannot know what the lost cluster did after the backup was taken. It starts the
+//! new cluster past anything that cluster could have reached:
 //!
-//! - the **fencing token counter** by `token_gap`, so no token is issued twice: a token the
-//!   lost cluster issued after the backup is unknown to the restored state, and the proxy
-//!   refuses it as a token never issued for its resource;
-//! - the **raft term** by [`TERM_JUMP`] and the **log index** by [`INDEX_JUMP`]: a member that
-//!   still holds the lost cluster's log is then behind the restored members in both, can win
-//!   no election, and is brought to the restored state by a snapshot, like any lagging
+//! - every lease ends and every token up to a floor [`TOKEN_GAP`] above the backup's last one
+//!   is stale (see `LockMachine::restored_after_loss`): no token is issued twice, and a token
+//!   the lost cluster superseded after the backup is never admitted again;
+//! - the **raft term** moves by [`TERM_JUMP`] and the **log index** by [`INDEX_JUMP`]: a member
+//!   that still holds the lost cluster's log is then behind the restored members in both, can
+//!   win no election, and is brought to the restored state by a snapshot, like any lagging
 //!   follower, instead of mixing the two histories.
+//!
+//! The restored state and its log id depend only on the backup and the member list, so every
+//! member restored from one file with one member list starts with the same state at the same
+//! log id. A member given another list gets another log id (the list's digest is part of the
+//! index), never another state under the same id.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -35,9 +39,13 @@ pub const TERM_JUMP: u64 = 1 << 20;
 /// thousand entries a second).
 pub const INDEX_JUMP: u64 = 1 << 40;
 
-/// How far the token counter moves by default: a trillion tokens, 15 years of acquisitions at
-/// 2,000 a second.
-pub const DEFAULT_TOKEN_GAP: u64 = 1_000_000_000_000;
+/// How far past the backup's last token a restored cluster's tokens start: a trillion tokens,
+/// 15 years of acquisitions at 2,000 a second. Fixed, so that no two members restored from one
+/// backup can start with different counters.
+pub const TOKEN_GAP: u64 = 1_000_000_000_000;
+
+/// The part of the index that tells member lists apart (see [`list_digest`]).
+const LIST_DIGEST_BITS: u32 = 24;
 
 /// The largest token a restore will set: 2^53 - 1, the largest integer a JSON number keeps
 /// exactly in every client (JavaScript's included).
@@ -110,12 +118,9 @@ fn summary(
 pub struct RestorePlan {
     /// The member whose directory this is.
     pub node_id: u64,
-    /// Every voter of the restored cluster and its addresses. All members restored from one
-    /// backup must be given the same list (and the same `token_gap`): their states must be
-    /// identical.
+    /// Every voter of the restored cluster and its addresses; every member must be given the
+    /// same list.
     pub members: BTreeMap<u64, NodeInfo>,
-    /// How far the fencing token counter moves past the backup's.
-    pub token_gap: u64,
 }
 
 /// What a restore made.
@@ -155,24 +160,26 @@ pub async fn restore(
     let stats = image.machine.stats();
     let token_floor = stats
         .last_token
-        .checked_add(plan.token_gap)
+        .checked_add(TOKEN_GAP)
         .filter(|floor| *floor <= MAX_TOKEN)
         .ok_or_else(|| {
             refused(format!(
-                "its last token {} plus a gap of {} passes {MAX_TOKEN}, the largest token JSON \
-                 clients read exactly; choose a smaller gap",
-                stats.last_token, plan.token_gap
+                "its last token {} is within {TOKEN_GAP} of {MAX_TOKEN}, the largest token JSON \
+                 clients read exactly",
+                stats.last_token
             ))
         })?;
     let (Some(term), Some(index)) = (
         old.leader_id.term.checked_add(TERM_JUMP),
-        old.index.checked_add(INDEX_JUMP),
+        old.index
+            .checked_add(INDEX_JUMP)
+            .and_then(|i| i.checked_add(list_digest(&plan.members))),
     ) else {
         return Err(refused(
             "its term or index is too large to restore from".into(),
         ));
     };
-    image.machine.raise_token_floor(token_floor);
+    let machine = image.machine.restored_after_loss(token_floor);
     let log_id = LogId::new(CommittedLeaderId::new(term, old.leader_id.node_id), index);
     let voters: BTreeSet<u64> = plan.members.keys().copied().collect();
     let membership = Membership::new(vec![voters], plan.members.clone());
@@ -209,7 +216,7 @@ pub async fn restore(
         }
         None => None,
     };
-    sm.install_restored(&meta, &image.machine, records).await?;
+    sm.install_restored(&meta, &machine, records).await?;
     // Every record was read back from the backup, so the count is the records it carried.
     let idempotency_records = records_read;
     log.purge(log_id)
@@ -228,4 +235,25 @@ pub async fn restore(
         index,
         token_floor,
     })
+}
+
+/// A number below 2^24 that differs, but for a chance of one in 16 million, between two member
+/// lists (ids and addresses).
+fn list_digest(members: &BTreeMap<u64, NodeInfo>) -> u64 {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for (id, info) in members {
+        for part in [
+            &id.to_be_bytes()[..],
+            info.api_addr.as_bytes(),
+            info.peer_addr.as_bytes(),
+        ] {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part);
+        }
+    }
+    let digest = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(first) >> (64 - LIST_DIGEST_BITS)
 }

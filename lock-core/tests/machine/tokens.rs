@@ -3,10 +3,10 @@
 
 use lock_core::machine::{Effect, LockMachine, DEFAULT_IDLE_RETAIN_MS};
 
-use lock_core::machine::AdmitOutcome;
+use lock_core::machine::{AdmitOutcome, Response};
 
 use crate::support::{
-    admit_at, at, granted, lease, release, restore, run, tick, try_once, wait, P1, T0,
+    admit_at, at, granted, lease, release, renew, restore, run, tick, try_once, wait, P1, T0,
 };
 
 /// Tokens keep increasing after an idle resource record (which carried the resource's last
@@ -59,37 +59,51 @@ fn tokens_keep_increasing_after_snapshot_restore() {
     assert!(matches!(&fx[..], [Effect::HandedOff { grant, .. }] if grant.fencing_token == 4));
 }
 
-/// A cluster restored from a backup raises its token counter past the tokens the lost cluster
-/// may have issued after the backup: the next token is above the floor, a token between the
-/// old counter and the floor is unknown to every resource (a proxy refuses it), a floor below
-/// the counter changes nothing, and the floor lasts through a snapshot.
+/// A cluster restored from a backup starts from `restored_after_loss`: the lost cluster may
+/// have ended any lease of the backup and issued newer tokens, so every lease ends, every token
+/// up to the floor is stale (a superseded one is never admitted again), waiters and their
+/// request ids go, and the next token is above the floor, also after a snapshot.
 #[test]
-fn a_raised_token_floor_issues_above_it_and_knows_no_token_below_it() {
+fn a_state_restored_after_loss_ends_every_lease_and_issues_above_the_floor() {
     let mut m = LockMachine::new();
     let a = granted(run(&mut m, T0, try_once("a", "r1", 1)));
     assert_eq!(a.fencing_token, 1);
-
-    m.raise_token_floor(1_000);
-    m.raise_token_floor(10);
-    assert_eq!(
-        m.last_token(),
-        1_000,
-        "a lower floor moved the counter back"
-    );
-    assert_eq!(
-        admit_at(&mut m, T0 + 1, "a", 500, P1),
-        AdmitOutcome::Unknown
-    );
-    assert_eq!(
-        admit_at(&mut m, T0 + 1, "b", 500, P1),
-        AdmitOutcome::Unknown
-    );
+    run(&mut m, T0, wait("a", "r2", 2, 60_000));
     assert!(matches!(
         admit_at(&mut m, T0 + 1, "a", 1, P1),
         AdmitOutcome::Admitted { .. }
     ));
 
+    let mut m = m.restored_after_loss(1_000);
+    assert_eq!(m.last_token(), 1_000);
+    let stale = AdmitOutcome::Stale { highest: 1_000 };
+    assert_eq!(
+        admit_at(&mut m, T0 + 2, "a", 1, P1),
+        stale,
+        "the old lease's token"
+    );
+    assert_eq!(
+        admit_at(&mut m, T0 + 2, "a", 500, P1),
+        stale,
+        "a lost cluster's token"
+    );
+    assert_eq!(
+        admit_at(&mut m, T0 + 2, "b", 500, P1),
+        stale,
+        "on a resource it lacks"
+    );
+    assert_eq!(run(&mut m, T0 + 2, renew("a", 1)), Response::LeaseLost);
+    let view = m.view("a", T0 + 2);
+    assert!(!view.held && view.waiters == 0, "{view:?}");
+    // The waiter's request id went with it: the same id acquires anew.
+    let again = granted(run(&mut m, T0 + 3, try_once("a", "r2", 3)));
+    assert_eq!(again.fencing_token, 1_001);
+
     let mut m = restore(&m);
-    let b = granted(run(&mut m, T0 + 2, try_once("b", "r2", 2)));
-    assert_eq!(b.fencing_token, 1_001);
+    let b = granted(run(&mut m, T0 + 4, try_once("b", "r3", 4)));
+    assert_eq!(b.fencing_token, 1_002);
+    assert_eq!(
+        admit_at(&mut m, T0 + 5, "a", 1, P1),
+        AdmitOutcome::Stale { highest: 1_001 }
+    );
 }

@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use lock_core::client::error_chain;
-use lock_core::store::backup::{self, BackupSummary, RestoreSummary, DEFAULT_TOKEN_GAP};
+use lock_core::store::backup::{self, BackupSummary, RestoreSummary};
 use lock_core::wire::{classify, Failure, OperatorRequest};
 use serde::Serialize;
 
 use super::output::{json_pretty, Table};
-use super::{CliError, ClientArgs, Format};
+use super::{exit, CliError, ClientArgs, Format};
 
 /// How long one node may take to build the snapshot and send it (the seed state is tens of
 /// megabytes; a snapshot of it takes seconds).
@@ -58,11 +58,11 @@ enum BackupCmd {
     },
     /// Make a member's data directory from a backup (offline).
     ///
-    /// For a cluster that lost its data: run it on every member, with the same backup and
-    /// options, while no member runs; then start them. The restored cluster's members are the
-    /// config's `initial_members`; its fencing tokens start above every token the lost
-    /// cluster can have issued, and a member left with the lost cluster's data follows the
-    /// restored ones.
+    /// For a cluster that lost its data: run it on every member, with the same backup, while
+    /// no member runs; then start them. The restored cluster's members are the config's
+    /// `initial_members`. Every lease of the backup ends (its holders acquire again), its
+    /// fencing tokens start above every token the lost cluster can have issued, and a member
+    /// left with the lost cluster's data follows the restored ones.
     #[command(after_help = "\
 Examples:
   fencegate backup restore --backup /backups/fencegate.backup --config /etc/fencegate/node1.toml
@@ -81,11 +81,6 @@ Examples:
         dev: bool,
         #[command(flatten, next_help_heading = "With --dev")]
         layout: crate::dev::DevLayout,
-        /// How far the fencing token counter moves past the backup's. It must exceed the
-        /// tokens the lost cluster issued after the backup; the default, a trillion, is 15
-        /// years of acquisitions at 2,000 a second. Use the same value on every member.
-        #[arg(long, default_value_t = DEFAULT_TOKEN_GAP, value_name = "N")]
-        token_gap: u64,
     },
 }
 
@@ -105,7 +100,6 @@ pub async fn backup_cmd(args: BackupArgs) -> Result<(), CliError> {
             config,
             dev,
             layout,
-            token_gap,
         } => {
             let usage = |e: anyhow::Error| CliError::usage(format!("{e:#}"));
             let nodes = match config {
@@ -117,12 +111,18 @@ pub async fn backup_cmd(args: BackupArgs) -> Result<(), CliError> {
                 }
                 _ => layout.node_configs().map_err(usage)?,
             };
+            let failed = |e: lock_core::node::NodeError| {
+                CliError::new(exit::FAILURE, "restore_failed", e.to_string())
+            };
+            // Every directory is checked before any is written: `--dev` restores all three
+            // nodes or none.
             for node in &nodes {
-                let summary = lock_core::node::restore_data_dir(node, &backup, token_gap)
+                lock_core::node::check_restore_target(&node.data_dir).map_err(failed)?;
+            }
+            for node in &nodes {
+                let summary = lock_core::node::restore_data_dir(node, &backup)
                     .await
-                    .map_err(|e| {
-                        CliError::new(super::exit::FAILURE, "restore_failed", e.to_string())
-                    })?;
+                    .map_err(failed)?;
                 print_restore(node.id, &node.data_dir, &summary, format);
             }
         }
@@ -133,7 +133,7 @@ pub async fn backup_cmd(args: BackupArgs) -> Result<(), CliError> {
 fn inspect(file: &Path) -> Result<BackupSummary, CliError> {
     backup::inspect(file).map_err(|e| {
         CliError::new(
-            super::exit::FAILURE,
+            exit::FAILURE,
             "bad_backup",
             format!("{}: {e}", file.display()),
         )
@@ -168,7 +168,9 @@ async fn save(client: &ClientArgs, out: &Path, operator: &str) -> Result<BackupS
         if status != 200 {
             let bytes = resp.bytes().await.unwrap_or_default();
             match classify::<serde_json::Value>(status, &bytes) {
-                Err(Failure::Definite { status, body }) if status != 503 => {
+                // 503 (no quorum, a node that cannot catch up) and 409 (no snapshot in time)
+                // are that node's; another may succeed.
+                Err(Failure::Definite { status, body }) if status != 503 && status != 409 => {
                     return Err(CliError::from_body(status, body))
                 }
                 Err(Failure::Definite { body, .. }) => {
@@ -211,7 +213,7 @@ async fn save(client: &ClientArgs, out: &Path, operator: &str) -> Result<BackupS
         };
         std::fs::rename(&partial, out)
             .and_then(|()| sync_parent(out))
-            .map_err(|e| CliError::internal(format!("{}: {e}", out.display())))?;
+            .map_err(|e| io_failed(out, e))?;
         debug_assert_eq!(summary.bytes, written);
         return Ok(summary);
     }
@@ -228,15 +230,26 @@ fn partial_path(out: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// A new file only its owner can read.
+/// A new file only its owner can read (one left by an earlier attempt is replaced, not reused
+/// with whatever mode it had).
 fn private_file(path: &Path) -> Result<std::fs::File, CliError> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_failed(path, e)),
+        _ => {}
+    }
     let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
+    options.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options
-        .open(path)
-        .map_err(|e| CliError::usage(format!("cannot write {}: {e}", path.display())))
+    options.open(path).map_err(|e| io_failed(path, e))
+}
+
+fn io_failed(path: &Path, e: std::io::Error) -> CliError {
+    CliError::new(
+        exit::FAILURE,
+        "io_error",
+        format!("{}: {e}", path.display()),
+    )
 }
 
 fn sync_parent(path: &Path) -> std::io::Result<()> {

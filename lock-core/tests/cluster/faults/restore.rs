@@ -1,13 +1,12 @@
 //! Disaster recovery: a cluster that lost its data is made again from a backup. The restored
-//! cluster keeps the backup's leases and tokens, never issues a token the lost cluster may
-//! have issued after the backup, and a member still holding the lost cluster's log follows the
-//! restored state instead of mixing the two.
+//! cluster ends the backup's leases (the lost cluster may have superseded them), issues no token
+//! the lost cluster may have issued after the backup, and a member still holding the lost
+//! cluster's log follows the restored state instead of mixing the two.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use lock_core::node::{restore_data_dir, Policy};
-use lock_core::store::backup::{self, DEFAULT_TOKEN_GAP, INDEX_JUMP, TERM_JUMP};
+use lock_core::node::{restore_data_dir, Policy, RESTORING_FILE};
+use lock_core::store::backup::{self, INDEX_JUMP, TERM_JUMP, TOKEN_GAP};
 use lock_core::testkit::{phase, TestCluster};
 use serde_json::Value;
 
@@ -37,7 +36,7 @@ async fn restore(c: &mut TestCluster, file: &std::path::Path, restored: &[u64]) 
     for &id in restored {
         let dir = c.data_root().join(format!("node{id}"));
         std::fs::remove_dir_all(&dir).expect("remove the lost data directory");
-        let summary = restore_data_dir(&c.config(id), file, DEFAULT_TOKEN_GAP)
+        let summary = restore_data_dir(&c.config(id), file)
             .await
             .unwrap_or_else(|e| panic!("restore node {id}: {e}"));
         assert!(dir.join("node-id").exists(), "the directory is claimed");
@@ -46,7 +45,7 @@ async fn restore(c: &mut TestCluster, file: &std::path::Path, restored: &[u64]) 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_cluster_restored_from_a_backup_keeps_its_leases_and_never_reissues_a_token() {
+async fn a_cluster_restored_from_a_backup_ends_its_leases_and_reissues_no_token() {
     let mut c = cluster().await;
     let leader = c.wait_leader(EVENT).await;
     let follower = c.followers(leader)[0];
@@ -65,21 +64,26 @@ async fn a_cluster_restored_from_a_backup_keeps_its_leases_and_never_reissues_a_
     assert_eq!(summary.active_locks, 20_000, "{summary:?}");
     assert_eq!(summary.members, vec![1, 2, 3]);
 
-    phase("after the backup the lost cluster goes on: new leases, a release");
+    phase("after the backup the lost cluster goes on: new leases, and one lease superseded");
     let later = c.acquire_many(leader, "later", 500, 16, HOUR_MS).await;
-    let highest_issued = later.iter().map(token).max().expect("tokens");
-    let released = &kept[0];
+    let superseded = &kept[0];
+    let resource = superseded["resource"].as_str().unwrap().to_string();
     let (status, _) = c
         .post(
             leader,
-            &format!(
-                "/v1/locks/{}/release",
-                released["resource"].as_str().unwrap()
-            ),
-            serde_json::json!({"lease_id": released["lease_id"]}),
+            &format!("/v1/locks/{resource}/release"),
+            serde_json::json!({"lease_id": superseded["lease_id"]}),
         )
         .await;
     assert_eq!(status, 200);
+    let (status, successor) = c.acquire(leader, &resource, "successor", HOUR_MS).await;
+    assert_eq!(status, 200, "{successor}");
+    let highest_issued = later
+        .iter()
+        .map(token)
+        .chain([token(&successor)])
+        .max()
+        .expect("tokens");
 
     phase("every member loses its data; all three are restored from the backup");
     restore(&mut c, &file, &[1, 2, 3]).await;
@@ -91,63 +95,57 @@ async fn a_cluster_restored_from_a_backup_keeps_its_leases_and_never_reissues_a_
     assert!(status.term > term + TERM_JUMP, "{status:?}");
     assert!(status.last_applied > index + INDEX_JUMP, "{status:?}");
 
-    phase("the backup's leases are held, with their tokens, on every member");
-    let by_resource: HashMap<&str, &Value> = kept
-        .iter()
-        .map(|g| (g["resource"].as_str().unwrap(), g))
-        .collect();
+    phase("the backup's leases ended on every member; their holders' renewals fail");
     for grant in kept.iter().step_by(101) {
         let resource = grant["resource"].as_str().unwrap();
         for id in [1, 2, 3] {
             let (status, lock) = c.get(id, &format!("/v1/locks/{resource}")).await;
             assert_eq!(status, 200, "{lock}");
-            assert_eq!(lock["held"], true, "{resource} on node {id}: {lock}");
+            assert_eq!(lock["held"], false, "{resource} on node {id}: {lock}");
             assert_eq!(lock["fencing_token"], grant["fencing_token"], "{lock}");
         }
     }
-    // Released after the backup: the restored cluster still sees it held until it expires,
-    // the safe side (the holder's lease id still renews it).
-    let (_, lock) = c
-        .get(
-            leader,
-            &format!("/v1/locks/{}", released["resource"].as_str().unwrap()),
-        )
-        .await;
-    assert_eq!(lock["held"], true, "{lock}");
+    // The holder superseded after the backup: had its lease come back, it could renew it and
+    // write again after its successor.
     let (status, renewed) = c
         .post(
             leader,
-            &format!("/v1/locks/{}/renew", released["resource"].as_str().unwrap()),
-            serde_json::json!({"lease_id": released["lease_id"]}),
+            &format!("/v1/locks/{resource}/renew"),
+            serde_json::json!({"lease_id": superseded["lease_id"]}),
         )
         .await;
-    assert_eq!(status, 200, "{renewed}");
+    assert_eq!(status, 409, "{renewed}");
+    assert_eq!(renewed["error"], "lease_lost", "{renewed}");
+    // A retried acquire of the backup's gets its original answer, an ended lease.
+    let (status, again) = c.acquire(leader, &resource, "kept-0", HOUR_MS).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["lease_id"], superseded["lease_id"]);
 
-    phase("leases granted after the backup are unknown; new ones get tokens above all");
+    phase("new leases get tokens above every token the lost cluster issued");
+    let floor = summary.last_token + TOKEN_GAP;
+    let (status, fresh) = c.acquire(leader, &resource, "after-restore", 10_000).await;
+    assert_eq!(status, 200, "{fresh}");
+    assert!(
+        token(&fresh) > floor && token(&fresh) > highest_issued,
+        "{fresh}"
+    );
     for grant in later.iter().step_by(25) {
         let resource = grant["resource"].as_str().unwrap();
         let (_, lock) = c.get(leader, &format!("/v1/locks/{resource}")).await;
         assert_eq!(lock["held"], false, "{lock}");
-        assert!(lock["fencing_token"].is_null(), "{lock}");
+        assert!(
+            lock["fencing_token"].is_null(),
+            "unknown to the backup: {lock}"
+        );
         let (status, fresh) = c
             .acquire(leader, resource, &format!("again-{resource}"), 10_000)
             .await;
         assert_eq!(status, 200, "{fresh}");
         assert!(
-            token(&fresh) > highest_issued
-                && token(&fresh) > summary.last_token + DEFAULT_TOKEN_GAP,
+            token(&fresh) > floor,
             "a token the lost cluster may have issued came again: {fresh}"
         );
     }
-    // The request ids of the backup's grants still deduplicate: a retry returns the grant.
-    let retried = &kept[7];
-    let resource = retried["resource"].as_str().unwrap();
-    let i: u64 = resource.trim_start_matches("kept:").parse().unwrap();
-    let (status, again) = c
-        .acquire(leader, resource, &format!("kept-{i}"), HOUR_MS)
-        .await;
-    assert_eq!(status, 200, "{again}");
-    assert_eq!(again["lease_id"], by_resource[resource]["lease_id"]);
 
     c.shutdown().await;
 }
@@ -173,16 +171,17 @@ async fn a_member_left_with_the_lost_clusters_log_follows_the_restored_cluster()
     assert_ne!(leader, 3, "the member with the old log was elected");
     c.wait_caught_up(3, Duration::from_secs(60)).await;
 
-    phase("node 3 holds the restored state: the backup's leases, none granted after it");
+    phase("node 3 holds the restored state: the backup's records, nothing granted after it");
     for grant in before.iter().step_by(37) {
         let resource = grant["resource"].as_str().unwrap();
         let (_, lock) = c.get(3, &format!("/v1/locks/{resource}")).await;
         assert_eq!(lock["fencing_token"], grant["fencing_token"], "{lock}");
+        assert_eq!(lock["held"], false, "{lock}");
     }
     for grant in after.iter().step_by(37) {
         let resource = grant["resource"].as_str().unwrap();
         let (_, lock) = c.get(3, &format!("/v1/locks/{resource}")).await;
-        assert_eq!(lock["held"], false, "{lock}");
+        assert!(lock["fencing_token"].is_null(), "{lock}");
     }
     let snapshot = c.node(3).node.raft.metrics().borrow().snapshot;
     assert!(
@@ -204,31 +203,41 @@ async fn a_restore_refuses_a_used_directory_and_a_damaged_backup() {
 
     phase("a directory that holds a node's data is left alone");
     let config = c.config(1);
-    let e = restore_data_dir(&config, &file, DEFAULT_TOKEN_GAP)
+    let e = restore_data_dir(&config, &file)
         .await
         .expect_err("restored over live data");
     assert!(e.to_string().contains("is not empty"), "{e}");
     assert!(config.data_dir.join("node-id").exists());
 
-    phase("a truncated backup is refused and leaves no directory behind");
+    phase("a truncated backup is refused and leaves the directory empty");
     let bytes = std::fs::read(&file).expect("read backup");
     let cut = c.data_root().join("cut.backup");
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).expect("write");
     assert!(backup::inspect(&cut).is_err());
     let mut elsewhere = c.config(1);
     elsewhere.data_dir = c.data_root().join("fresh");
-    let e = restore_data_dir(&elsewhere, &cut, DEFAULT_TOKEN_GAP)
+    let e = restore_data_dir(&elsewhere, &cut)
         .await
         .expect_err("restored a damaged backup");
     eprintln!("refused: {e}");
-    assert!(!elsewhere.data_dir.exists());
-    assert!(!c.data_root().join("fresh.restoring").exists());
+    let left: Vec<_> = std::fs::read_dir(&elsewhere.data_dir)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "a failed restore left {left:?}");
 
-    phase("a gap that would pass the largest exact JSON integer is refused");
-    let e = restore_data_dir(&elsewhere, &file, backup::MAX_TOKEN)
+    phase("a node refuses a directory whose restore did not finish");
+    std::fs::write(elsewhere.data_dir.join(RESTORING_FILE), b"").expect("marker");
+    let api = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
-        .expect_err("restored with an overflowing gap");
-    assert!(e.to_string().contains("smaller gap"), "{e}");
+        .expect("bind");
+    let peer = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let refused = lock_core::server::start(elsewhere, api, peer, std::future::pending()).await;
+    let e = refused
+        .err()
+        .expect("a node started on an unfinished restore");
+    assert!(e.to_string().contains("unfinished restore"), "{e}");
 
     c.shutdown().await;
 }
