@@ -257,3 +257,36 @@ fn list_digest(members: &BTreeMap<u64, NodeInfo>) -> u64 {
     first.copy_from_slice(&digest[..8]);
     u64::from_be_bytes(first) >> (64 - LIST_DIGEST_BITS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn members(peer_of_3: &str) -> BTreeMap<u64, NodeInfo> {
+        (1..=3)
+            .map(|id| {
+                let peer = if id == 3 {
+                    peer_of_3.to_string()
+                } else {
+                    format!("10.0.{id}.10:7101")
+                };
+                let info = NodeInfo {
+                    api_addr: format!("10.0.{id}.10:7001"),
+                    peer_addr: peer,
+                };
+                (id, info)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_member_list_one_digest_and_another_list_another() {
+        let list = members("10.0.3.10:7101");
+        assert_eq!(list_digest(&list), list_digest(&list.clone()));
+        assert!(list_digest(&list) < 1 << LIST_DIGEST_BITS);
+        assert_ne!(list_digest(&list), list_digest(&members("10.0.3.11:7101")));
+        let mut fewer = list.clone();
+        fewer.remove(&3);
+        assert_ne!(list_digest(&list), list_digest(&fewer));
+    }
+}
