@@ -476,14 +476,50 @@ async fn a_cluster_that_lost_every_data_directory_is_restored_from_a_backup() {
         std::fs::remove_dir_all(p.dir.path().join(format!("node{id}"))).expect("lose data");
     }
 
-    phase("`fencegate backup restore` on every member, then start them");
+    phase("`fencegate backup prepare` once, `backup restore` on every member, then start them");
     let (code, out) = fencegate(&["backup", "inspect", file_arg, "-o", "json"]);
     assert_eq!(code, 0, "{out}");
-    let restore = |id: u64| {
+    let config_of = |id: u64| {
         let config = p.dir.path().join(format!("node{id}.toml"));
-        let config = config.to_str().expect("path");
+        config.to_str().expect("path").to_string()
+    };
+    let prepared = p.dir.path().join("restore.prepared");
+    let prepared_arg = prepared.to_str().expect("path");
+    let (code, out) = fencegate(&[
+        "backup",
+        "prepare",
+        "--backup",
+        file_arg,
+        "--config",
+        &config_of(1),
+        "--out",
+        prepared_arg,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let ready: Value = serde_json::from_str(&out).expect("prepare prints JSON");
+    assert_eq!(ready["backup"]["active_locks"], 1, "{ready}");
+    assert_eq!(ready["state"]["active_locks"], 0, "{ready}");
+    let (code, _) = fencegate(&[
+        "backup",
+        "restore",
+        "--prepared",
+        file_arg,
+        "--config",
+        &config_of(1),
+    ]);
+    assert_eq!(code, 1, "a backup that was not prepared was restored");
+    let restore = |id: u64| {
         fencegate(&[
-            "backup", "restore", "--backup", file_arg, "--config", config, "-o", "json",
+            "backup",
+            "restore",
+            "--prepared",
+            prepared_arg,
+            "--config",
+            &config_of(id),
+            "-o",
+            "json",
         ])
     };
     for id in &all {

@@ -46,7 +46,8 @@ pub use metrics::{Metrics, HOT_ACQUIRES_PER_S, HOT_FENCE_REJECTIONS, HOT_IN_METR
 pub use propose::Committed;
 pub use read_rounds::READ_INDEX_PATH;
 pub use restore::{
-    check_empty as check_restore_target, restore_data_dir, BackupError, RESTORING_FILE,
+    check_empty as check_restore_target, prepare_backup, restore_data_dir, BackupError,
+    RESTORING_FILE,
 };
 pub use revocations::{Revocation, Revocations};
 pub use start::{start, RunningNode};

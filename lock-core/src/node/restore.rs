@@ -13,7 +13,7 @@ use openraft::LogId;
 use super::start::{claim_data_dir, create_private_dir};
 use super::{Node, NodeConfig, NodeError, ProposeError};
 use crate::raft::{NodeInfo, SnapshotStream};
-use crate::store::backup::{self, RestorePlan, RestoreSummary};
+use crate::store::backup::{self, BackupSummary, RestoreSummary};
 
 /// How long a backup may wait for the snapshot it needs (one of the seed state takes a few
 /// seconds on a small machine).
@@ -79,24 +79,12 @@ impl Node {
 /// on a directory that has it: the restore did not finish.
 pub const RESTORING_FILE: &str = "restoring";
 
-/// Makes `config`'s data directory from the backup at `backup`: a member of a new cluster of
-/// `config.initial_members`. The directory must be missing or empty. It is written in place
-/// (it may be a mount point) under a `restoring` marker, removed last: a node refuses a
-/// directory that still has it, and a failed restore empties the directory again.
-pub async fn restore_data_dir(
-    config: &NodeConfig,
-    backup: &Path,
-) -> Result<RestoreSummary, NodeError> {
-    let dir = &config.data_dir;
-    if !config.initial_members.contains_key(&config.id) {
-        return Err(NodeError::Config(format!(
-            "initial_members does not list node {}: a restore makes a cluster of \
-             initial_members, and this node must be one of them",
-            config.id
-        )));
-    }
-    check_empty(dir)?;
-    let members: BTreeMap<u64, NodeInfo> = config
+/// A mount point's own directory, left alone by a restore.
+const LOST_FOUND: &str = "lost+found";
+
+/// The members `config.initial_members` names, as raft records them.
+fn members_of(config: &NodeConfig) -> BTreeMap<u64, NodeInfo> {
+    config
         .initial_members
         .iter()
         .map(|(id, addrs)| {
@@ -106,16 +94,76 @@ pub async fn restore_data_dir(
             };
             (*id, info)
         })
-        .collect();
-    let plan = RestorePlan {
-        node_id: config.id,
-        members,
-    };
+        .collect()
+}
+
+/// Turns the backup at `backup` into the prepared backup `out` for a new cluster of
+/// `config.initial_members`: run once; every member is then restored from `out`.
+pub fn prepare_backup(
+    config: &NodeConfig,
+    backup: &Path,
+    out: &Path,
+) -> Result<(BackupSummary, RestoreSummary), NodeError> {
+    let members = members_of(config);
+    Ok(backup::prepare(
+        backup,
+        out,
+        &members,
+        super::clock::unix_ms(),
+    )?)
+}
+
+/// Makes `config`'s data directory from the prepared backup at `prepared`. The directory must
+/// be missing or empty (a mount point's `lost+found` aside), and the config's `initial_members`
+/// must be the members the backup was prepared for. It is written in place under a `restoring`
+/// marker, removed last: a node refuses a directory that still has it, and a failed restore
+/// empties the directory again.
+pub async fn restore_data_dir(
+    config: &NodeConfig,
+    prepared: &Path,
+) -> Result<RestoreSummary, NodeError> {
+    let dir = &config.data_dir;
+    if dir
+        .components()
+        .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(NodeError::Config(format!(
+            "data directory {}: a path with `..` cannot be restored into; name it directly",
+            dir.display()
+        )));
+    }
+    let ours = members_of(config);
+    let theirs = backup::prepared_members(prepared)?;
+    if ours != theirs {
+        let list = |m: &BTreeMap<u64, NodeInfo>| {
+            m.iter()
+                .map(|(id, n)| format!("{id} = {} / {}", n.api_addr, n.peer_addr))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        return Err(NodeError::Config(format!(
+            "the backup was prepared for the members {}, but this node's initial_members are {}. \
+             Every member must be restored from one prepared backup with the same members",
+            list(&theirs),
+            list(&ours)
+        )));
+    }
+    check_empty(dir)?;
     let in_dir = |path: &Path| {
         let path = path.to_path_buf();
         move |source| NodeError::DataDir { path, source }
     };
+    let existed = dir.exists();
     create_private_dir(dir).map_err(in_dir(dir))?;
+    if !existed {
+        // The new directory's name must last too.
+        let parent = dir
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        sync_dir(parent).map_err(in_dir(parent))?;
+    }
+    check_empty(dir)?;
     let marker = dir.join(RESTORING_FILE);
     let written = std::fs::write(
         &marker,
@@ -127,7 +175,7 @@ pub async fn restore_data_dir(
         return Err(in_dir(&marker)(e));
     }
     let restored = match claim_data_dir(dir, config.id) {
-        Ok(()) => backup::restore(backup, dir, &plan)
+        Ok(()) => backup::restore(prepared, dir, config.id)
             .await
             .map_err(NodeError::from),
         Err(e) => Err(e),
@@ -146,9 +194,14 @@ pub async fn restore_data_dir(
     Ok(summary)
 }
 
-/// Refuses a restore into a directory that holds anything.
+/// Refuses a restore into a directory that holds anything (but a mount point's `lost+found`).
 pub fn check_empty(dir: &Path) -> Result<(), NodeError> {
-    match std::fs::read_dir(dir).map(|mut entries| entries.next().is_some()) {
+    let holds_something = std::fs::read_dir(dir).map(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name() != std::ffi::OsStr::new(LOST_FOUND))
+    });
+    match holds_something {
         Ok(true) => Err(NodeError::Config(format!(
             "data directory {} is not empty. A restore makes a new member's data directory; \
              stop the node and empty the directory (or move it aside) first",
@@ -163,13 +216,16 @@ pub fn check_empty(dir: &Path) -> Result<(), NodeError> {
     }
 }
 
-/// Removes what a failed restore wrote (best effort: the directory itself stays, it may be a
-/// mount point).
+/// Removes what a failed restore wrote into the directory it found empty (best effort: the
+/// directory itself and a mount point's `lost+found` stay).
 fn empty(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     for entry in entries.flatten() {
+        if entry.file_name() == std::ffi::OsStr::new(LOST_FOUND) {
+            continue;
+        }
         let path = entry.path();
         let _ = if path.is_dir() {
             std::fs::remove_dir_all(&path)

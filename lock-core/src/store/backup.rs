@@ -1,24 +1,28 @@
-//! Backups of the replicated state, and the data directory of a new cluster made from one.
+//! Backups of the replicated state, and the data directories of a new cluster made from one.
 //!
 //! A backup is a snapshot file exactly as a leader sends one to a lagging follower: the lock
 //! machine (leases, tokens, dedup records, quotas, API keys) and the proxy's idempotency records,
 //! self-contained and checked when read (see `snapshot_file.rs`).
 //!
-//! A restore cannot know what the lost cluster did after the backup was taken. It starts the
-//! new cluster past anything that cluster could have reached:
+//! A restore has two steps. [`prepare`] runs once: it turns the backup into the snapshot of the
+//! new cluster, in a file of the same format. [`restore`] then installs that one file on every
+//! member. All members thus start from the same bytes at the same log position, whatever
+//! differs between their machines or their configs (a member whose `initial_members` differ from
+//! the prepared ones is refused).
 //!
-//! - every lease ends and every token up to a floor [`TOKEN_GAP`] above the backup's last one
-//!   is stale (see `LockMachine::restored_after_loss`): no token is issued twice, and a token
-//!   the lost cluster superseded after the backup is never admitted again;
-//! - the **raft term** moves by [`TERM_JUMP`] and the **log index** by [`INDEX_JUMP`]: a member
-//!   that still holds the lost cluster's log is then behind the restored members in both, can
-//!   win no election, and is brought to the restored state by a snapshot, like any lagging
-//!   follower, instead of mixing the two histories.
+//! The lost cluster may have done anything after the backup was taken, and a cluster restored
+//! before may still run somewhere. So the prepared state starts past all of it:
 //!
-//! The restored state and its log id depend only on the backup and the member list, so every
-//! member restored from one file with one member list starts with the same state at the same
-//! log id. A member given another list gets another log id (the list's digest is part of the
-//! index), never another state under the same id.
+//! - every lease ends and every token up to a floor is stale (see
+//!   `LockMachine::restored_after_loss`): no token is issued twice, and a token superseded after
+//!   the backup is never admitted again. The floor is [`TOKEN_GAP`] above the backup's last
+//!   token, and at least the wall clock in microseconds, so a later preparation (of this backup
+//!   again, or of an older one) starts above an earlier one;
+//! - the **raft term** and the **log index** start past the backup's by [`TERM_JUMP`] and
+//!   [`INDEX_JUMP`], and at least at the wall clock in milliseconds and microseconds: a member
+//!   that still holds the lost cluster's log (or an earlier restored cluster's) is behind the
+//!   restored members in both, can win no election, and is brought to the restored state by a
+//!   snapshot, like any lagging follower, instead of mixing two histories.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -28,7 +32,7 @@ use openraft::storage::{RaftLogStorage, RaftStateMachine};
 use openraft::{CommittedLeaderId, LogId, Membership, StoredMembership, Vote};
 
 use super::snapshot_file::Meta;
-use super::state_machine::read_backup;
+use super::state_machine::{read_backup, write_prepared};
 use super::StoreError;
 use crate::raft::NodeInfo;
 
@@ -39,13 +43,12 @@ pub const TERM_JUMP: u64 = 1 << 20;
 /// thousand entries a second).
 pub const INDEX_JUMP: u64 = 1 << 40;
 
-/// How far past the backup's last token a restored cluster's tokens start: a trillion tokens,
-/// 15 years of acquisitions at 2,000 a second. Fixed, so that no two members restored from one
-/// backup can start with different counters.
+/// How far past the backup's last token a restored cluster's tokens start at least: a trillion
+/// tokens, 15 years of acquisitions at 2,000 a second.
 pub const TOKEN_GAP: u64 = 1_000_000_000_000;
 
-/// The part of the index that tells member lists apart (see [`list_digest`]).
-const LIST_DIGEST_BITS: u32 = 24;
+/// What a prepared backup's snapshot id starts with.
+const PREPARED: &str = "prepared-restore-";
 
 /// The largest token a restore will set: 2^53 - 1, the largest integer a JSON number keeps
 /// exactly in every client (JavaScript's included).
@@ -113,20 +116,11 @@ fn summary(
     })
 }
 
-/// How to make one member's data directory from a backup.
-#[derive(Clone, Debug)]
-pub struct RestorePlan {
-    /// The member whose directory this is.
-    pub node_id: u64,
-    /// Every voter of the restored cluster and its addresses; every member must be given the
-    /// same list.
-    pub members: BTreeMap<u64, NodeInfo>,
-}
-
-/// What a restore made.
+/// What a prepared backup holds: the restored cluster's first state.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct RestoreSummary {
-    pub backup: BackupSummary,
+    /// The restored state (no active lease; its last token is the floor).
+    pub state: BackupSummary,
     /// The restored cluster's first term and log index.
     pub term: u64,
     pub index: u64,
@@ -134,61 +128,128 @@ pub struct RestoreSummary {
     pub token_floor: u64,
 }
 
-/// Writes the state of the backup at `backup` into `data_dir` (which must hold no storage) as
-/// the state of a new cluster of `plan.members`: the backup's snapshot, moved past the lost
-/// cluster's tokens, terms and log as the module documentation says, installed as a follower
-/// installs one from its leader, then the log purged up to it and a vote saved in its term.
-pub async fn restore(
+fn refused(what: &'static str, detail: String) -> StoreError {
+    StoreError::Corrupt { what, detail }
+}
+
+/// Turns the backup at `backup` into the prepared backup `out`: the state a new cluster of
+/// `members` starts from (see the module documentation), `wall_ms` being the wall clock.
+/// Returns what the backup held and what the prepared file holds.
+pub fn prepare(
     backup: &Path,
-    data_dir: &Path,
-    plan: &RestorePlan,
-) -> Result<RestoreSummary, StoreError> {
-    let refused = |detail: String| StoreError::Corrupt {
-        what: "backup",
-        detail,
-    };
-    if !plan.members.contains_key(&plan.node_id) {
-        return Err(refused(format!(
-            "node {} is not among the restored cluster's members",
-            plan.node_id
-        )));
+    out: &Path,
+    members: &BTreeMap<u64, NodeInfo>,
+    wall_ms: u64,
+) -> Result<(BackupSummary, RestoreSummary), StoreError> {
+    if members.is_empty() {
+        return Err(refused(
+            "backup",
+            "the restored cluster needs at least one member".into(),
+        ));
     }
     let mut image = read_backup(backup)?;
+    if image.meta.snapshot_id.starts_with(PREPARED) {
+        return Err(refused(
+            "backup",
+            "it is a prepared backup already; prepare the backup it was made from".into(),
+        ));
+    }
     let Some(old) = image.meta.last_log_id else {
-        return Err(refused("it covers no log entry".into()));
+        return Err(refused("backup", "it covers no log entry".into()));
     };
     let stats = image.machine.stats();
+    let wall_us = wall_ms.saturating_mul(1_000);
     let token_floor = stats
         .last_token
         .checked_add(TOKEN_GAP)
+        .map(|floor| floor.max(wall_us))
         .filter(|floor| *floor <= MAX_TOKEN)
         .ok_or_else(|| {
-            refused(format!(
-                "its last token {} is within {TOKEN_GAP} of {MAX_TOKEN}, the largest token JSON \
-                 clients read exactly",
-                stats.last_token
-            ))
+            refused(
+                "backup",
+                format!(
+                    "its last token {} is within {TOKEN_GAP} of {MAX_TOKEN}, the largest token \
+                     JSON clients read exactly",
+                    stats.last_token
+                ),
+            )
         })?;
     let (Some(term), Some(index)) = (
-        old.leader_id.term.checked_add(TERM_JUMP),
-        old.index
-            .checked_add(INDEX_JUMP)
-            .and_then(|i| i.checked_add(list_digest(&plan.members))),
+        old.leader_id
+            .term
+            .checked_add(TERM_JUMP)
+            .map(|t| t.max(wall_ms)),
+        old.index.checked_add(INDEX_JUMP).map(|i| i.max(wall_us)),
     ) else {
         return Err(refused(
+            "backup",
             "its term or index is too large to restore from".into(),
         ));
     };
     let machine = image.machine.restored_after_loss(token_floor);
     let log_id = LogId::new(CommittedLeaderId::new(term, old.leader_id.node_id), index);
-    let voters: BTreeSet<u64> = plan.members.keys().copied().collect();
-    let membership = Membership::new(vec![voters], plan.members.clone());
+    let voters: BTreeSet<u64> = members.keys().copied().collect();
+    let membership = Membership::new(vec![voters], members.clone());
     let meta = Meta {
         last_log_id: Some(log_id),
         last_membership: StoredMembership::new(Some(log_id), membership),
-        snapshot_id: format!("restored-{term}-{index}"),
+        snapshot_id: format!("{PREPARED}{term}-{index}"),
     };
+    {
+        let mut records = image.reader.records().map(|(_, entries)| entries);
+        let records = records
+            .as_mut()
+            .map(|r| r as &mut dyn Iterator<Item = Result<_, _>>);
+        write_prepared(out, &meta, &machine, records)?;
+    }
+    let state = inspect(out)?;
+    let held = summary(backup, &image.meta, &stats, state.idempotency_records)?;
+    Ok((
+        held,
+        RestoreSummary {
+            state,
+            term,
+            index,
+            token_floor,
+        },
+    ))
+}
 
+/// The members a prepared backup makes the cluster of; refuses a file that is not one.
+pub fn prepared_members(prepared: &Path) -> Result<BTreeMap<u64, NodeInfo>, StoreError> {
+    let meta = super::snapshot_file::open_at(prepared)?.header.meta;
+    if !meta.snapshot_id.starts_with(PREPARED) {
+        return Err(refused(
+            "prepared backup",
+            format!(
+                "{} is a backup, not a prepared one: prepare it once with `fencegate backup \
+                 prepare`, then restore every member from the prepared file",
+                prepared.display()
+            ),
+        ));
+    }
+    Ok(meta
+        .last_membership
+        .nodes()
+        .map(|(id, info)| (*id, info.clone()))
+        .collect())
+}
+
+/// Installs the prepared backup at `prepared` into `data_dir` (which must hold no storage) as
+/// node `node_id`'s: as a follower installs a snapshot from its leader, then the log purged up
+/// to it and a vote saved in its term.
+pub async fn restore(
+    prepared: &Path,
+    data_dir: &Path,
+    node_id: u64,
+) -> Result<RestoreSummary, StoreError> {
+    if !prepared_members(prepared)?.contains_key(&node_id) {
+        return Err(refused(
+            "prepared backup",
+            format!("node {node_id} is not among the members it was prepared for"),
+        ));
+    }
+    let state = inspect(prepared)?;
     let (mut log, mut sm) = super::open(data_dir, Arc::new(|_, _| {}))?;
     let raft_err = |what: &str, e: openraft::StorageError<u64>| {
         StoreError::Task(format!("{what} in the restored directory: {e}"))
@@ -197,96 +258,33 @@ pub async fn restore(
         .applied_state()
         .await
         .map_err(|e| raft_err("read the state", e))?;
-    let state = log
+    let log_state = log
         .get_log_state()
         .await
         .map_err(|e| raft_err("read the log", e))?;
-    if applied.is_some() || state.last_log_id.is_some() {
-        return Err(refused(format!(
-            "{} already holds a node's storage",
-            data_dir.display()
-        )));
+    if applied.is_some() || log_state.last_log_id.is_some() {
+        return Err(refused(
+            "prepared backup",
+            format!("{} already holds a node's storage", data_dir.display()),
+        ));
     }
-    let mut records_read = 0u64;
-    let mut counted;
-    let records = match image.reader.records() {
-        Some((_, entries)) => {
-            counted = entries.inspect(|_| records_read += 1);
-            Some(&mut counted as &mut dyn Iterator<Item = _>)
-        }
-        None => None,
+    let meta = sm.install_prepared(prepared).await?;
+    let Some(log_id) = meta.last_log_id else {
+        return Err(refused("prepared backup", "it covers no log entry".into()));
     };
-    sm.install_restored(&meta, &machine, records).await?;
-    // Every record was read back from the backup, so the count is the records it carried.
-    let idempotency_records = records_read;
     log.purge(log_id)
         .await
         .map_err(|e| raft_err("purge the log", e))?;
     log.save_committed(Some(log_id))
         .await
         .map_err(|e| raft_err("save the committed id", e))?;
-    log.save_vote(&Vote::new(term, plan.node_id))
+    log.save_vote(&Vote::new(log_id.leader_id.term, node_id))
         .await
         .map_err(|e| raft_err("save the vote", e))?;
-    let backup = summary(backup, &image.meta, &stats, idempotency_records)?;
     Ok(RestoreSummary {
-        backup,
-        term,
-        index,
-        token_floor,
+        token_floor: state.last_token,
+        state,
+        term: log_id.leader_id.term,
+        index: log_id.index,
     })
-}
-
-/// A number below 2^24 that differs, but for a chance of one in 16 million, between two member
-/// lists (ids and addresses).
-fn list_digest(members: &BTreeMap<u64, NodeInfo>) -> u64 {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    for (id, info) in members {
-        for part in [
-            &id.to_be_bytes()[..],
-            info.api_addr.as_bytes(),
-            info.peer_addr.as_bytes(),
-        ] {
-            h.update((part.len() as u64).to_be_bytes());
-            h.update(part);
-        }
-    }
-    let digest = h.finalize();
-    let mut first = [0u8; 8];
-    first.copy_from_slice(&digest[..8]);
-    u64::from_be_bytes(first) >> (64 - LIST_DIGEST_BITS)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn members(peer_of_3: &str) -> BTreeMap<u64, NodeInfo> {
-        (1..=3)
-            .map(|id| {
-                let peer = if id == 3 {
-                    peer_of_3.to_string()
-                } else {
-                    format!("10.0.{id}.10:7101")
-                };
-                let info = NodeInfo {
-                    api_addr: format!("10.0.{id}.10:7001"),
-                    peer_addr: peer,
-                };
-                (id, info)
-            })
-            .collect()
-    }
-
-    #[test]
-    fn one_member_list_one_digest_and_another_list_another() {
-        let list = members("10.0.3.10:7101");
-        assert_eq!(list_digest(&list), list_digest(&list.clone()));
-        assert!(list_digest(&list) < 1 << LIST_DIGEST_BITS);
-        assert_ne!(list_digest(&list), list_digest(&members("10.0.3.11:7101")));
-        let mut fewer = list.clone();
-        fewer.remove(&3);
-        assert_ne!(list_digest(&list), list_digest(&fewer));
-    }
 }

@@ -230,29 +230,13 @@ impl SnapshotFiles {
         Ok((true, file))
     }
 
-    /// Writes a whole snapshot of `meta` into a temporary file of this directory, with the
-    /// payload `write_payload` encodes and the idempotency `records` as of `meta`'s index: the
-    /// file a restore installs, as if a leader had sent it. Returns its path and the file.
-    pub(super) fn write_restored(
-        &self,
-        meta: &Meta,
-        write_payload: impl FnOnce(&mut dyn Write) -> Result<(), StoreError>,
-        records: Option<&mut dyn Iterator<Item = Result<IdemEntry, StoreError>>>,
-    ) -> Result<(PathBuf, File), StoreError> {
-        let header = SnapshotHeader {
-            meta: meta.clone(),
-            len: 0,
-            chunks: 0,
-            seq: 0,
-            records_index: records
-                .is_some()
-                .then(|| meta.last_log_id.map_or(0, |id| id.index)),
-        };
+    /// A copy of the snapshot file at `path` (a prepared backup) in a temporary file of this
+    /// directory, to be installed as one received from a leader.
+    pub(super) fn copy_in(&self, path: &Path) -> Result<(PathBuf, File), StoreError> {
         let tmp = self.temporary_path("restore");
-        let written = write_file(&tmp, Pace::Full, &header, write_payload, records);
-        if let Err(e) = written {
+        if let Err(e) = fs::copy(path, &tmp) {
             let _ = fs::remove_file(&tmp);
-            return Err(e);
+            return Err(io_err(path)(e));
         }
         let file = File::open(&tmp).map_err(io_err(&tmp))?;
         Ok((tmp, file))
@@ -474,6 +458,43 @@ fn locate(path: PathBuf) -> Result<(SnapshotHeader, Located), StoreError> {
             payload_len,
         },
     ))
+}
+
+/// Writes a whole snapshot of `meta` as the file `path` (a prepared backup): the payload
+/// `write_payload` encodes and the idempotency `records` as of `meta`'s index. Written beside it
+/// first and renamed once synced, so `path` is never half a file.
+pub(super) fn write_prepared(
+    path: &Path,
+    meta: &Meta,
+    write_payload: impl FnOnce(&mut dyn Write) -> Result<(), StoreError>,
+    records: Option<&mut dyn Iterator<Item = Result<IdemEntry, StoreError>>>,
+) -> Result<(), StoreError> {
+    let header = SnapshotHeader {
+        meta: meta.clone(),
+        len: 0,
+        chunks: 0,
+        seq: 0,
+        records_index: records
+            .is_some()
+            .then(|| meta.last_log_id.map_or(0, |id| id.index)),
+    };
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    let _ = fs::remove_file(&partial);
+    let written = write_file(&partial, Pace::Full, &header, write_payload, records)
+        .and_then(|_| fs::rename(&partial, path).map_err(io_err(path)))
+        .and_then(|()| {
+            let dir = path
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            sync_dir(dir)
+        });
+    if written.is_err() {
+        let _ = fs::remove_file(&partial);
+    }
+    written
 }
 
 /// A reader on the snapshot file at `path` (a backup), after checking that it is whole.

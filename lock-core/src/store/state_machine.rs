@@ -377,31 +377,40 @@ impl StateMachineStore {
         }
     }
 
-    /// Installs `machine` as the state at `meta`, with `records` as the idempotency records:
-    /// written as a snapshot file and installed as one from a leader would be.
-    pub(super) async fn install_restored(
-        &mut self,
-        meta: &Meta,
-        machine: &LockMachine,
-        records: Option<&mut dyn Iterator<Item = Result<IdemEntry, StoreError>>>,
-    ) -> Result<(), StoreError> {
-        let payload = PayloadRef {
-            last_applied: meta.last_log_id,
-            last_membership: &meta.last_membership,
-            image: machine.snapshot_image(),
-            idempotency: &[],
-            idempotency_index: None,
-        };
-        let (path, file) = self.snapshots.write_restored(
-            meta,
-            move |out| encode_into("snapshot", &payload, out),
-            records,
-        )?;
+    /// Installs the prepared backup at `prepared` (a snapshot file of the restored state) as
+    /// a follower installs a snapshot from its leader; returns what it covers.
+    pub(super) async fn install_prepared(&mut self, prepared: &Path) -> Result<Meta, StoreError> {
+        let meta = super::snapshot_file::open_at(prepared)?.header.meta;
+        let (path, file) = self.snapshots.copy_in(prepared)?;
         let stream = Box::new(SnapshotStream::temporary(file, path));
-        self.install_snapshot(meta, stream)
+        self.install_snapshot(&meta, stream)
             .await
-            .map_err(|e| StoreError::Task(format!("install the restored snapshot: {e}")))
+            .map_err(|e| StoreError::Task(format!("install the restored snapshot: {e}")))?;
+        Ok(meta)
     }
+}
+
+/// Writes `machine` as the state at `meta`, with `records` as the idempotency records, into the
+/// snapshot file `out`: a prepared backup.
+pub(super) fn write_prepared(
+    out: &Path,
+    meta: &Meta,
+    machine: &LockMachine,
+    records: Option<&mut dyn Iterator<Item = Result<IdemEntry, StoreError>>>,
+) -> Result<(), StoreError> {
+    let payload = PayloadRef {
+        last_applied: meta.last_log_id,
+        last_membership: &meta.last_membership,
+        image: machine.snapshot_image(),
+        idempotency: &[],
+        idempotency_index: None,
+    };
+    super::snapshot_file::write_prepared(
+        out,
+        meta,
+        move |w| encode_into("snapshot", &payload, w),
+        records,
+    )
 }
 
 /// Reads a snapshot's payload and checks it against the snapshot's meta.

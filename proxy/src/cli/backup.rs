@@ -22,8 +22,10 @@ const SAVE_TIMEOUT: Duration = Duration::from_secs(300);
 Examples:
   fencegate backup save --out /backups/fencegate-$(date +%F).backup
   fencegate backup inspect /backups/fencegate-2026-12-07.backup
-  fencegate backup restore --backup /backups/fencegate-2026-12-07.backup \\
-      --config /etc/fencegate/node1.toml
+  fencegate backup prepare --backup /backups/fencegate-2026-12-07.backup \\
+      --config /etc/fencegate/node1.toml --out /backups/restore.prepared     # once
+  fencegate backup restore --prepared /backups/restore.prepared \\
+      --config /etc/fencegate/node1.toml                                    # on every member
   fencegate backup restore --backup fencegate.backup --dev     # the nodes of `fencegate dev`")]
 pub struct BackupArgs {
     #[command(flatten)]
@@ -56,29 +58,53 @@ enum BackupCmd {
         /// The backup file.
         file: PathBuf,
     },
-    /// Make a member's data directory from a backup (offline).
+    /// Turn a backup into the state a restored cluster starts from (offline, once).
     ///
-    /// For a cluster that lost its data: run it on every member, with the same backup, while
-    /// no member runs; then start them. The restored cluster's members are the config's
-    /// `initial_members`. Every lease of the backup ends (its holders acquire again), its
-    /// fencing tokens start above every token the lost cluster can have issued, and a member
-    /// left with the lost cluster's data follows the restored ones.
+    /// For a cluster that lost its data. Every lease of the backup ends (its holders acquire
+    /// again), every token the lost cluster (or an earlier restore) can have issued is stale,
+    /// and the raft term and log index move past theirs. The members are the config's
+    /// `initial_members`. Copy the prepared file to every member and restore each from it.
     #[command(after_help = "\
-Examples:
-  fencegate backup restore --backup /backups/fencegate.backup --config /etc/fencegate/node1.toml
-  fencegate backup restore --backup fencegate.backup --dev --data-dir ./fencegate-data")]
-    Restore {
-        /// The backup file.
+Example:
+  fencegate backup prepare --backup /backups/fencegate.backup --config /etc/fencegate/node1.toml \\
+      --out /backups/restore.prepared")]
+    Prepare {
+        /// The backup file (`backup save`).
         #[arg(long, value_name = "FILE")]
         backup: PathBuf,
+        /// A member's config file: its `initial_members` are the restored cluster's members.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+        /// Where to write the prepared backup.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
+    /// Make a member's data directory from a prepared backup (offline).
+    ///
+    /// Run it on every member, with the same prepared file, while no member runs; then start
+    /// them. The data directory must be missing or empty, and the config's `initial_members`
+    /// must be the ones the backup was prepared for. A member left with the lost cluster's
+    /// data follows the restored ones.
+    #[command(after_help = "\
+Examples:
+  fencegate backup restore --prepared /backups/restore.prepared --config /etc/fencegate/node1.toml
+  fencegate backup restore --backup fencegate.backup --dev --data-dir ./fencegate-data")]
+    Restore {
+        /// The prepared backup (`backup prepare`).
+        #[arg(long, value_name = "FILE", required_unless_present = "dev")]
+        prepared: Option<PathBuf>,
         /// The node's config file (`fencegate node --config`): its id, data directory and
-        /// `initial_members`. The data directory must be missing or empty.
+        /// `initial_members`.
         #[arg(long, value_name = "FILE", required_unless_present = "dev")]
         config: Option<PathBuf>,
-        /// Restore the three nodes of `fencegate dev` instead (their data directories under
-        /// --data-dir must be missing or empty; the demo store's journal is left as it is).
-        #[arg(long, conflicts_with = "config")]
+        /// Restore the three nodes of `fencegate dev` from a backup (prepared and restored in
+        /// one step; their data directories under --data-dir must be missing or empty; the
+        /// demo store's journal is left as it is).
+        #[arg(long, conflicts_with_all = ["config", "prepared"], requires = "backup")]
         dev: bool,
+        /// With --dev: the backup file.
+        #[arg(long, value_name = "FILE")]
+        backup: Option<PathBuf>,
         #[command(flatten, next_help_heading = "With --dev")]
         layout: crate::dev::DevLayout,
     },
@@ -95,32 +121,64 @@ pub async fn backup_cmd(args: BackupArgs) -> Result<(), CliError> {
             let summary = inspect(&file)?;
             print_backup(&file, &summary, format);
         }
-        BackupCmd::Restore {
+        BackupCmd::Prepare {
             backup,
             config,
+            out,
+        } => {
+            let loaded =
+                crate::node::load(&config).map_err(|e| CliError::usage(format!("{e:#}")))?;
+            let (held, prepared) =
+                lock_core::node::prepare_backup(loaded.node_config(), &backup, &out)
+                    .map_err(|e| CliError::new(exit::FAILURE, "prepare_failed", e.to_string()))?;
+            print_prepared(&out, &held, &prepared, format);
+        }
+        BackupCmd::Restore {
+            prepared,
+            config,
             dev,
+            backup,
             layout,
         } => {
-            let usage = |e: anyhow::Error| CliError::usage(format!("{e:#}"));
-            let nodes = match config {
-                Some(path) if !dev => {
-                    vec![crate::node::load(&path)
-                        .map_err(usage)?
-                        .node_config()
-                        .clone()]
-                }
-                _ => layout.node_configs().map_err(usage)?,
-            };
             let failed = |e: lock_core::node::NodeError| {
                 CliError::new(exit::FAILURE, "restore_failed", e.to_string())
             };
-            // Every directory is checked before any is written: `--dev` restores all three
-            // nodes or none.
-            for node in &nodes {
-                lock_core::node::check_restore_target(&node.data_dir).map_err(failed)?;
-            }
-            for node in &nodes {
-                let summary = lock_core::node::restore_data_dir(node, &backup)
+            let usage = |e: anyhow::Error| CliError::usage(format!("{e:#}"));
+            if dev {
+                let nodes = layout.node_configs().map_err(usage)?;
+                // Every directory is checked before any is written.
+                for node in &nodes {
+                    lock_core::node::check_restore_target(&node.data_dir).map_err(failed)?;
+                }
+                let backup = backup.ok_or_else(|| CliError::usage("--dev needs --backup"))?;
+                std::fs::create_dir_all(&layout.data_dir)
+                    .map_err(|e| io_failed(&layout.data_dir, e))?;
+                let prepared = layout.data_dir.join("restore.prepared");
+                let (held, summary) = lock_core::node::prepare_backup(
+                    &nodes[0], &backup, &prepared,
+                )
+                .map_err(|e| CliError::new(exit::FAILURE, "prepare_failed", e.to_string()))?;
+                print_prepared(&prepared, &held, &summary, format);
+                for node in &nodes {
+                    let restored = lock_core::node::restore_data_dir(node, &prepared).await;
+                    match restored {
+                        Ok(summary) => print_restore(node.id, &node.data_dir, &summary, format),
+                        Err(e) => {
+                            let _ = std::fs::remove_file(&prepared);
+                            return Err(failed(e));
+                        }
+                    }
+                }
+                let _ = std::fs::remove_file(&prepared);
+            } else {
+                let (Some(prepared), Some(config)) = (prepared, config) else {
+                    return Err(CliError::usage(
+                        "restore needs --prepared and --config (or --dev)",
+                    ));
+                };
+                let loaded = crate::node::load(&config).map_err(usage)?;
+                let node = loaded.node_config();
+                let summary = lock_core::node::restore_data_dir(node, &prepared)
                     .await
                     .map_err(failed)?;
                 print_restore(node.id, &node.data_dir, &summary, format);
@@ -307,19 +365,49 @@ fn print_restore(node_id: u64, data_dir: &Path, s: &RestoreSummary, format: Form
             data_dir,
             summary: s,
         }),
+        Format::Table => println!(
+            "node {node_id}: {} restored at term {}, log index {} ({} resources, {} request ids, \
+             {} idempotency records); every token it issues is above {}.",
+            data_dir.display(),
+            s.term,
+            s.index,
+            s.state.resources,
+            s.state.dedup_records,
+            s.state.idempotency_records,
+            s.token_floor
+        ),
+    }
+}
+
+#[derive(Serialize)]
+struct Prepared<'a> {
+    file: &'a Path,
+    backup: &'a BackupSummary,
+    #[serde(flatten)]
+    restored: &'a RestoreSummary,
+}
+
+fn print_prepared(file: &Path, held: &BackupSummary, s: &RestoreSummary, format: Format) {
+    match format {
+        Format::Json => json_pretty(&Prepared {
+            file,
+            backup: held,
+            restored: s,
+        }),
         Format::Table => {
             println!(
-                "node {node_id}: {} restored from a backup of log index {} ({} resources, {} \
-                 active locks, {} idempotency records).",
-                data_dir.display(),
-                s.backup.index,
-                s.backup.resources,
-                s.backup.active_locks,
-                s.backup.idempotency_records,
+                "{}: the backup of log index {} ({} resources, {} active locks ending, {} \
+                 idempotency records) prepared for the members {}.",
+                file.display(),
+                held.index,
+                held.resources,
+                held.active_locks,
+                held.idempotency_records,
+                join(&s.state.members),
             );
             println!(
-                "The restored cluster starts at term {}, log index {}; every token it issues \
-                 is above {}.",
+                "The restored cluster starts at term {}, log index {}; every token it issues is \
+                 above {}. Restore every member from this file.",
                 s.term, s.index, s.token_floor
             );
         }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use lock_core::node::{restore_data_dir, Policy, RESTORING_FILE};
+use lock_core::node::{prepare_backup, restore_data_dir, Policy, RESTORING_FILE};
 use lock_core::store::backup::{self, INDEX_JUMP, TERM_JUMP, TOKEN_GAP};
 use lock_core::testkit::{phase, TestCluster};
 use serde_json::Value;
@@ -27,21 +27,27 @@ fn token(v: &Value) -> u64 {
     v["fencing_token"].as_u64().unwrap_or_else(|| panic!("{v}"))
 }
 
-/// Stops every node, then replaces the data directories of `restored` with ones made from
-/// `file`.
-async fn restore(c: &mut TestCluster, file: &std::path::Path, restored: &[u64]) {
+/// Stops every node, prepares the backup `file` once, then replaces the data directories of
+/// `restored` with ones made from the prepared file. Returns the restored token floor.
+async fn restore(c: &mut TestCluster, file: &std::path::Path, restored: &[u64]) -> u64 {
     for id in c.running() {
         c.stop(id).await;
     }
+    let prepared = c.data_root().join("restore.prepared");
+    let (_, ready) = prepare_backup(&c.config(1), file, &prepared).expect("prepare the backup");
+    assert_eq!(ready.state.active_locks, 0, "{ready:?}");
     for &id in restored {
         let dir = c.data_root().join(format!("node{id}"));
         std::fs::remove_dir_all(&dir).expect("remove the lost data directory");
-        let summary = restore_data_dir(&c.config(id), file)
+        let summary = restore_data_dir(&c.config(id), &prepared)
             .await
             .unwrap_or_else(|e| panic!("restore node {id}: {e}"));
         assert!(dir.join("node-id").exists(), "the directory is claimed");
+        assert!(!dir.join(RESTORING_FILE).exists(), "the marker is gone");
+        assert_eq!((summary.term, summary.index), (ready.term, ready.index));
         eprintln!("node {id} restored: {summary:?}");
     }
+    ready.token_floor
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -86,7 +92,8 @@ async fn a_cluster_restored_from_a_backup_ends_its_leases_and_reissues_no_token(
         .expect("tokens");
 
     phase("every member loses its data; all three are restored from the backup");
-    restore(&mut c, &file, &[1, 2, 3]).await;
+    let floor = restore(&mut c, &file, &[1, 2, 3]).await;
+    assert!(floor >= summary.last_token + TOKEN_GAP, "floor {floor}");
     for id in [1, 2, 3] {
         c.restart(id).await;
     }
@@ -122,7 +129,6 @@ async fn a_cluster_restored_from_a_backup_ends_its_leases_and_reissues_no_token(
     assert_eq!(again["lease_id"], superseded["lease_id"]);
 
     phase("new leases get tokens above every token the lost cluster issued");
-    let floor = summary.last_token + TOKEN_GAP;
     let (status, fresh) = c.acquire(leader, &resource, "after-restore", 10_000).await;
     assert_eq!(status, 200, "{fresh}");
     assert!(
@@ -193,47 +199,86 @@ async fn a_member_left_with_the_lost_clusters_log_follows_the_restored_cluster()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_restore_refuses_a_used_directory_and_a_damaged_backup() {
+async fn a_restore_refuses_what_it_cannot_do_safely() {
     let mut c = cluster().await;
     let leader = c.wait_leader(EVENT).await;
     c.acquire_many(leader, "x", 100, 4, HOUR_MS).await;
     let file = c.data_root().join("cluster.backup");
     c.backup(leader, &file).await;
     c.stop(1).await;
+    let prepared = c.data_root().join("restore.prepared");
+    let (_, first) = prepare_backup(&c.config(1), &file, &prepared).expect("prepare");
 
-    phase("a directory that holds a node's data is left alone");
+    phase("preparing again starts above the earlier preparation");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let again = c.data_root().join("again.prepared");
+    let (_, second) = prepare_backup(&c.config(1), &file, &again).expect("prepare again");
+    assert!(
+        second.token_floor > first.token_floor
+            && second.term > first.term
+            && second.index > first.index,
+        "{first:?} then {second:?}"
+    );
+    let e = prepare_backup(&c.config(1), &prepared, &again).expect_err("prepared twice");
+    assert!(e.to_string().contains("prepared backup already"), "{e}");
+
+    phase("a backup that was not prepared, and other members than prepared for, are refused");
+    let mut fresh = c.config(1);
+    fresh.data_dir = c.data_root().join("fresh");
+    let e = restore_data_dir(&fresh, &file)
+        .await
+        .expect_err("restored an unprepared backup");
+    assert!(e.to_string().contains("not a prepared one"), "{e}");
+    let mut other = fresh.clone();
+    if let Some(m) = other.initial_members.get_mut(&3) {
+        m.api = "127.0.0.1:1".into();
+    }
+    let e = restore_data_dir(&other, &prepared)
+        .await
+        .expect_err("restored for other members");
+    assert!(
+        e.to_string().contains("was prepared for the members"),
+        "{e}"
+    );
+    assert!(!fresh.data_dir.exists(), "a refusal wrote a directory");
+
+    phase("a directory that holds a node's data, or a path with `..`, is left alone");
     let config = c.config(1);
-    let e = restore_data_dir(&config, &file)
+    let e = restore_data_dir(&config, &prepared)
         .await
         .expect_err("restored over live data");
     assert!(e.to_string().contains("is not empty"), "{e}");
     assert!(config.data_dir.join("node-id").exists());
+    let mut dotted = c.config(1);
+    dotted.data_dir = c.data_root().join("missing").join("..");
+    let e = restore_data_dir(&dotted, &prepared)
+        .await
+        .expect_err("restored through `..`");
+    assert!(e.to_string().contains("`..`"), "{e}");
 
-    phase("a truncated backup is refused and leaves the directory empty");
-    let bytes = std::fs::read(&file).expect("read backup");
-    let cut = c.data_root().join("cut.backup");
-    std::fs::write(&cut, &bytes[..bytes.len() / 2]).expect("write");
-    assert!(backup::inspect(&cut).is_err());
-    let mut elsewhere = c.config(1);
-    elsewhere.data_dir = c.data_root().join("fresh");
-    let e = restore_data_dir(&elsewhere, &cut)
+    phase("a prepared backup damaged at its end is refused and leaves the directory empty");
+    let bytes = std::fs::read(&prepared).expect("read");
+    let cut = c.data_root().join("cut.prepared");
+    std::fs::write(&cut, &bytes[..bytes.len() - 2]).expect("write");
+    let e = restore_data_dir(&fresh, &cut)
         .await
         .expect_err("restored a damaged backup");
     eprintln!("refused: {e}");
-    let left: Vec<_> = std::fs::read_dir(&elsewhere.data_dir)
+    let left: Vec<_> = std::fs::read_dir(&fresh.data_dir)
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "a failed restore left {left:?}");
 
     phase("a node refuses a directory whose restore did not finish");
-    std::fs::write(elsewhere.data_dir.join(RESTORING_FILE), b"").expect("marker");
+    std::fs::create_dir_all(&fresh.data_dir).expect("dir");
+    std::fs::write(fresh.data_dir.join(RESTORING_FILE), b"").expect("marker");
     let api = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let peer = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
-    let refused = lock_core::server::start(elsewhere, api, peer, std::future::pending()).await;
+    let refused = lock_core::server::start(fresh, api, peer, std::future::pending()).await;
     let e = refused
         .err()
         .expect("a node started on an unfinished restore");
