@@ -223,6 +223,23 @@ impl Loaded {
         &self.config
     }
 
+    /// The addresses the node announces: `advertise_addr` and `advertise_peer_addr`, else
+    /// what it listens on.
+    pub fn advertised(&self) -> lock_core::raft::NodeInfo {
+        lock_core::raft::NodeInfo {
+            api_addr: self
+                .config
+                .advertise_addr
+                .clone()
+                .unwrap_or_else(|| self.listen.clone()),
+            peer_addr: self
+                .config
+                .advertise_peer_addr
+                .clone()
+                .unwrap_or_else(|| self.peer_listen.clone()),
+        }
+    }
+
     /// One line on what the file describes, for `--check`.
     pub fn summary(&self) -> String {
         let proxy = match &self.proxy {

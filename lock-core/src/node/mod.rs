@@ -50,7 +50,7 @@ pub use restore::{
     RESTORING_FILE,
 };
 pub use revocations::{Revocation, Revocations};
-pub use start::{start, RunningNode};
+pub use start::{check_own_entry, start, RunningNode};
 pub use waits::{WaitOutcome, WaitRegistry, WaitTicket};
 
 use crate::net::{FaultLayer, PeerClient};

@@ -118,11 +118,19 @@ pub fn prepare_backup(
 /// must be the members the backup was prepared for. It is written in place under a `restoring`
 /// marker, removed last: a node refuses a directory that still has it, and a failed restore
 /// empties the directory again.
+///
+/// With `advertise` (the addresses the node will announce), the config's own entry in
+/// `initial_members` must name them, as at a new node's first start: a config copied from
+/// another member with its id left unchanged would otherwise make two members of one id.
 pub async fn restore_data_dir(
     config: &NodeConfig,
     prepared: &Path,
+    advertise: Option<&NodeInfo>,
 ) -> Result<RestoreSummary, NodeError> {
     let dir = &config.data_dir;
+    if let Some(advertise) = advertise {
+        super::check_own_entry(config, advertise)?;
+    }
     if dir
         .components()
         .any(|c| matches!(c, std::path::Component::ParentDir))

@@ -283,7 +283,7 @@ pub(super) fn claim_data_dir(dir: &Path, id: u64) -> Result<(), NodeError> {
 /// copied config): started anyway, the founder would record itself under that id and the
 /// real holder of the id could never join. A wildcard listen address without an advertised
 /// one says nothing about where the node is reached, and is not compared.
-fn check_own_entry(config: &NodeConfig, advertise: &NodeInfo) -> Result<(), NodeError> {
+pub fn check_own_entry(config: &NodeConfig, advertise: &NodeInfo) -> Result<(), NodeError> {
     let Some(entry) = config.initial_members.get(&config.id) else {
         return Ok(());
     };

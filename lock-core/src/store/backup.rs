@@ -16,10 +16,12 @@
 //! - every lease ends and every token up to a floor is stale (see
 //!   `LockMachine::restored_after_loss`): no token is issued twice, and a token superseded after
 //!   the backup is never admitted again. The floor is [`TOKEN_GAP`] above the backup's last
-//!   token, and at least the wall clock in microseconds, so a later preparation (of this backup
-//!   again, or of an older one) starts above an earlier one;
+//!   token plus the microseconds since the backup was taken, and at least the wall clock in
+//!   microseconds, so a later preparation (of this backup again, or of an older one) starts
+//!   above an earlier one;
 //! - the **raft term** and the **log index** start past the backup's by [`TERM_JUMP`] and
-//!   [`INDEX_JUMP`], and at least at the wall clock in milliseconds and microseconds: a member
+//!   [`INDEX_JUMP`] plus the milliseconds and microseconds since the backup, and at least at
+//!   the wall clock in milliseconds and microseconds: a member
 //!   that still holds the lost cluster's log (or an earlier restored cluster's) is behind the
 //!   restored members in both, can win no election, and is brought to the restored state by a
 //!   snapshot, like any lagging follower, instead of mixing two histories.
@@ -46,6 +48,10 @@ pub const INDEX_JUMP: u64 = 1 << 40;
 /// How far past the backup's last token a restored cluster's tokens start at least: a trillion
 /// tokens, 15 years of acquisitions at 2,000 a second.
 pub const TOKEN_GAP: u64 = 1_000_000_000_000;
+
+/// The largest raft term or log index a restore sets: the idempotency records are keyed by log
+/// index times 1,024.
+const MAX_INDEX: u64 = u64::MAX / 1_024;
 
 /// What a prepared backup's snapshot id starts with.
 const PREPARED: &str = "prepared-restore-";
@@ -158,10 +164,17 @@ pub fn prepare(
         return Err(refused("backup", "it covers no log entry".into()));
     };
     let stats = image.machine.stats();
+    // Each value moves past the backup's by its jump plus the wall-clock time since the backup
+    // (by the backup's log time), and to at least the wall clock: preparing the same backup
+    // later, or an older one, starts above an earlier preparation, as long as a cluster issues
+    // fewer than a million tokens a second.
     let wall_us = wall_ms.saturating_mul(1_000);
+    let since_ms = wall_ms.saturating_sub(stats.now_ms);
+    let since_us = since_ms.saturating_mul(1_000);
     let token_floor = stats
         .last_token
         .checked_add(TOKEN_GAP)
+        .and_then(|floor| floor.checked_add(since_us))
         .map(|floor| floor.max(wall_us))
         .filter(|floor| *floor <= MAX_TOKEN)
         .ok_or_else(|| {
@@ -174,12 +187,16 @@ pub fn prepare(
                 ),
             )
         })?;
+    let after = |value: u64, jump: u64, since: u64, wall: u64| {
+        value
+            .checked_add(jump)
+            .and_then(|v| v.checked_add(since))
+            .map(|v| v.max(wall))
+            .filter(|v| *v <= MAX_INDEX)
+    };
     let (Some(term), Some(index)) = (
-        old.leader_id
-            .term
-            .checked_add(TERM_JUMP)
-            .map(|t| t.max(wall_ms)),
-        old.index.checked_add(INDEX_JUMP).map(|i| i.max(wall_us)),
+        after(old.leader_id.term, TERM_JUMP, since_ms, wall_ms),
+        after(old.index, INDEX_JUMP, since_us, wall_us),
     ) else {
         return Err(refused(
             "backup",

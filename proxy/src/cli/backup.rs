@@ -160,7 +160,7 @@ pub async fn backup_cmd(args: BackupArgs) -> Result<(), CliError> {
                 .map_err(|e| CliError::new(exit::FAILURE, "prepare_failed", e.to_string()))?;
                 print_prepared(&prepared, &held, &summary, format);
                 for node in &nodes {
-                    let restored = lock_core::node::restore_data_dir(node, &prepared).await;
+                    let restored = lock_core::node::restore_data_dir(node, &prepared, None).await;
                     match restored {
                         Ok(summary) => print_restore(node.id, &node.data_dir, &summary, format),
                         Err(e) => {
@@ -178,7 +178,8 @@ pub async fn backup_cmd(args: BackupArgs) -> Result<(), CliError> {
                 };
                 let loaded = crate::node::load(&config).map_err(usage)?;
                 let node = loaded.node_config();
-                let summary = lock_core::node::restore_data_dir(node, &prepared)
+                let advertised = loaded.advertised();
+                let summary = lock_core::node::restore_data_dir(node, &prepared, Some(&advertised))
                     .await
                     .map_err(failed)?;
                 print_restore(node.id, &node.data_dir, &summary, format);

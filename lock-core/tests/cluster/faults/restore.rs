@@ -39,7 +39,7 @@ async fn restore(c: &mut TestCluster, file: &std::path::Path, restored: &[u64]) 
     for &id in restored {
         let dir = c.data_root().join(format!("node{id}"));
         std::fs::remove_dir_all(&dir).expect("remove the lost data directory");
-        let summary = restore_data_dir(&c.config(id), &prepared)
+        let summary = restore_data_dir(&c.config(id), &prepared, None)
             .await
             .unwrap_or_else(|e| panic!("restore node {id}: {e}"));
         assert!(dir.join("node-id").exists(), "the directory is claimed");
@@ -153,6 +153,21 @@ async fn a_cluster_restored_from_a_backup_ends_its_leases_and_reissues_no_token(
         );
     }
 
+    phase("a backup of the restored cluster, prepared twice, gives two distinct floors");
+    // Its tokens start near the wall clock in µs, so only the time since the backup can
+    // separate two preparations of it.
+    let second = c.data_root().join("restored.backup");
+    c.backup(leader, &second).await;
+    let (_, one) = prepare_backup(&c.config(1), &second, &c.data_root().join("one.prepared"))
+        .expect("prepare");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let (_, two) = prepare_backup(&c.config(1), &second, &c.data_root().join("two.prepared"))
+        .expect("prepare again");
+    assert!(
+        two.token_floor > one.token_floor && two.term > one.term && two.index > one.index,
+        "{one:?} then {two:?}"
+    );
+
     c.shutdown().await;
 }
 
@@ -225,7 +240,7 @@ async fn a_restore_refuses_what_it_cannot_do_safely() {
     phase("a backup that was not prepared, and other members than prepared for, are refused");
     let mut fresh = c.config(1);
     fresh.data_dir = c.data_root().join("fresh");
-    let e = restore_data_dir(&fresh, &file)
+    let e = restore_data_dir(&fresh, &file, None)
         .await
         .expect_err("restored an unprepared backup");
     assert!(e.to_string().contains("not a prepared one"), "{e}");
@@ -233,7 +248,7 @@ async fn a_restore_refuses_what_it_cannot_do_safely() {
     if let Some(m) = other.initial_members.get_mut(&3) {
         m.api = "127.0.0.1:1".into();
     }
-    let e = restore_data_dir(&other, &prepared)
+    let e = restore_data_dir(&other, &prepared, None)
         .await
         .expect_err("restored for other members");
     assert!(
@@ -242,16 +257,30 @@ async fn a_restore_refuses_what_it_cannot_do_safely() {
     );
     assert!(!fresh.data_dir.exists(), "a refusal wrote a directory");
 
+    phase("a config whose own entry names other addresses than the node announces is refused");
+    let elsewhere = lock_core::raft::NodeInfo {
+        api_addr: "127.0.0.1:2".into(),
+        peer_addr: "127.0.0.1:3".into(),
+    };
+    let e = restore_data_dir(&fresh, &prepared, Some(&elsewhere))
+        .await
+        .expect_err("restored under another member's id");
+    assert!(
+        e.to_string().contains("initial_members lists node 1"),
+        "{e}"
+    );
+    assert!(!fresh.data_dir.exists(), "a refusal wrote a directory");
+
     phase("a directory that holds a node's data, or a path with `..`, is left alone");
     let config = c.config(1);
-    let e = restore_data_dir(&config, &prepared)
+    let e = restore_data_dir(&config, &prepared, None)
         .await
         .expect_err("restored over live data");
     assert!(e.to_string().contains("is not empty"), "{e}");
     assert!(config.data_dir.join("node-id").exists());
     let mut dotted = c.config(1);
     dotted.data_dir = c.data_root().join("missing").join("..");
-    let e = restore_data_dir(&dotted, &prepared)
+    let e = restore_data_dir(&dotted, &prepared, None)
         .await
         .expect_err("restored through `..`");
     assert!(e.to_string().contains("`..`"), "{e}");
@@ -260,7 +289,7 @@ async fn a_restore_refuses_what_it_cannot_do_safely() {
     let bytes = std::fs::read(&prepared).expect("read");
     let cut = c.data_root().join("cut.prepared");
     std::fs::write(&cut, &bytes[..bytes.len() - 2]).expect("write");
-    let e = restore_data_dir(&fresh, &cut)
+    let e = restore_data_dir(&fresh, &cut, None)
         .await
         .expect_err("restored a damaged backup");
     eprintln!("refused: {e}");
