@@ -2,7 +2,8 @@
 //!
 //! The file format and what a restore changes are described in `store/backup.rs`; this is
 //! the node's side: a backup covers every write committed before it was asked for, and a
-//! restored directory is made beside the target and renamed into place only when complete.
+//! restored directory is written in place under a marker that a node refuses until the
+//! restore completed.
 
 use std::collections::BTreeMap;
 use std::path::Path;
