@@ -246,13 +246,22 @@ impl Loaded {
             Some(p) => format!(", proxy {} ({} routes)", p.listen, p.routes.len()),
             None => String::new(),
         };
+        let members = &self.config.initial_members;
+        let founding = match members.len() {
+            0 => "no founding members: on an empty data directory it waits to be added to a \
+                  cluster"
+                .to_string(),
+            n if !members.contains_key(&self.config.id) => {
+                format!("{n} founding members, not this node: it joins when a member adds it")
+            }
+            n => format!("{n} founding members"),
+        };
         format!(
-            "node {} (api {}, peer {}, data {}, {} founding members{proxy})",
+            "node {} (api {}, peer {}, data {}, {founding}{proxy})",
             self.config.id,
             self.listen,
             self.peer_listen,
             self.config.data_dir.display(),
-            self.config.initial_members.len(),
         )
     }
 }

@@ -501,6 +501,17 @@ async fn a_cluster_that_lost_every_data_directory_is_restored_from_a_backup() {
     let ready: Value = serde_json::from_str(&out).expect("prepare prints JSON");
     assert_eq!(ready["backup"]["active_locks"], 1, "{ready}");
     assert_eq!(ready["state"]["active_locks"], 0, "{ready}");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&prepared)
+            .expect("prepared")
+            .permissions();
+        assert_eq!(
+            mode.mode() & 0o777,
+            0o600,
+            "the prepared backup is readable by others"
+        );
+    }
     let (code, _) = fencegate(&[
         "backup",
         "restore",
@@ -509,7 +520,8 @@ async fn a_cluster_that_lost_every_data_directory_is_restored_from_a_backup() {
         "--config",
         &config_of(1),
     ]);
-    assert_eq!(code, 1, "a backup that was not prepared was restored");
+    // A refused restore is bad input (exit 2), and the backup's file is not called damaged.
+    assert_eq!(code, 2, "a backup that was not prepared was restored");
     let restore = |id: u64| {
         fencegate(&[
             "backup",
@@ -530,7 +542,7 @@ async fn a_cluster_that_lost_every_data_directory_is_restored_from_a_backup() {
     }
     let (code, _) = restore(1);
     assert_eq!(
-        code, 1,
+        code, 2,
         "a second restore over the restored directory was accepted"
     );
     for id in &all {

@@ -345,7 +345,8 @@ pub(super) async fn remove(
                 format!(
                     "Removing node {} would leave {reachable} reachable voter(s) of {}, fewer \
                      than the quorum of {quorum}: the cluster could stop accepting writes. Bring \
-                     the other voters back first, or pass force=true.",
+                     the other voters back first, or force the removal (`\"force\": true` in the \
+                     request; `--force` with `fencegate cluster remove`).",
                     req.node_id,
                     voters.len()
                 ),

@@ -134,6 +134,7 @@ pub async fn start(
     replayed_until.store(last_index, Ordering::Relaxed);
     if empty {
         check_own_entry(&config, &advertise)?;
+        announce_joining(&config);
     }
     log_store.observe_sync_with(metrics.log_sync_seconds.clone());
     sm_store.observe_apply_with(metrics.apply_seconds.clone());
@@ -305,6 +306,25 @@ pub fn check_own_entry(config: &NodeConfig, advertise: &NodeInfo) -> Result<(), 
         )));
     }
     Ok(())
+}
+
+/// A new node that is not a founding member waits, unready, until a member adds it; says so,
+/// since nothing else would until then.
+fn announce_joining(config: &NodeConfig) {
+    let id = config.id;
+    if config.initial_members.is_empty() {
+        tracing::warn!(
+            "node {id} has no initial_members: it is not part of any cluster and waits until a \
+             member adds it (`fencegate cluster add --id {id} …`); until then /readyz answers \
+             503. To found a new cluster, list its members, this node among them, in \
+             initial_members"
+        );
+    } else if !config.initial_members.contains_key(&id) {
+        tracing::info!(
+            "node {id} is not among initial_members: it joins once a member adds it \
+             (`fencegate cluster add --id {id} …`); until then /readyz answers 503"
+        );
+    }
 }
 
 /// The founding member with the lowest id initialises a brand-new cluster. Everyone else

@@ -135,7 +135,7 @@ pub struct RestoreSummary {
 }
 
 fn refused(what: &'static str, detail: String) -> StoreError {
-    StoreError::Corrupt { what, detail }
+    StoreError::Refused { what, detail }
 }
 
 /// Turns the backup at `backup` into the prepared backup `out`: the state a new cluster of

@@ -88,6 +88,10 @@ pub enum StoreError {
     /// Data that decodes but contradicts itself (e.g. a log entry stored under another index).
     #[error("corrupt {what}: {detail}")]
     Corrupt { what: &'static str, detail: String },
+    /// A sound file that cannot be used for what was asked (a backup restored onto a node it
+    /// was not prepared for, say).
+    #[error("cannot use this {what}: {detail}")]
+    Refused { what: &'static str, detail: String },
     /// A blocking storage task panicked or was cancelled.
     #[error("storage task failed: {0}")]
     Task(String),

@@ -664,11 +664,13 @@ fn write_file(
             format!("a {} byte header is too large", encoded.len()),
         )
     })?;
-    let file = File::options()
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .map_err(io_err(path))?;
+    let mut options = File::options();
+    options.write(true).create_new(true);
+    // Lease ids, stored answers and key digests: readable by the node's user only, also where
+    // the file leaves the data directory (a prepared backup).
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let file = options.open(path).map_err(io_err(path))?;
     let mut out = BufWriter::with_capacity(
         1 << 18,
         SyncedWriter {

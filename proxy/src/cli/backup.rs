@@ -130,7 +130,7 @@ pub async fn backup_cmd(args: BackupArgs) -> Result<(), CliError> {
                 crate::node::load(&config).map_err(|e| CliError::usage(format!("{e:#}")))?;
             let (held, prepared) =
                 lock_core::node::prepare_backup(loaded.node_config(), &backup, &out)
-                    .map_err(|e| CliError::new(exit::FAILURE, "prepare_failed", e.to_string()))?;
+                    .map_err(|e| node_failed("prepare_failed", e))?;
             print_prepared(&out, &held, &prepared, format);
         }
         BackupCmd::Restore {
@@ -140,9 +140,7 @@ pub async fn backup_cmd(args: BackupArgs) -> Result<(), CliError> {
             backup,
             layout,
         } => {
-            let failed = |e: lock_core::node::NodeError| {
-                CliError::new(exit::FAILURE, "restore_failed", e.to_string())
-            };
+            let failed = |e| node_failed("restore_failed", e);
             let usage = |e: anyhow::Error| CliError::usage(format!("{e:#}"));
             if dev {
                 let nodes = layout.node_configs().map_err(usage)?;
@@ -154,10 +152,9 @@ pub async fn backup_cmd(args: BackupArgs) -> Result<(), CliError> {
                 std::fs::create_dir_all(&layout.data_dir)
                     .map_err(|e| io_failed(&layout.data_dir, e))?;
                 let prepared = layout.data_dir.join("restore.prepared");
-                let (held, summary) = lock_core::node::prepare_backup(
-                    &nodes[0], &backup, &prepared,
-                )
-                .map_err(|e| CliError::new(exit::FAILURE, "prepare_failed", e.to_string()))?;
+                let (held, summary) =
+                    lock_core::node::prepare_backup(&nodes[0], &backup, &prepared)
+                        .map_err(|e| node_failed("prepare_failed", e))?;
                 print_prepared(&prepared, &held, &summary, format);
                 for node in &nodes {
                     let restored = lock_core::node::restore_data_dir(node, &prepared, None).await;
@@ -187,6 +184,18 @@ pub async fn backup_cmd(args: BackupArgs) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+/// A failed prepare or restore: exit 2 where the config, the data directory or the backup
+/// cannot be used as given (nothing was written), 1 for anything else (I/O, a damaged file).
+fn node_failed(code: &'static str, e: lock_core::node::NodeError) -> CliError {
+    use lock_core::node::NodeError;
+    use lock_core::store::StoreError;
+    let status = match &e {
+        NodeError::Config(_) | NodeError::Storage(StoreError::Refused { .. }) => exit::USAGE,
+        _ => exit::FAILURE,
+    };
+    CliError::new(status, code, e.to_string())
 }
 
 fn inspect(file: &Path) -> Result<BackupSummary, CliError> {

@@ -115,8 +115,11 @@ pub async fn post(
         ApiError::new(code, e.body_text()).with_status(e.status())
     })?;
     let Some((resource, action)) = lock_path(&uri).rsplit_once('/') else {
-        return Err(ApiError::not_found(
-            "Use POST /v1/locks/{resource}/acquire|renew|release|cancel.",
+        // The path names a lock, which is read with GET.
+        return Err(ApiError::new(
+            ErrorCode::MethodNotAllowed,
+            "A lock is read with GET /v1/locks/{resource} and changed with POST \
+             /v1/locks/{resource}/acquire|renew|release|cancel.",
         ));
     };
     let resource = &decode_name(resource)?;

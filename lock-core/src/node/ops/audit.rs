@@ -1,6 +1,7 @@
 //! The audit log: one JSON line per lock call and operator action, written to
 //! `<data_dir>/audit/audit.log` with size-based rotation (`audit.log.1` … `audit.log.N`), and
-//! kept in memory (the newest lines, as written) for the admin UI's audit tail.
+//! kept in memory (the newest lines, as written) for the admin UI's audit tail. A node that
+//! starts again reads that tail back from its files first.
 //!
 //! A line is encoded once, straight from borrowed fields, and the encoded line is what the
 //! tail keeps: an audited lock call costs one allocation here, not one per field. The tail
@@ -101,6 +102,7 @@ impl AuditLog {
         fs::create_dir_all(dir)?;
         let file = open_append(&dir.join(FILE_NAME))?;
         let size = file.metadata()?.len();
+        let recent = newest_lines(dir, keep);
         Ok(AuditLog {
             writer: Mutex::new(Some(Writer {
                 dir: dir.to_path_buf(),
@@ -112,7 +114,7 @@ impl AuditLog {
                 failed: 0,
                 failure_logged: None,
             })),
-            recent: Mutex::new(VecDeque::new()),
+            recent: Mutex::new(recent),
         })
     }
 
@@ -237,6 +239,61 @@ impl Writer {
     }
 }
 
+/// The newest lines already on disk (at most [`RECENT`], each read from the last
+/// [`TAIL_READ`] bytes of a file), newest file first: a restarted node's audit tail shows what
+/// it recorded before. A torn last line (a crash mid-write) and lines that are not JSON are left
+/// out; a file that cannot be read is skipped.
+fn newest_lines(dir: &Path, keep: usize) -> VecDeque<String> {
+    let mut lines = VecDeque::new();
+    for i in 0..=keep {
+        if lines.len() >= RECENT {
+            break;
+        }
+        let path = if i == 0 {
+            dir.join(FILE_NAME)
+        } else {
+            dir.join(format!("{FILE_NAME}.{i}"))
+        };
+        let Ok(text) = read_tail(&path) else {
+            continue;
+        };
+        let whole = text
+            .split_inclusive('\n')
+            .filter(|l| l.ends_with('\n') && l.starts_with('{'));
+        let older: Vec<&str> = whole.collect();
+        for line in older.into_iter().rev() {
+            if lines.len() >= RECENT {
+                break;
+            }
+            lines.push_front(line.to_string());
+        }
+    }
+    lines
+}
+
+/// Bytes read from the end of each audit file for the tail at start.
+const TAIL_READ: u64 = 4 << 20;
+
+/// The last [`TAIL_READ`] bytes of `path`, from the first line that starts in them.
+fn read_tail(path: &Path) -> std::io::Result<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = File::open(path)?;
+    let len = file.metadata()?.len();
+    let from = len.saturating_sub(TAIL_READ);
+    file.seek(SeekFrom::Start(from))?;
+    let mut bytes = Vec::with_capacity((len - from) as usize);
+    file.read_to_end(&mut bytes)?;
+    let start = if from == 0 {
+        0
+    } else {
+        bytes
+            .iter()
+            .position(|b| *b == b'\n')
+            .map_or(bytes.len(), |at| at + 1)
+    };
+    Ok(String::from_utf8_lossy(&bytes[start..]).into_owned())
+}
+
 /// Starts writing `len` bytes of `file` from `offset` to disk and returns without waiting.
 /// Only a pacing hint: a failure changes nothing the log promises, so it is only logged.
 #[cfg(target_os = "linux")]
@@ -332,6 +389,46 @@ mod tests {
             current.iter().map(|e| e.time_ms).collect::<Vec<_>>(),
             [109, 110]
         );
+    }
+
+    /// A reopened log's tail holds the lines written before, across a rotation, in order,
+    /// without a torn last line, and at most `RECENT` of them.
+    #[test]
+    fn a_reopened_log_shows_the_lines_written_before() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let one = one_line_len(100);
+        let log = AuditLog::open(dir.path(), one * 4, 2).expect("open");
+        for i in 100..106 {
+            log.record(&entry(i, "kv:a", "granted").line(), false);
+        }
+        drop(log);
+        // A crash in the middle of a line.
+        let mut torn = OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("audit.log"))
+            .expect("open");
+        torn.write_all(b"{\"time_ms\":1").expect("write");
+        drop(torn);
+        let log = AuditLog::open(dir.path(), one * 4, 2).expect("reopen");
+        let times = |log: &AuditLog| -> Vec<u64> {
+            log.tail(&AuditFilter::default(), 100)
+                .iter()
+                .map(|e| e.time_ms)
+                .collect()
+        };
+        assert_eq!(times(&log), (100..106).collect::<Vec<_>>());
+        drop(log);
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = AuditLog::open(dir.path(), 1 << 30, 1).expect("open");
+        for i in 0..(RECENT as u64 + 5) {
+            log.record(&entry(i, "kv:a", "granted").line(), false);
+        }
+        drop(log);
+        let log = AuditLog::open(dir.path(), 1 << 30, 1).expect("reopen");
+        let kept = log.recent.lock().expect("recent").len();
+        assert_eq!(kept, RECENT);
+        assert_eq!(times(&log).first(), Some(&(RECENT as u64 + 5 - 100)));
     }
 
     /// Write-back is started every step of unsynced bytes, never later, and an fsynced line
