@@ -556,6 +556,10 @@ fn valid_host(host: &str) -> bool {
 /// and percent-encoded dots, slashes, backslashes or percent signs. A store that normalises
 /// paths would otherwise resolve `/accounts/7/../8/x` — fenced as account 7 — to account 8.
 /// Refusing instead of normalising means the path forwarded is exactly the path fenced.
+///
+/// A segment is judged by what comes before its first `;`: Java servlet containers (Tomcat,
+/// Jetty, Spring) cut `;…` path parameters off each segment before they resolve dot segments,
+/// so to them `/accounts/7/..;/8/x` is `/accounts/8/x`.
 pub fn check_path(path: &str) -> Result<(), String> {
     let Some(rest) = path.strip_prefix('/') else {
         return Err("the path must start with '/'".into());
@@ -578,11 +582,23 @@ pub fn check_path(path: &str) -> Result<(), String> {
         }
     }
     for segment in rest.split('/') {
-        match segment {
-            "" => {
+        let (name, params) = match segment.split_once(';') {
+            Some((name, _)) => (name, true),
+            None => (segment, false),
+        };
+        match (name, params) {
+            ("", false) => {
                 return Err("empty path segments ('//' or a trailing '/') are not allowed".into())
             }
-            "." | ".." => return Err(format!("'{segment}' segments are not allowed in the path")),
+            ("" | "." | "..", true) => {
+                return Err(format!(
+                    "'{segment}' segments are not allowed in the path: stores that take ';' as the \
+                     start of path parameters (Tomcat, Jetty, Spring) read it as '{name}'"
+                ))
+            }
+            ("." | "..", false) => {
+                return Err(format!("'{segment}' segments are not allowed in the path"))
+            }
             _ => {}
         }
     }
@@ -649,6 +665,7 @@ mod tests {
             "ftp://h/dav/b",
             "dav/b",
             "http://h/dav/b\\c",
+            "/dav/p1/..;/p2/f",
         ] {
             assert!(destination(value.as_bytes()).is_err(), "{value}");
         }
@@ -826,6 +843,8 @@ mod tests {
             "/kv/a.b",
             "/kv/a..b",
             "/kv/%41",
+            "/kv/a;v=1",
+            "/kv/..a;b",
         ] {
             assert_eq!(check_path(ok), Ok(()), "{ok}");
         }
@@ -836,6 +855,12 @@ mod tests {
             "/kv//a",
             "/kv/a/",
             "/kv/a%2F..%2Fb",
+            "/t/p1/..;/p2/data",
+            "/t/p1/..;x=1/p2/data",
+            "/t/p1/.;/data",
+            "/t/p1/;/data",
+            "/t/p1/;jsessionid=1",
+            "/t/..;",
             "/kv/a%2f..%2fb",
             "/kv/%2E%2E/b",
             "/kv/a%5Cb",
@@ -941,14 +966,16 @@ mod fuzz {
         #![proptest_config(ProptestConfig::with_cases(lock_core::testkit::fuzz_cases(3_000)))]
 
         #[test]
-        fn any_path_is_matched_or_refused_without_panic(path in "[/a-zA-Z0-9.%:_\\\\-]{0,40}") {
+        fn any_path_is_matched_or_refused_without_panic(path in "[/a-zA-Z0-9.%:;_\\\\-]{0,40}") {
             let routes = Routes::new(ProxyConfig::dev(String::new(), "127.0.0.1:9".into()).routes)
                 .expect("dev routes");
             let accepted = check_path(&path).is_ok();
             let matched = routes.find(None, &path);
             if accepted {
                 for seg in path.split('/').skip(1) {
-                    prop_assert!(seg != "." && seg != "..");
+                    // As a servlet container reads it: path parameters cut off.
+                    let seg = seg.split(';').next().unwrap_or(seg);
+                    prop_assert!(seg != "." && seg != ".." && (!seg.is_empty() || path == "/"));
                 }
                 if let Some(m) = matched {
                     prop_assert!(!m.resource.contains(".."), "{}", m.resource);

@@ -479,6 +479,8 @@ async fn t22_aliased_paths_are_refused() {
         "/kv//a",
         "/kv/a%2F..%2Fb",
         "/kv/%2e%2e/b",
+        // What a servlet container reads as `/kv/b`: path parameters cut off, then `..`.
+        "/kv/a/..;/b",
     ] {
         let mut s = tokio::net::TcpStream::connect(&addr)
             .await

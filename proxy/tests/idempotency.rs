@@ -8,6 +8,8 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{eventually, phase, FenceHarness, StoreWrite, EVENT};
@@ -822,5 +824,154 @@ async fn t82_the_default_tenant_reaches_the_store_and_its_lookup_alike() {
     let orders = orders_with_key(&h, "dflt-1").await;
     assert_eq!(orders.len(), 1, "one effect: {orders:?}");
     assert_eq!(orders[0].tenant.as_deref(), Some("acme"), "{orders:?}");
+    h.shutdown().await;
+}
+
+/// A `Content-Disposition` whose filename is UTF-8, as stores send it.
+const DISPOSITION: &[u8] = "attachment; filename=\"résumé.pdf\"".as_bytes();
+/// An answer body past what the proxy holds whole (1 MiB).
+const BIG: usize = 3 << 20;
+
+fn big_body() -> Vec<u8> {
+    (0..BIG).map(|i| (i % 251) as u8).collect()
+}
+
+/// A store that answers `POST` bodies naming `big` with 201 and [`BIG`] bytes (with
+/// [`DISPOSITION`]), and any other with 204; its address and how many requests it answered.
+async fn answering_upstream() -> (String, Arc<AtomicUsize>) {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let answered = Arc::new(AtomicUsize::new(0));
+    let count = answered.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                while let Some((_, body)) = common::read_request_with_body(&mut conn).await {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let mut answer = Vec::new();
+                    if String::from_utf8_lossy(&body).contains("big") {
+                        answer.extend_from_slice(b"HTTP/1.1 201 Created\r\nContent-Disposition: ");
+                        answer.extend_from_slice(DISPOSITION);
+                        answer.extend_from_slice(
+                            format!("\r\nContent-Length: {BIG}\r\n\r\n").as_bytes(),
+                        );
+                        answer.extend_from_slice(&big_body());
+                    } else {
+                        answer.extend_from_slice(b"HTTP/1.1 204 No Content\r\n\r\n");
+                    }
+                    if conn.write_all(&answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, answered)
+}
+
+/// An answer larger than the proxy holds whole is relayed as it arrives: the client gets every
+/// byte, and a retry replays its status and headers with the body's length and digest. Header
+/// values outside ASCII pass byte for byte, first and replayed, and a 204 gets no
+/// `Content-Length`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t83_large_answers_are_relayed_and_header_bytes_kept() {
+    let (upstream, answered) = answering_upstream().await;
+    let h = FenceHarness::start_with(move |c| c.routes[1].upstream = upstream).await;
+    let addr = h.client.proxy_addr(1).expect("proxy runs");
+    let client = reqwest::Client::new();
+    let post = |key: &'static str, body: &'static str| {
+        client
+            .post(format!("http://{addr}/orders"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .timeout(Duration::from_secs(20))
+            .body(body)
+            .send()
+    };
+
+    phase("a 3 MiB answer reaches the client whole, with its header's bytes");
+    let r = post("big-1", r#"{"kind":"big"}"#).await.expect("POST");
+    assert_eq!(r.status().as_u16(), 201);
+    assert_eq!(r.headers()["content-disposition"].as_bytes(), DISPOSITION);
+    assert!(r.headers().get("idempotent-replayed").is_none());
+    let body = r.bytes().await.expect("body");
+    assert_eq!(body.len(), BIG);
+    assert!(body.as_ref() == big_body().as_slice(), "the body differs");
+
+    phase("its retry is a replay: status, headers, and the body's length and digest");
+    let r = post("big-1", r#"{"kind":"big"}"#).await.expect("POST");
+    assert_eq!(r.status().as_u16(), 201);
+    assert_eq!(r.headers()["idempotent-replayed"], "true");
+    assert_eq!(r.headers()["content-disposition"].as_bytes(), DISPOSITION);
+    let omitted = r.headers()["idempotent-body-omitted"]
+        .to_str()
+        .expect("ascii")
+        .to_string();
+    let digest = fencegate_proxy::idempotency::contract::digest(&big_body());
+    assert_eq!(omitted, format!("len={BIG}; blake2b={digest}"));
+    assert!(r.bytes().await.expect("body").is_empty());
+
+    phase("a 204 has no Content-Length, first and replayed");
+    for replayed in [false, true] {
+        let r = post("empty-1", r#"{"kind":"empty"}"#).await.expect("POST");
+        assert_eq!(r.status().as_u16(), 204);
+        assert_eq!(r.headers().contains_key("idempotent-replayed"), replayed);
+        assert!(
+            r.headers().get("content-length").is_none(),
+            "{:?}",
+            r.headers()
+        );
+    }
+    assert_eq!(
+        answered.load(Ordering::SeqCst),
+        2,
+        "a replay reached the store"
+    );
+    h.shutdown().await;
+}
+
+/// A body over the limit sent after `100 Continue` (chunked, so its size was not known before)
+/// gets the 413, not a connection closed under the client's feet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t84_an_oversized_body_after_100_continue_gets_its_413() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = FenceHarness::start().await;
+    let addr = h.client.proxy_addr(1).expect("proxy runs");
+    let mut conn = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    conn.write_all(
+        b"POST /orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Idempotency-Key: huge-1\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n",
+    )
+    .await
+    .expect("head");
+    let interim = common::read_head(&mut conn).await.expect("100 Continue");
+    assert!(interim.starts_with("HTTP/1.1 100"), "{interim}");
+    // 4 MiB: far more than the sockets' buffers hold, so the client is still sending when the
+    // proxy has decided.
+    let mut chunk = format!("{:x}\r\n", 16 << 10).into_bytes();
+    chunk.extend_from_slice(&[b'x'; 16 << 10]);
+    chunk.extend_from_slice(b"\r\n");
+    let mut sent = true;
+    for _ in 0..256 {
+        if conn.write_all(&chunk).await.is_err() {
+            sent = false;
+            break;
+        }
+    }
+    sent = sent && conn.write_all(b"0\r\n\r\n").await.is_ok();
+    assert!(
+        sent,
+        "the proxy closed the connection while the body was being sent"
+    );
+    let mut answer = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), conn.read_to_string(&mut answer)).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("payload_too_large"), "{answer}");
     h.shutdown().await;
 }

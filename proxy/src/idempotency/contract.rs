@@ -103,6 +103,39 @@ pub fn digest(data: &[u8]) -> String {
     hex::encode(&Blake2b256::digest(data))
 }
 
+/// [`digest`] and length of a body read piece by piece (an answer too large to hold whole).
+#[derive(Default)]
+pub struct BodyDigest {
+    hasher: Blake2b256,
+    len: u64,
+}
+
+impl BodyDigest {
+    pub fn update(&mut self, piece: &[u8]) {
+        self.hasher.update(piece);
+        self.len += piece.len() as u64;
+    }
+
+    /// The length and the digest, as [`StoredBody::Digest`] holds them.
+    pub fn finish(self) -> (u64, String) {
+        (self.len, hex::encode(&self.hasher.finalize()))
+    }
+}
+
+/// A header value as an answer keeps it: one `char` per byte (ISO-8859-1), so any value an
+/// upstream sends — UTF-8 in a `Content-Disposition` filename, say — is kept and replayed byte
+/// for byte; ASCII values read as themselves.
+pub fn header_text(value: &[u8]) -> String {
+    value.iter().map(|&b| char::from(b)).collect()
+}
+
+/// The bytes of a value kept by [`header_text`].
+pub fn header_bytes(text: &str) -> Vec<u8> {
+    text.chars()
+        .map(|c| u8::try_from(u32::from(c)).unwrap_or(b'?'))
+        .collect()
+}
+
 /// The body as it counts for the fingerprint: a JSON body is canonicalised (keys sorted,
 /// whitespace dropped) so two spellings of the same document are the same request.
 fn canonical_body(content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
@@ -222,10 +255,47 @@ pub fn replay_body(answer: &StoredAnswer) -> Vec<u8> {
 /// replayed; 408, 425 and 429 say the request was not processed, so the key is released for a
 /// retry; 5xx may or may not have acted, so the outcome is unknown.
 pub fn classify(answer: &Answer, cap: usize) -> Completion {
-    match answer.status {
+    classify_status(answer.status, || store_answer(answer, cap, false))
+}
+
+/// [`classify`] for an answer whose body was too large to hold: relayed piece by piece, and
+/// stored as its length and digest.
+pub fn classify_relayed(
+    status: u16,
+    headers: &[(String, String)],
+    len: u64,
+    blake2b: String,
+) -> Completion {
+    classify_status(status, || {
+        stored_relayed(status, headers, len, blake2b, false)
+    })
+}
+
+/// An answer as a record stores it when its body was too large to hold: its length and digest.
+pub fn stored_relayed(
+    status: u16,
+    headers: &[(String, String)],
+    len: u64,
+    blake2b: String,
+    reconciled: bool,
+) -> StoredAnswer {
+    StoredAnswer {
+        status,
+        headers: headers
+            .iter()
+            .filter(|(n, _)| stored_header(n))
+            .cloned()
+            .collect(),
+        body: StoredBody::Digest { len, blake2b },
+        reconciled,
+    }
+}
+
+fn classify_status(status: u16, stored: impl FnOnce() -> StoredAnswer) -> Completion {
+    match status {
         408 | 425 | 429 => Completion::NotRun,
         s if s >= 500 => Completion::Unknown,
-        _ => Completion::Final(store_answer(answer, cap, false)),
+        _ => Completion::Final(stored()),
     }
 }
 

@@ -434,8 +434,16 @@ impl IdempotencyLayer {
         for (name, value) in &req.headers {
             builder = builder.header(name.as_str(), value.as_slice());
         }
+        // Held whole up to this many bytes; a larger answer is relayed as it arrives.
+        let spool = opts.body_cap_bytes.max(SPOOL_BYTES);
         let result = match builder.send().await {
-            Ok(resp) => read_answer(resp).await.map_err(|e| (false, e)),
+            Ok(resp) => match receive(resp, spool).await {
+                Ok(Received::Large(large)) => {
+                    return self.relay(session, req, attempt, large).await
+                }
+                Ok(Received::Whole(answer)) => Ok(answer),
+                Err(e) => Err((false, e)),
+            },
             Err(e) => Err((e.is_connect(), e)),
         };
         let (completion, reply) = match &result {
@@ -478,6 +486,65 @@ impl IdempotencyLayer {
             (Err(_), Some((code, msg))) => respond_error(session, code, &msg, None).await,
             (Err(_), None) => Ok(()),
         }
+    }
+
+    /// Relays an answer too large to hold, recording it (status, headers, body length and
+    /// digest) before its last piece goes out: a client that got the whole answer can always
+    /// get it again (as a replay without the body), and one that could not be recorded reaches
+    /// the client cut short, never whole. If the client goes away, the answer is still read to
+    /// its end and recorded. An answer cut off by the upstream or the timeout is not recorded:
+    /// the key turns `unknown` once its claim runs out, as for an answer lost before it began.
+    async fn relay(
+        &self,
+        session: &mut Session,
+        req: &Request,
+        attempt: u64,
+        mut large: LargeAnswer,
+    ) -> Result<()> {
+        let mut head = ResponseHeader::build(large.status, Some(large.headers.len()))?;
+        for (name, value) in &large.headers {
+            if !matches!(name.as_str(), "transfer-encoding" | "connection") {
+                head.append_header(name.clone(), contract::header_bytes(value))?;
+            }
+        }
+        let mut client_gone = session
+            .write_response_header(Box::new(head), false)
+            .await
+            .is_err();
+        let mut digest = contract::BodyDigest::default();
+        digest.update(&large.first);
+        let mut held = Bytes::from(std::mem::take(&mut large.first));
+        loop {
+            match large.resp.chunk().await {
+                Ok(Some(piece)) => {
+                    digest.update(&piece);
+                    let out = std::mem::replace(&mut held, piece);
+                    if !client_gone {
+                        client_gone = session.write_response_body(Some(out), false).await.is_err();
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(key = %req.scope.key, error = %e, "a large idempotent answer was cut off; not recorded");
+                    return Err(cut_short("the upstream's answer was cut off"));
+                }
+            }
+        }
+        let (len, blake2b) = digest.finish();
+        let cmd = IdemCommand::Complete {
+            scope: req.scope.clone(),
+            attempt,
+            outcome: contract::classify_relayed(large.status, &large.headers, len, blake2b),
+        };
+        if let Err(e) = self.propose(cmd).await {
+            tracing::warn!(key = %req.scope.key, error = %e, "idempotent answer not recorded");
+            return Err(cut_short("the answer could not be recorded"));
+        }
+        if client_gone {
+            return Ok(());
+        }
+        session.write_response_body(Some(held), true).await?;
+        Ok(())
     }
 
     /// The write the key was claimed for is not sent (the fence refused it, or its grant ran
@@ -524,15 +591,23 @@ impl IdempotencyLayer {
             .send()
             .await
             .map_err(|e| format!("the reconciliation lookup failed: {e}"))?;
-        let answer = read_answer(resp)
-            .await
-            .map_err(|e| format!("the reconciliation lookup failed: {e}"))?;
-        match answer.status {
-            200 => Ok(Finding::Ran(contract::store_answer(
-                &answer,
-                route.config.idempotency_options.body_cap_bytes,
-                true,
-            ))),
+        let failed = |e: reqwest::Error| format!("the reconciliation lookup failed: {e}");
+        let cap = route.config.idempotency_options.body_cap_bytes;
+        let stored = match receive(resp, cap.max(SPOOL_BYTES)).await.map_err(failed)? {
+            Received::Whole(answer) => contract::store_answer(&answer, cap, true),
+            // Nothing to relay it to: kept as status, headers, length and digest.
+            Received::Large(mut large) => {
+                let mut digest = contract::BodyDigest::default();
+                digest.update(&large.first);
+                while let Some(piece) = large.resp.chunk().await.map_err(failed)? {
+                    digest.update(&piece);
+                }
+                let (len, blake2b) = digest.finish();
+                contract::stored_relayed(large.status, &large.headers, len, blake2b, true)
+            }
+        };
+        match stored.status {
+            200 => Ok(Finding::Ran(stored)),
             404 => Ok(Finding::NeverRan),
             s => Err(format!(
                 "the reconciliation lookup answered {s}, which proves neither outcome"
@@ -583,25 +658,82 @@ async fn read_body(session: &mut Session) -> Result<Option<Bytes>> {
     while let Some(chunk) = session.read_request_body().await? {
         body.extend_from_slice(&chunk);
         if body.len() > MAX_REQUEST_BODY {
+            drain_body(session).await;
             return Ok(None);
         }
     }
     Ok(Some(Bytes::from(body)))
 }
 
-async fn read_answer(resp: reqwest::Response) -> Result<Answer, reqwest::Error> {
+/// Reads and drops the rest of a refused request body, up to [`DRAIN_BYTES`] or for
+/// [`DRAIN_TIME`]: a client still sending (a chunked body after `100 Continue`) would otherwise
+/// meet a closed connection instead of the refusal. The connection is not reused after it.
+async fn drain_body(session: &mut Session) {
+    let mut drained = 0;
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        while let Ok(Some(chunk)) = session.read_request_body().await {
+            drained += chunk.len();
+            if drained > DRAIN_BYTES {
+                break;
+            }
+        }
+    })
+    .await;
+    session.set_keepalive(None);
+}
+
+const DRAIN_BYTES: usize = 8 << 20;
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+
+/// Bytes of an upstream answer held whole at least (more where the route stores more inline);
+/// a larger answer is relayed as it arrives, so a proxy's memory does not grow with answers.
+const SPOOL_BYTES: usize = 1 << 20;
+
+/// An upstream answer, read whole or, past the spool size, only begun.
+enum Received {
+    Whole(Answer),
+    Large(LargeAnswer),
+}
+
+struct LargeAnswer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    /// What was read before the answer passed the spool size.
+    first: Vec<u8>,
+    resp: reqwest::Response,
+}
+
+/// Reads `resp` whole if it holds at most `spool` bytes of body.
+async fn receive(mut resp: reqwest::Response, spool: usize) -> Result<Received, reqwest::Error> {
     let status = resp.status().as_u16();
-    let headers = resp
+    let headers: Vec<(String, String)> = resp
         .headers()
         .iter()
-        .filter_map(|(n, v)| Some((n.as_str().to_string(), v.to_str().ok()?.to_string())))
+        .map(|(n, v)| (n.as_str().to_string(), contract::header_text(v.as_bytes())))
         .collect();
-    let body = resp.bytes().await?.to_vec();
-    Ok(Answer {
+    let mut body = Vec::new();
+    while let Some(piece) = resp.chunk().await? {
+        body.extend_from_slice(&piece);
+        if body.len() > spool {
+            return Ok(Received::Large(LargeAnswer {
+                status,
+                headers,
+                first: body,
+                resp,
+            }));
+        }
+    }
+    Ok(Received::Whole(Answer {
         status,
         headers,
         body,
-    })
+    }))
+}
+
+/// The connection error of an answer that began to reach the client and cannot be finished:
+/// the client sees it cut short.
+fn cut_short(why: &str) -> Box<pingora::Error> {
+    pingora::Error::explain(pingora::ErrorType::WriteError, why.to_string())
 }
 
 /// The request headers the upstream gets: the client's, with `Host`, less those that describe
@@ -701,9 +833,12 @@ async fn write(
 ) -> Result<()> {
     let mut resp = ResponseHeader::build(status, Some(headers.len() + 2))?;
     for (name, value) in headers {
-        resp.append_header(name.clone(), value.as_str())?;
+        resp.append_header(name.clone(), contract::header_bytes(value))?;
     }
-    resp.insert_header("content-length", body.len().to_string())?;
+    // A 204 carries no length, and a 304's would describe the representation, not this answer.
+    if !matches!(status, 100..=199 | 204 | 304) {
+        resp.insert_header("content-length", body.len().to_string())?;
+    }
     session.write_response_header(Box::new(resp), false).await?;
     session
         .write_response_body(Some(Bytes::from(body)), true)

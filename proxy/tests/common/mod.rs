@@ -514,6 +514,13 @@ pub async fn read_head(conn: &mut (impl tokio::io::AsyncRead + Unpin)) -> Option
 /// Reads a request head and its `Content-Length` body: the head, or `None` if the connection
 /// ends first.
 pub async fn read_request(conn: &mut (impl tokio::io::AsyncRead + Unpin)) -> Option<String> {
+    read_request_with_body(conn).await.map(|(head, _)| head)
+}
+
+/// [`read_request`], with the body.
+pub async fn read_request_with_body(
+    conn: &mut (impl tokio::io::AsyncRead + Unpin),
+) -> Option<(String, Vec<u8>)> {
     use tokio::io::AsyncReadExt;
     let head = read_head(conn).await?;
     let len = head
@@ -526,7 +533,7 @@ pub async fn read_request(conn: &mut (impl tokio::io::AsyncRead + Unpin)) -> Opt
         .unwrap_or(0);
     let mut body = vec![0u8; len];
     conn.read_exact(&mut body).await.ok()?;
-    Some(head)
+    Some((head, body))
 }
 
 /// A store that answers every request `200 ok` (reading its `Content-Length` body) and
