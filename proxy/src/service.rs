@@ -314,8 +314,9 @@ async fn respond_error(session: &mut Session, status: u16, body: &ErrorBody) -> 
 }
 
 /// Requests the proxy does not pass on, whatever the route: an upgrade (WebSocket, h2c), whose
-/// tunnel would carry writes no fence could check, and a transfer coding other than chunked,
-/// which it could not forward unchanged. nginx answers the latter 501 as well.
+/// tunnel would carry writes no fence could check; a `Content-Length` that is not one number;
+/// and a transfer coding other than chunked, which it could not forward unchanged (nginx
+/// answers that 501 as well).
 fn unsupported_framing(session: &Session) -> Option<(u16, &'static str, &'static str)> {
     let req = session.req_header();
     // curl and others offer h2c on plain requests; like nginx, the proxy answers in HTTP/1.1
@@ -330,6 +331,21 @@ fn unsupported_framing(session: &Session) -> Option<(u16, &'static str, &'static
             "upgrade_not_supported",
             "The fencing proxy does not switch protocols (WebSocket and the like): writes inside \
              an upgraded connection could not be fenced. Send plain HTTP requests.",
+        ));
+    }
+    // `Content-Length: 4, 4` (or two such headers) is a list a store may read another way than
+    // the proxy, or choke on: the length must be one decimal number.
+    let mut lengths = req.headers.get_all("content-length").iter();
+    let one_number = match (lengths.next(), lengths.next()) {
+        (None, _) => true,
+        (Some(v), None) => !v.is_empty() && v.as_bytes().iter().all(u8::is_ascii_digit),
+        (Some(_), Some(_)) => false,
+    };
+    if !one_number {
+        return Some((
+            400,
+            "bad_request",
+            "Send one Content-Length header holding one decimal length.",
         ));
     }
     let other_coding = req.headers.get_all("transfer-encoding").iter().any(|v| {

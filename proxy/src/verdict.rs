@@ -92,8 +92,8 @@ impl Rejection {
                 format!("Fence-Resource is '{header}' but this path is fenced on '{derived}'.")
             }
             Rejection::Stale { presented, highest } => format!(
-                "Token {presented} is stale: this resource has seen token {highest} (tokens \
-                 only grow). Stop writing; your lease is gone."
+                "Token {presented} is stale: token {highest} or a later one has been issued or \
+                 admitted (tokens only grow). Stop writing; your lease is gone."
             ),
             Rejection::Ended { presented } => format!(
                 "The lease of token {presented} has ended, or ends before this write could \

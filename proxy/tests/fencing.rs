@@ -26,6 +26,39 @@ use lock_core::net::FaultRule;
 use reqwest::Method;
 use serde_json::json;
 
+/// `PUT path` with `token`, the `length` header line(s) and a 5-byte body, sent as raw bytes
+/// (no client library normalises it first); the whole answer.
+async fn raw_put(addr: &str, path: &str, length: &str, token: u64) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!(
+        "PUT {path} HTTP/1.1\r\nHost: x\r\nFence-Token: {token}\r\n{length}\r\n\
+         Connection: close\r\n\r\nalias"
+    );
+    s.write_all(req.as_bytes()).await.expect("send");
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer).await;
+    answer
+}
+
+/// Writes `kv:key` with `token` through proxy `id` and expects a 412 with `code`; the body.
+async fn refused(
+    c: &common::FenceClient,
+    id: u64,
+    key: &str,
+    token: u64,
+    code: &str,
+) -> serde_json::Value {
+    let r = c.put(id, key, token, "refused").await;
+    assert_eq!(
+        (r.status, r.code()),
+        (412, code),
+        "{key} with {token}: {}",
+        r.body
+    );
+    r.body
+}
+
 /// Index of the first store write carrying `token`.
 #[track_caller]
 fn first_index_of(log: &[StoreWrite], token: u64) -> usize {
@@ -183,46 +216,24 @@ async fn t20_bad_tokens_are_refused_and_never_forwarded() {
     // Which 412 code it gets depends on how it compares with the resource's own tokens:
     // above anything issued for kv:a → unknown; below kv:z's current token → stale.
     for id in h.proxy_ids() {
-        let r = c.put(id, "a", z.token, "foreign-z-on-a").await;
-        assert_eq!(
-            (r.status, r.code()),
-            (412, "unknown_fencing_token"),
-            "{}",
-            r.body
-        );
-        let r = c.put(id, "z", a.token, "foreign-a-on-z").await;
-        assert_eq!(
-            (r.status, r.code()),
-            (412, "stale_fencing_token"),
-            "{}",
-            r.body
-        );
-        assert_eq!(
-            r.body["highest_token"].as_u64(),
-            Some(z.token),
-            "{}",
-            r.body
-        );
+        refused(&c, id, "a", z.token, "unknown_fencing_token").await;
+        let body = refused(&c, id, "z", a.token, "stale_fencing_token").await;
+        assert_eq!(body["highest_token"].as_u64(), Some(z.token), "{body}");
         // A resource nobody ever locked.
-        let r = c.put(id, "b", a.token, "foreign-a-on-b").await;
-        assert_eq!(
-            (r.status, r.code()),
-            (412, "unknown_fencing_token"),
-            "{}",
-            r.body
-        );
+        refused(&c, id, "b", a.token, "unknown_fencing_token").await;
     }
 
     phase("a token never issued at all → 412 unknown_fencing_token");
     for id in h.proxy_ids() {
-        let r = c.put(id, "a", 1_000_000_000, "never-issued").await;
-        assert_eq!(
-            (r.status, r.code()),
-            (412, "unknown_fencing_token"),
-            "{}",
-            r.body
-        );
-        assert_eq!(r.body["presented_token"], json!(1_000_000_000u64));
+        let body = refused(&c, id, "a", 1_000_000_000, "unknown_fencing_token").await;
+        assert_eq!(body["presented_token"], json!(1_000_000_000u64));
+    }
+
+    phase("token 0, never issued: unknown where no token was, stale below a resource's token");
+    for id in h.proxy_ids() {
+        refused(&c, id, "b", 0, "unknown_fencing_token").await;
+        let body = refused(&c, id, "z", 0, "stale_fencing_token").await;
+        assert_eq!(body["highest_token"].as_u64(), Some(z.token), "{body}");
     }
 
     phase("a path that maps to an invalid resource is refused, even if the store would accept it");
@@ -465,8 +476,6 @@ async fn t24_writes_a_proxy_refuses_on_its_own_show_in_the_hot_view_and_the_audi
 /// nothing reaches the store — A's valid token for kv:a cannot write kv:b by spelling.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t22_aliased_paths_are_refused() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
     let h = FenceHarness::start().await;
     let c = h.client.clone();
     let a = h.acquire("kv:a", "A", 30_000, 0).await;
@@ -482,19 +491,19 @@ async fn t22_aliased_paths_are_refused() {
         // What a servlet container reads as `/kv/b`: path parameters cut off, then `..`.
         "/kv/a/..;/b",
     ] {
-        let mut s = tokio::net::TcpStream::connect(&addr)
-            .await
-            .expect("connect");
-        let req = format!(
-            "PUT {path} HTTP/1.1\r\nHost: x\r\nFence-Token: {}\r\nContent-Length: 5\r\n\
-             Connection: close\r\n\r\nalias",
-            a.token
-        );
-        s.write_all(req.as_bytes()).await.expect("send");
-        let mut answer = String::new();
-        s.read_to_string(&mut answer).await.expect("read");
+        let answer = raw_put(&addr, path, "Content-Length: 5", a.token).await;
         assert!(answer.starts_with("HTTP/1.1 400"), "{path}: {answer}");
         assert!(answer.contains("invalid_path"), "{path}: {answer}");
+    }
+
+    phase("a Content-Length that is not one number is refused");
+    for lengths in [
+        "Content-Length: 5, 5",
+        "Content-Length: 5\r\nContent-Length: 5",
+        "Content-Length: +5",
+    ] {
+        let answer = raw_put(&addr, "/kv/a", lengths, a.token).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{lengths}: {answer}");
     }
 
     phase("nothing reached the store; the plain path still works");

@@ -581,9 +581,18 @@ impl LockMachine {
     ) -> Response {
         self.settle(resource, fx);
         let now = self.now_ms;
-        // Tokens start at 1: 0 was never issued for anything.
+        // Tokens start at 1: 0 was never issued for anything. Where a token was, 0 is below
+        // it and stale, as any lower token (and as the proxy's own floor answers it).
         if token == 0 {
-            return Response::Admit(AdmitOutcome::Unknown);
+            let highest = self
+                .resources
+                .get(resource)
+                .map_or(self.gc_floor, |r| r.last_token.max(r.admitted));
+            return Response::Admit(if highest > 0 {
+                AdmitOutcome::Stale { highest }
+            } else {
+                AdmitOutcome::Unknown
+            });
         }
         let Some(res) = self.resources.get_mut(resource) else {
             return Response::Admit(if token <= self.gc_floor {

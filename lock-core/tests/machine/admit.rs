@@ -91,14 +91,17 @@ fn never_issued_tokens_are_unknown() {
     assert_eq!(m.resource("a").map(|r| r.admitted), Some(0));
 }
 
-/// Tokens start at 1: token 0 was never issued for anything, so it is `Unknown` — on a
-/// resource nobody locked and on one that is locked — never `Stale`.
+/// Tokens start at 1: token 0 was never issued for anything. On a resource nobody locked it is
+/// `Unknown`; on one with a token it is below that token, and `Stale` like any lower token.
 #[test]
-fn token_zero_is_unknown_everywhere() {
+fn token_zero_is_unknown_where_nothing_was_issued_and_stale_below_a_token() {
     let mut m = LockMachine::new();
     assert_eq!(admit_at(&mut m, T0, "never", 0, P1), AdmitOutcome::Unknown);
     granted(run(&mut m, T0, try_once("a", "r1", 1)));
-    assert_eq!(admit_at(&mut m, T0 + 1, "a", 0, P1), AdmitOutcome::Unknown);
+    assert_eq!(
+        admit_at(&mut m, T0 + 1, "a", 0, P1),
+        AdmitOutcome::Stale { highest: 1 }
+    );
     assert!(grants(&m, "a").is_empty());
 }
 

@@ -374,9 +374,17 @@ impl Model {
     ) -> AdmitOutcome {
         self.settle(resource, fx);
         let now = self.now;
-        // Tokens start at 1: 0 was never issued for anything.
+        // Tokens start at 1: 0 was never issued for anything; below a token it is stale, as
+        // any lower token.
         if token == 0 {
-            return AdmitOutcome::Unknown;
+            let highest = self
+                .res
+                .get(resource)
+                .map_or(self.gc_floor, |r| r.last_token.max(r.admitted));
+            return match highest {
+                0 => AdmitOutcome::Unknown,
+                highest => AdmitOutcome::Stale { highest },
+            };
         }
         let Some(r) = self.res.get_mut(resource) else {
             return if token <= self.gc_floor {
