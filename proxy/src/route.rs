@@ -553,7 +553,7 @@ fn valid_host(host: &str) -> bool {
 
 /// Refuses request paths that another component could read as a different path than the
 /// proxy matched: dot segments (`.`, `..`), empty segments (`//`, a trailing `/`), backslashes
-/// and percent-encoded dots, slashes, backslashes or percent signs. A store that normalises
+/// and percent-encoded dots, slashes, backslashes, percent signs or semicolons. A store that normalises
 /// paths would otherwise resolve `/accounts/7/../8/x` — fenced as account 7 — to account 8.
 /// Refusing instead of normalising means the path forwarded is exactly the path fenced.
 ///
@@ -574,7 +574,9 @@ pub fn check_path(path: &str) -> Result<(), String> {
     let bytes = path.as_bytes();
     for (i, _) in bytes.iter().enumerate().filter(|(_, b)| **b == b'%') {
         let escape = bytes.get(i + 1..i + 3).map(|e| e.to_ascii_lowercase());
-        if let Some(e) = escape.filter(|e| matches!(e.as_slice(), b"2e" | b"2f" | b"5c" | b"25")) {
+        // `%3B` too: a store that decodes before it cuts off path parameters reads it as `;`.
+        let refused = |e: &Vec<u8>| matches!(e.as_slice(), b"2e" | b"2f" | b"5c" | b"25" | b"3b");
+        if let Some(e) = escape.filter(refused) {
             return Err(format!(
                 "percent-encoded '%{}' is not allowed in the path",
                 String::from_utf8_lossy(&e).to_ascii_uppercase()
@@ -861,6 +863,8 @@ mod tests {
             "/t/p1/;/data",
             "/t/p1/;jsessionid=1",
             "/t/..;",
+            "/t/p1/..%3B/p2/data",
+            "/t/p1/..%3b/p2/data",
             "/kv/a%2f..%2fb",
             "/kv/%2E%2E/b",
             "/kv/a%5Cb",
