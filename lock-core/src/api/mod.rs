@@ -219,7 +219,16 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(ApiError::invalid("The body must be a JSON object."));
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("Bad JSON body: {e}.")))
+    serde_json::from_slice(body).map_err(|e| {
+        // A number past u64 reads as a float to serde ("invalid type: floating point `1e+20`"):
+        // say what was wrong with it.
+        let hint = if e.to_string().contains("floating point") {
+            " Numbers here are whole, from 0 to 18446744073709551615."
+        } else {
+            ""
+        };
+        ApiError::invalid(format!("Bad JSON body: {e}.{hint}"))
+    })
 }
 
 #[cfg(test)]
@@ -236,6 +245,14 @@ mod tests {
         assert!(message(b"\xEF\xBB\xBF{}").contains("byte order mark"));
         assert!(message(b"{\"lease_id\": \"\xff\"}").contains("not UTF-8"));
         assert!(message(b"[1]").contains("JSON object"));
+        let other = message(br#"{"lease_id": 1}"#);
+        assert!(!other.contains("whole"), "{other}");
+        let huge =
+            parse_json::<crate::wire::AcquireRequest>(br#"{"ttl_ms": 99999999999999999999}"#)
+                .expect_err("refused")
+                .body
+                .message;
+        assert!(huge.contains("whole, from 0 to"), "{huge}");
     }
 }
 
