@@ -215,6 +215,24 @@ async fn t20_contract_replay_mismatch_missing_malformed_tenants() {
     assert_ne!(acme.body["id"], first.body["id"]);
     assert_eq!(orders_with_key(&h, "k-1").await.len(), 2);
 
+    phase("two tenant headers (in any spelling) are refused: a store might read the other");
+    for second in ["X-Tenant", "X_Tenant"] {
+        let twice = post_order(
+            &h,
+            1,
+            Some("k-2"),
+            "{}",
+            &[("X-Tenant", "acme"), (second, "other")],
+        )
+        .await;
+        assert_eq!(
+            (twice.status, twice.code()),
+            (400, "invalid_request"),
+            "{twice:?}"
+        );
+    }
+    assert!(orders_with_key(&h, "k-2").await.is_empty());
+
     phase("the metrics count the replay and the mismatch (each proxy on its node's /metrics)");
     assert_counted(&h, &["replayed", "mismatch", "key_required", "invalid_key"]).await;
     h.shutdown().await;

@@ -70,6 +70,8 @@ pub enum KeyError {
     BadKey,
     #[error("the tenant header must be 1 to 255 printable ASCII characters")]
     BadTenant,
+    #[error("send the tenant header once: a store reading another copy would book the effect under another tenant than its record")]
+    TenantTwice,
 }
 
 fn printable(v: &[u8]) -> bool {

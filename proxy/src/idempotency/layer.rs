@@ -188,12 +188,20 @@ impl IdempotencyLayer {
                 }
             },
         };
-        let tenant_raw = req
+        let mut copies = req
             .headers
-            .get(opts.tenant_header.as_str())
-            .map(|v| v.as_bytes());
+            .iter()
+            .filter(|(n, _)| crate::tenant::spelled_as(n.as_str(), &opts.tenant_header))
+            .map(|(_, v)| v.as_bytes());
+        let tenant_raw = copies.next();
+        let twice = copies.next().is_some();
         let tenant = match key_tenant {
             Some(t) => t.to_string(),
+            None if twice => {
+                let e = contract::KeyError::TenantTwice;
+                respond_error(session, ErrorCode::InvalidRequest, &e.to_string(), None).await?;
+                return Ok(Handled::Responded);
+            }
             None => match parse_tenant(tenant_raw, &opts.default_tenant) {
                 Ok(t) => t,
                 Err(e) => {
