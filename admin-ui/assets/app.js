@@ -207,7 +207,13 @@ function showError(e) {
 // ---- routing ------------------------------------------------------------------------------
 
 function route() {
-  const hash = decodeURIComponent(location.hash.slice(1)) || "cluster";
+  let hash;
+  try {
+    hash = decodeURIComponent(location.hash.slice(1)) || "cluster";
+  } catch {
+    // A malformed fragment (`#%`): the cluster view, rather than a page that never starts.
+    hash = "cluster";
+  }
   // "#main" is the skip link's target, not a view (a click on the link never gets here; an
   // address ending in it does): stay on the view shown.
   let view = hash === "main" ? state.view : hash;

@@ -751,8 +751,13 @@ async fn operators_see_locks_page_through_them_and_force_a_release() {
     browser
         .wait_text(
             "#audit-table tbody",
-            "denied attempts are audited too",
-            |t| t.contains("operator:mallory") && t.contains("unauthorized"),
+            "denied attempts are audited too, the name they claim as unverified",
+            |t| {
+                t.contains("unverified")
+                    && t.contains("claimed operator: mallory")
+                    && t.contains("unauthorized")
+                    && !t.contains("operator:mallory")
+            },
         )
         .await;
     browser.screenshot("audit").await;

@@ -19,7 +19,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::HeaderValue;
+use axum::http::{header, HeaderValue};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -152,6 +152,9 @@ struct Front {
 /// and the leader it knows (see [`LEADER_ID_HEADER`]), so a client can send its next calls to
 /// the leader itself. Refusals at the door carry no names.
 async fn front(State(front): State<Front>, req: Request, next: Next) -> Response {
+    if let Some(refusal) = cross_site(&req) {
+        return refusal.into_response();
+    }
     let req = match listen::with_whole_body(req, front.bodies).await {
         Ok(req) => req,
         Err(refused) => return refused,
@@ -160,13 +163,72 @@ async fn front(State(front): State<Front>, req: Request, next: Next) -> Response
         Ok(req) => req,
         Err(refused) => return refused.into_response(),
     };
+    let page = req.uri().path().starts_with("/ui");
+    let admin = req.uri().path().starts_with("/v1/admin/");
     let mut response = next.run(req).await;
     let headers = response.headers_mut();
+    if page {
+        // The operator page runs only its own script, fetches only from this node, and is
+        // never framed (clickjacking of its actions); revalidated so an upgrade shows at once.
+        headers.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(UI_CSP),
+        );
+        headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    }
+    if page || admin {
+        headers.insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
+        headers.insert(
+            header::REFERRER_POLICY,
+            HeaderValue::from_static("no-referrer"),
+        );
+    }
+    if admin {
+        // Lease ids (a backup), keys and stored answers: kept by no cache.
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
     headers.insert(NODE_ID_HEADER, HeaderValue::from(front.node.id));
     if let Some(leader) = front.node.current_leader() {
         headers.insert(LEADER_ID_HEADER, HeaderValue::from(leader));
     }
     response
+}
+
+/// What the operator page may load and do (see `front`).
+const UI_CSP: &str = "default-src 'self'; object-src 'none'; base-uri 'none'; \
+                      form-action 'self'; frame-ancestors 'none'";
+
+/// Refuses a call that changes something when a browser says a page of another origin sent
+/// it. A page may send a "simple" cross-origin POST (a form, or `fetch` with `no-cors`) without
+/// asking first; with the lock API open (no keys) it could take and hold locks, and refused
+/// operator actions would fill the audit log. Browsers name the sender in `Sec-Fetch-Site`, and
+/// in `Origin`, which programs (curl, the client library, the CLI) do not send; the node's own
+/// page is same-origin. Reads are left alone: without CORS headers a page cannot read them.
+fn cross_site(req: &Request) -> Option<ApiError> {
+    if matches!(req.method().as_str(), "GET" | "HEAD" | "OPTIONS") {
+        return None;
+    }
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+    let refused = || {
+        ApiError::new(
+            ErrorCode::Forbidden,
+            "Cross-site requests are refused: a page of another origin may not change anything \
+             here. Call the API from a program (curl, the client library, the CLI) or from \
+             this node's own /ui.",
+        )
+    };
+    if let Some(site) = header("sec-fetch-site") {
+        return (!matches!(site, "same-origin" | "none")).then(refused);
+    }
+    let origin = header("origin")?;
+    // `scheme://host[:port]`, compared with the Host the request was sent to.
+    let authority = origin.split_once("://").map(|(_, rest)| rest);
+    let same = authority.is_some_and(|a| header("host").is_some_and(|h| h.eq_ignore_ascii_case(a)));
+    (!same).then(refused)
 }
 
 /// The node-to-node calls: raft RPCs, forwarded commands and read-index calls. Every request

@@ -61,6 +61,8 @@ pub(crate) async fn acquire(
     // Whether the server may hold state for this request id (a queued waiter, or a grant we
     // never saw). If not, a definite refusal needs no cancel.
     let mut maybe_pending = false;
+    // Whether an attempt of ours ended without an answer (its connection may have dropped).
+    let mut dropped_earlier = false;
     let mut attempts = 0u32;
     let mut last = String::from("no attempt made");
     let lease: Lease = loop {
@@ -101,13 +103,16 @@ pub(crate) async fn acquire(
         {
             Ok(lease) => break lease,
             Err(AttemptError::Api(reply)) => {
-                // Only this acquire's own earlier attempts cancel its request id (a dropped
-                // connection makes the server withdraw the wait), so a cancelled wait with time
-                // left is re-queued, like a wait that ended too early.
-                let ended = matches!(
-                    reply.body.error,
-                    ErrorCode::LockHeld | ErrorCode::WaitCancelled
-                );
+                // A wait that ended too early is re-queued. So is a cancelled one after an
+                // attempt of ours whose connection dropped (the server withdraws the wait of a
+                // closed connection, and that may end the wait of the retry). Otherwise the
+                // cancel came from someone else (`cancel` with this request id, an operator's
+                // `fencegate lock cancel`): an answer, returned.
+                let ended = match reply.body.error {
+                    ErrorCode::LockHeld => true,
+                    ErrorCode::WaitCancelled => dropped_earlier,
+                    _ => false,
+                };
                 let early = ended
                     && !wait.is_zero()
                     && wait_end.saturating_duration_since(Instant::now()) > EARLY_WAIT_END;
@@ -120,6 +125,7 @@ pub(crate) async fn acquire(
             Err(AttemptError::Uncertain(why)) => {
                 tracing::debug!(resource, attempts, %why, "acquire outcome uncertain; retrying with the same request id");
                 maybe_pending = true;
+                dropped_earlier = true;
                 last = why;
             }
         }

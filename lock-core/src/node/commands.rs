@@ -4,7 +4,7 @@
 
 use super::{Node, Policy};
 use crate::machine::{Acquire, LeaseId};
-use crate::wire::{validate_id, AcquireRequest, MAX_ID_LEN};
+use crate::wire::{validate_id, validate_shown, AcquireRequest, MAX_ID_LEN};
 
 impl Policy {
     /// Checks an acquire against this policy and stamps the policy's bounds into the command,
@@ -17,6 +17,9 @@ impl Policy {
         lease_id: LeaseId,
     ) -> Result<Acquire, String> {
         validate_id(&req.request_id, "request_id")?;
+        if let Some(holder) = &req.holder {
+            validate_shown(holder, "holder")?;
+        }
         if req
             .holder
             .as_ref()

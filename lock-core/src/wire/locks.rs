@@ -46,8 +46,10 @@ pub fn resource_in_path(resource: &str) -> Result<String, String> {
     Ok(resource.replace('/', "%2F"))
 }
 
-/// Checks a caller-chosen id field (`request_id`, `holder`): 1–128 characters.
+/// Checks a caller-chosen id field (`request_id`, `holder`, an operator's name): 1–128
+/// characters, none of them a control or a bidirectional formatting character.
 pub fn validate_id(value: &str, field: &str) -> Result<(), String> {
+    validate_shown(value, field)?;
     if value.is_empty() {
         // Absent and empty are the same to the API (the field defaults to empty).
         return Err(format!(
@@ -93,6 +95,24 @@ pub struct LeaseRequest {
 pub struct CancelRequest {
     #[serde(default)]
     pub request_id: String,
+}
+
+/// Refuses control characters (line breaks, escape sequences) and bidirectional formatting
+/// characters in a field that tables, terminals and the audit log show: they would let a
+/// caller forge rows or make `gnp.exe` read as `exe.png`.
+pub fn validate_shown(value: &str, field: &str) -> Result<(), String> {
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    };
+    match value.chars().find(|c| hidden(*c)) {
+        Some(c) => Err(format!(
+            "Field '{field}' may not hold control or bidirectional formatting characters \
+             (found U+{:04X}).",
+            u32::from(c)
+        )),
+        None => Ok(()),
+    }
 }
 
 /// A granted lease, as its holder sees it.

@@ -51,9 +51,9 @@ pub use idempotency::{
 };
 pub use lease_id::{LeaseDigest, LeaseId};
 pub use locks::{
-    resource_in_path, validate_id, validate_resource, AcquireRequest, AcquireResponse,
-    CancelRequest, CancelResponse, LeaseRequest, LockList, LockView, ReleaseResponse,
-    RenewResponse, LOCK_ACTIONS, MAX_ID_LEN, MAX_LIST_LIMIT, MAX_RESOURCE_LEN,
+    resource_in_path, validate_id, validate_resource, validate_shown, AcquireRequest,
+    AcquireResponse, CancelRequest, CancelResponse, LeaseRequest, LockList, LockView,
+    ReleaseResponse, RenewResponse, LOCK_ACTIONS, MAX_ID_LEN, MAX_LIST_LIMIT, MAX_RESOURCE_LEN,
 };
 pub use quotas::{
     QuotaDefinition, QuotaList, QuotaShareView, QuotaTenantView, QuotaView, SetQuotaRequest,

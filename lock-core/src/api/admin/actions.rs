@@ -40,7 +40,7 @@ pub(super) fn authorize<'h>(
             Ok(auth)
         }
         Err(e) => {
-            node.record_operator_action(op, operator, resource, None, e.code().as_str(), None);
+            node.record_refused_action(op, Some(operator), resource, e.code().as_str());
             Err(e)
         }
     }

@@ -31,12 +31,11 @@ fn operator(node: &Node, headers: &HeaderMap) -> String {
 
 /// Checks the credential; a refusal is audited.
 fn authorize(node: &Node, headers: &HeaderMap, op: &str) -> Result<String, ApiError> {
-    let operator = operator(node, headers);
     if let Err(e) = require_admin(node, headers) {
-        node.record_operator_action(op, &operator, None, None, e.code().as_str(), None);
+        node.record_refused_action(op, None, None, e.code().as_str());
         return Err(e);
     }
-    Ok(operator)
+    Ok(operator(node, headers))
 }
 
 fn unexpected(resp: Response) -> ApiError {

@@ -39,10 +39,11 @@ pub async fn set(
         .map_err(|e| ApiError::invalid(format!("Bad quota name in the URL: {}.", e.body_text())))?;
     let req: SetQuotaRequest = parse_json(&body)?;
     authorize(&node, &headers, "set_quota", &req.operator, None)?;
+    let asked = name.clone();
     let spec = match spec_of(name, &req) {
         Ok(s) => s,
         Err(e) => {
-            audit(&node, &req.operator, &req, e.code().as_str());
+            audit(&node, &req.operator, &asked, &req, e.code().as_str());
             return Err(e);
         }
     };
@@ -62,11 +63,11 @@ pub async fn set(
         }
         Err(e) => {
             let e = ApiError::from(e);
-            audit(&node, &req.operator, &req, e.code().as_str());
+            audit(&node, &req.operator, &name, &req, e.code().as_str());
             return Err(e);
         }
     };
-    audit(&node, &req.operator, &req, "done");
+    audit(&node, &req.operator, &name, &req, "done");
     // On a follower the change committed at the leader may not be applied here yet: the
     // answer shows this node's state, so it must include the change (the leader said at
     // which index it does; an earlier version did not: then ask it). Setting the same
@@ -94,9 +95,10 @@ pub async fn set(
 /// The longest a follower waits to apply the change it forwarded before answering.
 const APPLY_WAIT: Duration = Duration::from_secs(5);
 
-fn audit(node: &Node, operator: &str, req: &SetQuotaRequest, outcome: &str) {
+fn audit(node: &Node, operator: &str, name: &str, req: &SetQuotaRequest, outcome: &str) {
+    let name: String = name.chars().take(128).collect();
     let detail = format!(
-        "rate_per_s={} burst={} lease_ms={} policy={} allowance={}",
+        "quota={name:?} rate_per_s={} burst={} lease_ms={} policy={} allowance={}",
         req.rate_per_s,
         req.burst,
         req.lease_ms,

@@ -37,6 +37,20 @@ pub struct OpsState {
     /// Set while this leader steps aside (`drain`): it proposes nothing, so another voter's
     /// election can succeed.
     pub draining: AtomicBool,
+    refusals: Mutex<RefusalPace>,
+}
+
+/// Refused operator calls recorded one by one per second at most; the rest are counted.
+const REFUSALS_PER_SECOND: u32 = 20;
+
+/// The pace of refused operator calls in the audit log: anyone who reaches the port can send
+/// them, and each line would otherwise cost disk and push real actions out of the tail.
+#[derive(Default)]
+struct RefusalPace {
+    second: u64,
+    recorded: u32,
+    /// Refusals not recorded since the last recorded one.
+    skipped: u64,
 }
 
 impl OpsState {
@@ -48,6 +62,7 @@ impl OpsState {
             series: Series::default(),
             elections: Mutex::new(VecDeque::new()),
             draining: AtomicBool::new(false),
+            refusals: Mutex::new(RefusalPace::default()),
         }
     }
 
@@ -136,20 +151,98 @@ impl super::Node {
             );
         }
         let caller = format!("operator:{operator}");
+        self.audit_operator_line(
+            now,
+            op,
+            resource,
+            token,
+            &caller,
+            outcome,
+            detail.as_deref(),
+            true,
+        );
+    }
+
+    /// One audit line of an operator call; `sync` fsyncs it before returning.
+    #[allow(clippy::too_many_arguments)]
+    fn audit_operator_line(
+        &self,
+        time_ms: u64,
+        op: &str,
+        resource: Option<&str>,
+        token: Option<u64>,
+        caller: &str,
+        outcome: &str,
+        detail: Option<&str>,
+        sync: bool,
+    ) {
         self.ops.audit.record(
             &AuditLine {
-                time_ms: now,
+                time_ms,
                 node_id: self.id,
                 op,
                 resource,
                 lease_digest: None,
                 token,
-                caller: Some(&caller),
+                caller: Some(caller),
                 holder: None,
                 outcome,
-                detail: detail.as_deref(),
+                detail,
             },
-            true,
+            sync,
+        );
+    }
+
+    /// Audits an operator call refused for its credential (`outcome` is the refusal's code).
+    /// Unlike an action taken, it is not fsynced, the operator name it claims is only detail
+    /// (the caller is `unverified`: anyone can type any name), and at most
+    /// [`REFUSALS_PER_SECOND`] are recorded a second; the next recorded one says how many were
+    /// left out. So refusals cannot load the disk nor fill the audit log faster than that.
+    pub fn record_refused_action(
+        &self,
+        op: &str,
+        claimed_operator: Option<&str>,
+        resource: Option<&str>,
+        outcome: &str,
+    ) {
+        let now = self.wall_ms();
+        let second = now / 1_000;
+        let skipped = {
+            let mut pace = self.ops.refusals.lock().unwrap_or_else(|e| e.into_inner());
+            if pace.second != second {
+                pace.second = second;
+                pace.recorded = 0;
+            }
+            if pace.recorded >= REFUSALS_PER_SECOND {
+                pace.skipped += 1;
+                return;
+            }
+            pace.recorded += 1;
+            std::mem::take(&mut pace.skipped)
+        };
+        let mut detail = String::new();
+        if let Some(name) = claimed_operator {
+            let name: String = name.chars().take(128).collect();
+            detail.push_str(&format!("claimed operator: {name}"));
+        }
+        if skipped > 0 {
+            if !detail.is_empty() {
+                detail.push_str("; ");
+            }
+            detail.push_str(&format!(
+                "{skipped} more refused operator calls before this one were not recorded one by one"
+            ));
+        }
+        let detail = (!detail.is_empty()).then_some(detail.as_str());
+        self.audit_operator_line(
+            now,
+            op,
+            resource,
+            None,
+            "unverified",
+            outcome,
+            detail,
+            false,
         );
     }
 

@@ -31,6 +31,18 @@ async fn acquire_rejects_bad_input_with_a_clear_400() {
             json!({ "request_id": "b-1", "holder": "h".repeat(129) }),
         ),
         (
+            "holder with a line break (a forged table row)",
+            json!({ "request_id": "b-1a", "holder": "evil\nkv:forged true" }),
+        ),
+        (
+            "holder with an escape sequence",
+            json!({ "request_id": "b-1b", "holder": "\u{1b}[31mred" }),
+        ),
+        (
+            "request_id with a right-to-left override",
+            json!({ "request_id": "gnp.exe\u{202e}" }),
+        ),
+        (
             "ttl below policy min",
             json!({ "request_id": "b-2", "ttl_ms": 999 }),
         ),

@@ -7,6 +7,7 @@ pub(crate) mod support;
 
 mod acquire;
 mod bad_input;
+mod browsers;
 mod cancel;
 mod fuzz;
 mod membership;

@@ -219,3 +219,63 @@ async fn t51_a_handed_off_grant_whose_answer_was_lost_is_released_on_drop() {
     .await;
     c.shutdown().await;
 }
+
+/// A wait cancelled by someone else (`cancel` with the request id, as `fencegate lock cancel`
+/// sends it) ends the acquire with `wait_cancelled`: the client does not queue again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t52_a_wait_cancelled_by_another_caller_ends_the_acquire() {
+    let c = TestCluster::start(3).await;
+    let holder = direct_client(&c);
+    let waiter = direct_client(&c);
+
+    phase("A holds kv:cancelled; B queues with a 30 s wait and its own request id");
+    let a = holder
+        .acquire("kv:cancelled", AcquireOptions::new(5 * SEC))
+        .await
+        .expect("acquire");
+    let b = tokio::spawn(async move {
+        waiter
+            .acquire(
+                "kv:cancelled",
+                AcquireOptions::new(5 * SEC)
+                    .wait_timeout(30 * SEC)
+                    .request_id("b-wait"),
+            )
+            .await
+    });
+    eventually(5 * SEC, "B is queued", async || {
+        lock_status(&c, "kv:cancelled").await["waiters"] == 1
+    })
+    .await;
+
+    phase("another caller cancels B's request id: B's acquire ends, nobody waits");
+    let leader = c.wait_leader(5 * SEC).await;
+    let (status, body) = c
+        .post(
+            leader,
+            "/v1/locks/kv:cancelled/cancel",
+            serde_json::json!({"request_id": "b-wait"}),
+        )
+        .await;
+    assert_eq!(
+        (status, &body["cancelled"]),
+        (200, &serde_json::json!(true)),
+        "{body}"
+    );
+    let ended = tokio::time::timeout(10 * SEC, b)
+        .await
+        .expect("B's acquire ends")
+        .expect("task");
+    match ended {
+        Err(Error::Api { code, .. }) => assert_eq!(code, "wait_cancelled"),
+        other => panic!("B's acquire did not end with wait_cancelled: {other:?}"),
+    }
+    let s = lock_status(&c, "kv:cancelled").await;
+    assert_eq!(s["waiters"], 0, "{s}");
+
+    phase("A releases: the lock is free, not handed to the cancelled waiter");
+    assert!(a.release().await.expect("release"));
+    let s = lock_status(&c, "kv:cancelled").await;
+    assert_eq!(s["held"].as_bool(), Some(false), "{s}");
+    c.shutdown().await;
+}
