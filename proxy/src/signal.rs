@@ -30,18 +30,21 @@ pub async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// Ctrl-C or SIGTERM, with the handlers installed by this call rather than when the future is
-/// first polled: `lock run` starts a command right after, and a SIGTERM that arrives in
-/// between must be passed on, not kill fencegate and leave the command running unlocked.
+/// Ctrl-C, SIGTERM or SIGHUP (the terminal went away), with the handlers installed by this call
+/// rather than when the future is first polled: `lock run` starts a command right after, and a
+/// signal that arrives in between must be passed on, not kill fencegate and leave the command
+/// running unlocked.
 #[cfg(unix)]
 pub fn shutdown_signal_now() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     Ok(async move {
         tokio::select! {
             _ = term.recv() => {}
             _ = interrupt.recv() => {}
+            _ = hangup.recv() => {}
         }
     })
 }

@@ -479,32 +479,40 @@ async fn cluster_remove_answers_with_the_new_voter_set() {
     cluster.stop().await;
 }
 
-/// SIGTERM to `lock run` (a service manager stopping it, or Ctrl-C) is passed to the command,
-/// and the lock is released once the command has exited.
+/// SIGTERM to `lock run` (a service manager stopping it, or Ctrl-C), or SIGHUP (its terminal
+/// went away), is passed to the command as SIGTERM, and the lock is released once the command
+/// has exited: the command never runs on without its lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_run_passes_sigterm_on_and_releases() {
     let cluster = Cluster::start().await;
-    let (mut runner, mut lines) = cluster.spawn(&[
-        "lock",
-        "run",
-        "job:stopped",
-        "--",
-        "sh",
-        "-c",
-        "echo ready; exec sleep 600",
-    ]);
-    assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("ready"));
-    assert!(cluster.view("job:stopped").await.held);
+    for (signal, resource) in [
+        (Signal::SIGTERM, "job:stopped"),
+        (Signal::SIGHUP, "job:hung-up"),
+    ] {
+        let (mut runner, mut lines) = cluster.spawn(&[
+            "lock",
+            "run",
+            resource,
+            "--",
+            "sh",
+            "-c",
+            "echo ready; exec sleep 600",
+        ]);
+        assert_eq!(lines.next_line().await.unwrap().as_deref(), Some("ready"));
+        assert!(cluster.view(resource).await.held);
 
-    phase("SIGTERM to fencegate ends the command and the lock");
-    kill(Pid::from_raw(runner.id().unwrap() as i32), Signal::SIGTERM).unwrap();
-    let status = runner.wait().await.unwrap();
-    assert_eq!(
-        status.code(),
-        Some(128 + 15),
-        "the command's own end (SIGTERM)"
-    );
-    assert!(!cluster.view("job:stopped").await.held);
+        phase(&format!(
+            "{signal} to fencegate ends the command and the lock"
+        ));
+        kill(Pid::from_raw(runner.id().unwrap() as i32), signal).unwrap();
+        let status = runner.wait().await.unwrap();
+        assert_eq!(
+            status.code(),
+            Some(128 + 15),
+            "the command's own end (SIGTERM)"
+        );
+        assert!(!cluster.view(resource).await.held);
+    }
     cluster.stop().await;
 }
 

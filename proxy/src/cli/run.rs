@@ -27,8 +27,8 @@ The lease id is not passed on: only this process renews and releases it.
 
 When the lease is lost (renewals failed until the local deadline, the process was paused, or
 the server reports it gone), the command gets SIGTERM, then SIGKILL after --kill-grace, and
-fencegate exits with code 4. Ctrl-C or SIGTERM to fencegate is passed on as SIGTERM and the
-lock is released once the command has exited. Interrupted while still waiting for the lock,
+fencegate exits with code 4. Ctrl-C, SIGTERM or SIGHUP to fencegate is passed on as SIGTERM and
+the lock is released once the command has exited. Interrupted while still waiting for the lock,
 fencegate cancels the wait and exits 1 without running the command. Only the command's own
 process is signalled: in a shell wrapper, `exec` the real program.
 
