@@ -593,10 +593,15 @@ pub fn check_path(path: &str) -> Result<(), String> {
                 return Err("empty path segments ('//' or a trailing '/') are not allowed".into())
             }
             ("" | "." | "..", true) => {
+                let read_as = if name.is_empty() {
+                    "an empty segment".to_string()
+                } else {
+                    format!("'{name}'")
+                };
                 return Err(format!(
                     "'{segment}' segments are not allowed in the path: stores that take ';' as the \
-                     start of path parameters (Tomcat, Jetty, Spring) read it as '{name}'"
-                ))
+                     start of path parameters (Tomcat, Jetty, Spring) read it as {read_as}"
+                ));
             }
             ("." | "..", false) => {
                 return Err(format!("'{segment}' segments are not allowed in the path"))

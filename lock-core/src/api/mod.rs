@@ -225,9 +225,11 @@ fn cross_site(req: &Request) -> Option<ApiError> {
         return (!matches!(site, "same-origin" | "none")).then(refused);
     }
     let origin = header("origin")?;
-    // `scheme://host[:port]`, compared with the Host the request was sent to.
+    // `scheme://host[:port]`, compared with the host the request was sent to (`Host`, or the
+    // authority of an HTTP/2 request).
     let authority = origin.split_once("://").map(|(_, rest)| rest);
-    let same = authority.is_some_and(|a| header("host").is_some_and(|h| h.eq_ignore_ascii_case(a)));
+    let host = header("host").or_else(|| req.uri().authority().map(|a| a.as_str()));
+    let same = authority.is_some_and(|a| host.is_some_and(|h| h.eq_ignore_ascii_case(a)));
     (!same).then(refused)
 }
 
