@@ -688,8 +688,11 @@ async fn operators_see_locks_page_through_them_and_force_a_release() {
         .last_applied;
     browser.click("#backup-submit").await;
     browser.click("#confirm-yes").await;
+    // The force release's "Done" may still be shown when the wait begins.
     let done = browser
-        .wait_text("#action-result", "the backup", |t| t.starts_with("Done"))
+        .wait_text("#action-result", "the backup", |t| {
+            t.starts_with("Done") && t.contains("backup of log index")
+        })
         .await;
     let index: u64 = done
         .split("log index ")
