@@ -214,13 +214,7 @@ impl Writer {
     /// `audit.log.{k-1}` → `audit.log.k` down to `audit.log` → `audit.log.1`; the oldest
     /// beyond `keep` is deleted.
     fn rotate(&mut self) -> std::io::Result<()> {
-        let path = |i: usize| {
-            if i == 0 {
-                self.dir.join(FILE_NAME)
-            } else {
-                self.dir.join(format!("{FILE_NAME}.{i}"))
-            }
-        };
+        let path = |i: usize| file_path(&self.dir, i);
         self.file.sync_data()?;
         if self.keep == 0 {
             fs::remove_file(path(0))?;
@@ -246,29 +240,31 @@ impl Writer {
 fn newest_lines(dir: &Path, keep: usize) -> VecDeque<String> {
     let mut lines = VecDeque::new();
     for i in 0..=keep {
-        if lines.len() >= RECENT {
-            break;
-        }
-        let path = if i == 0 {
-            dir.join(FILE_NAME)
-        } else {
-            dir.join(format!("{FILE_NAME}.{i}"))
-        };
-        let Ok(text) = read_tail(&path) else {
+        let Ok(text) = read_tail(&file_path(dir, i)) else {
             continue;
         };
-        let whole = text
+        let newest_first = text
             .split_inclusive('\n')
-            .filter(|l| l.ends_with('\n') && l.starts_with('{'));
-        let older: Vec<&str> = whole.collect();
-        for line in older.into_iter().rev() {
-            if lines.len() >= RECENT {
-                break;
-            }
+            .rev()
+            .filter(|l| l.ends_with('\n') && l.starts_with('{'))
+            .take(RECENT - lines.len());
+        for line in newest_first {
             lines.push_front(line.to_string());
+        }
+        if lines.len() == RECENT {
+            break;
         }
     }
     lines
+}
+
+/// `audit.log` (`i` = 0), or the rotated `audit.log.i`.
+fn file_path(dir: &Path, i: usize) -> PathBuf {
+    if i == 0 {
+        dir.join(FILE_NAME)
+    } else {
+        dir.join(format!("{FILE_NAME}.{i}"))
+    }
 }
 
 /// Bytes read from the end of each audit file for the tail at start.
