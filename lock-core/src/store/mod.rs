@@ -343,10 +343,11 @@ mod tests {
             }
             db.meta.insert(b"probe", &value[..]).expect("meta");
         }
-        // The current journal besides the bound: flushing and deleting the oldest one runs in
-        // fjall's background workers, a little behind.
+        // Up to two journals besides the bound: flushing and deleting the oldest runs in
+        // fjall's background workers, which a busy machine can hold back by a journal (202 MB
+        // seen once against a 192 MB allowance). Unbounded, the journals reach 512 MiB.
         assert!(
-            most <= MAX_JOURNAL_BYTES + (64 << 20),
+            most <= MAX_JOURNAL_BYTES + (128 << 20),
             "journals reached {most} bytes"
         );
     }
