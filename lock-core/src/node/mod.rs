@@ -184,6 +184,20 @@ impl Node {
         self.current_leader().filter(|_| heard)
     }
 
+    /// Returns once this node has lost touch with the leader ([`Node::leader_in_touch`] is
+    /// `None`), looking every quarter second. A long poll waiting here for a hand-off ends
+    /// then: a node cut off from the cluster would not hear of the grant until it is healed.
+    pub async fn cut_off(&self) {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if self.leader_in_touch().is_none() {
+                return;
+            }
+        }
+    }
+
     /// This node's answer to a candidate asking whether it would get its vote.
     pub fn pre_vote(&self, req: &PreVoteRequest) -> campaign::PreVoteResponse {
         campaign::answer(self, req)

@@ -156,6 +156,17 @@ async fn wait_in_queue(
                  wait_timeout_ms: retry with the same request_id on another node.",
             ));
         }
+        () = node.cut_off() => {
+            // The leader may hand the lock to this wait while we cannot hear of it: the
+            // caller's retry on a node in touch with the leader collects the grant, or
+            // finds the wait in its place.
+            guard.disarm();
+            return Err(ApiError::new(
+                ErrorCode::NoQuorum,
+                "This node lost touch with the leader. Your wait keeps its place in the queue \
+                 until wait_timeout_ms: retry with the same request_id on another node.",
+            ));
+        }
     };
     let result = match outcome {
         Ok(Some(WaitOutcome::Granted(g))) => Ok(g),

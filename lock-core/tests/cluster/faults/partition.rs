@@ -7,6 +7,7 @@ use lock_core::testkit::{eventually, phase, TestCluster};
 use serde_json::{json, Value};
 
 use super::{acquire_answered, recorded_lease, Granted, EVENT};
+use crate::api::support::{lock_path, release, spawn_post, wait_waiters};
 
 async fn timed<F: std::future::Future>(f: F) -> (F::Output, Duration) {
     let started = Instant::now();
@@ -165,6 +166,54 @@ async fn t30_isolated_minority_answers_503() {
         (200, Some(split.token)),
         "{g}"
     );
+    c.shutdown().await;
+}
+
+/// A waiting acquire whose node is cut off from the leader ends there with 503 instead of
+/// sitting out its wait: the leader may hand it the lock while the node cannot hear of it. The
+/// wait keeps its place, so the caller's retry with the same request_id on another node
+/// collects the hand-off: one lease, not two, and no grant left unclaimed until its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_on_a_node_cut_off_ends_and_a_retry_elsewhere_collects_the_grant() {
+    let c = TestCluster::start(3).await;
+    let leader = c.wait_leader(EVENT).await;
+    let [f, other] = c.followers(leader)[..] else {
+        panic!("three nodes");
+    };
+    let path = lock_path("part:wait", "acquire");
+    let wait = json!({ "request_id": "req-waiter", "ttl_ms": 60_000, "wait_timeout_ms": 120_000 });
+
+    phase("a lease on the leader, and a waiter queued behind it through a follower");
+    let (s, v) = c.acquire(leader, "part:wait", "req-holder", 120_000).await;
+    assert_eq!(s, 200, "{v}");
+    let held = Granted::parse(&v);
+    let waiter = spawn_post(c.url(f, &path), wait.clone(), Duration::from_secs(180));
+    wait_waiters(&c, leader, "part:wait", 1).await;
+
+    phase("cut the follower off, then release: the leader hands the lock to the waiter");
+    c.isolate(f);
+    let (s, v) = release(&c, leader, "part:wait", &held.lease_id).await;
+    assert_eq!((s, &v["released"]), (200, &json!(true)), "{v}");
+
+    phase("the cut-off node ends the wait with 503, long before its 120 s wait_timeout_ms");
+    let (s, v) = tokio::time::timeout(Duration::from_secs(60), waiter)
+        .await
+        .expect("the wait on the cut-off node is still open after 60 s")
+        .expect("waiter task")
+        .expect("waiter request");
+    assert_eq!((s, &v["error"]), (503, &json!("no_quorum")), "{v}");
+
+    phase("the retry with the same request_id on a node in touch collects the hand-off");
+    let (s, v) = c.post(other, &path, wait).await;
+    assert_eq!(s, 200, "{v}");
+    let got = Granted::parse(&v);
+    assert!(got.token > held.token, "{v}");
+    assert_eq!(
+        recorded_lease(&c, leader, "part:wait").map(|(lease, token, _)| (lease, token)),
+        Some((got.lease_id, got.token)),
+        "the retry must get the lease the leader handed to the wait"
+    );
+    c.heal();
     c.shutdown().await;
 }
 
