@@ -139,12 +139,13 @@ pub fn header_bytes(text: &str) -> Vec<u8> {
 }
 
 /// The body as it counts for the fingerprint: a JSON body is canonicalised (keys sorted,
-/// whitespace dropped) so two spellings of the same document are the same request.
+/// whitespace dropped) so two spellings of the same document are the same request. A document
+/// that [`Canonical`] cannot rebuild without losing a difference counts byte for byte.
 fn canonical_body(content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
     let is_json = content_type.is_some_and(|t| t.to_ascii_lowercase().contains("json"));
     if is_json {
-        if let Ok(doc) = serde_json::from_slice::<serde_json::Value>(body) {
-            if let Ok(canonical) = serde_json::to_vec(&sorted(doc)) {
+        if let Ok(Canonical(doc)) = serde_json::from_slice::<Canonical>(body) {
+            if let Ok(canonical) = serde_json::to_vec(&doc) {
                 return canonical;
             }
         }
@@ -152,18 +153,70 @@ fn canonical_body(content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
     body.to_vec()
 }
 
-/// `doc` with every object's keys in sorted order (whatever order the map type keeps, it keeps
-/// insertion order or sorts, and both are sorted after this).
-fn sorted(doc: serde_json::Value) -> serde_json::Value {
-    use serde_json::Value;
-    match doc {
-        Value::Object(map) => {
-            let entries: std::collections::BTreeMap<String, Value> =
-                map.into_iter().map(|(k, v)| (k, sorted(v))).collect();
-            Value::Object(entries.into_iter().collect())
+/// A JSON document rebuilt with every object's keys in sorted order. It refuses what a rebuild
+/// could make two different requests agree on: a key given twice (parsers disagree on which
+/// value counts, and the upstream may read the other one) and a number that is not an integer
+/// of at most 64 bits (it is read as a float, and two different numbers can round to one).
+struct Canonical(serde_json::Value);
+
+impl<'de> Deserialize<'de> for Canonical {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(CanonicalVisitor)
+    }
+}
+
+struct CanonicalVisitor;
+
+impl<'de> serde::de::Visitor<'de> for CanonicalVisitor {
+    type Value = Canonical;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON document without repeated keys or non-integer numbers")
+    }
+
+    fn visit_unit<E>(self) -> Result<Canonical, E> {
+        Ok(Canonical(serde_json::Value::Null))
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Canonical, E> {
+        Ok(Canonical(v.into()))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Canonical, E> {
+        Ok(Canonical(v.into()))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Canonical, E> {
+        Ok(Canonical(v.into()))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Canonical, E> {
+        Err(E::custom("a number that is not a 64-bit integer"))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Canonical, E> {
+        Ok(Canonical(v.into()))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Canonical, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Canonical(item)) = seq.next_element()? {
+            items.push(item);
         }
-        Value::Array(items) => Value::Array(items.into_iter().map(sorted).collect()),
-        other => other,
+        Ok(Canonical(serde_json::Value::Array(items)))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Canonical, A::Error> {
+        let mut entries = std::collections::BTreeMap::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let Canonical(value) = map.next_value()?;
+            if entries.insert(key, value).is_some() {
+                return Err(serde::de::Error::custom("a key given twice"));
+            }
+        }
+        Ok(Canonical(serde_json::Value::Object(
+            entries.into_iter().collect(),
+        )))
     }
 }
 
@@ -339,6 +392,55 @@ mod tests {
         assert_ne!(
             fp("POST", "/orders", json, r#"{"a":1}"#, None),
             fp("POST", "/orders", json, r#"{"a":2}"#, None)
+        );
+        // What a rebuild would lose counts byte for byte: repeated keys (which one counts is
+        // the upstream's parser's choice) and numbers read as floats (two can round to one).
+        assert_ne!(
+            fp("POST", "/orders", json, r#"{"a":1,"a":2}"#, None),
+            fp("POST", "/orders", json, r#"{"a":2}"#, None)
+        );
+        assert_ne!(
+            fp(
+                "POST",
+                "/orders",
+                json,
+                r#"{"n":12345678901234567890123}"#,
+                None
+            ),
+            fp(
+                "POST",
+                "/orders",
+                json,
+                r#"{"n":12345678901234567890124}"#,
+                None
+            )
+        );
+        assert_ne!(
+            fp("POST", "/orders", json, r#"{"x":0.1}"#, None),
+            fp(
+                "POST",
+                "/orders",
+                json,
+                r#"{"x":0.10000000000000001}"#,
+                None
+            )
+        );
+        assert_eq!(
+            fp(
+                "POST",
+                "/orders",
+                json,
+                r#"{"a":{"d":[null,true,-5,"\u0041"],"c":"x"}}"#,
+                None
+            ),
+            fp(
+                "POST",
+                "/orders",
+                json,
+                r#"{"a":{"c":"x","d":[null,true,-5,"A"]}}"#,
+                None
+            ),
+            "nested objects are sorted too, and a string's escapes are its value"
         );
         assert_ne!(
             fp(
