@@ -256,7 +256,17 @@ pub fn classify<T: DeserializeOwned>(status: u16, body: &[u8]) -> Result<T, Fail
 /// What stands in for an answer that is not an error body (a load balancer's page, a cut-off
 /// body): the code `http_{status}` and the start of the text.
 fn unparsed(status: u16, body: &[u8]) -> ErrorBody {
-    ErrorBody::new(ErrorCode::Other(format!("http_{status}")), snippet(body))
+    let answer = match snippet(body) {
+        s if s.trim().is_empty() => "an empty body".to_string(),
+        s => format!("'{}'", s.trim()),
+    };
+    ErrorBody::new(
+        ErrorCode::Other(format!("http_{status}")),
+        format!(
+            "HTTP {status} with {answer}, not a fencegate error: is the endpoint a fencegate \
+             node's API port?"
+        ),
+    )
 }
 
 /// The start of an answer, for messages.
@@ -319,6 +329,16 @@ mod tests {
         assert_eq!(quorum.error, ErrorCode::NoQuorum);
         let page = ErrorBody::from_answer(502, b"<html>bad gateway</html>");
         assert_eq!(page.error.as_str(), "http_502");
-        assert_eq!(page.message, "<html>bad gateway</html>");
+        assert!(
+            page.message.contains("'<html>bad gateway</html>'"),
+            "{}",
+            page.message
+        );
+        let empty = ErrorBody::from_answer(404, b"");
+        assert!(
+            empty.message.contains("HTTP 404 with an empty body"),
+            "{}",
+            empty.message
+        );
     }
 }
