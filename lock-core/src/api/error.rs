@@ -79,8 +79,9 @@ impl From<ProposeError> for ApiError {
         match e {
             ProposeError::NoQuorum | ProposeError::NotLeader(_) => ApiError::new(
                 ErrorCode::NoQuorum,
-                "No quorum of the cluster answered in time; nothing was granted. Retry with the \
-                 same request_id.",
+                "No quorum of the cluster answered in time. The call may still take effect: \
+                 retry it as it was (an acquire or cancel with the same request_id, a renew or \
+                 release with the same lease_id), on this node or another.",
             ),
             ProposeError::Overloaded {
                 queued,
@@ -98,6 +99,21 @@ impl From<ProposeError> for ApiError {
                 ErrorCode::NodeStopped,
                 format!("This node is shutting down ({why}); use another node."),
             ),
+        }
+    }
+}
+
+impl ApiError {
+    /// A read's barrier that failed: a read changes nothing, so its 503 says only that the
+    /// answer could not be confirmed current.
+    pub fn unconfirmed_read(e: ProposeError) -> Self {
+        match e {
+            ProposeError::NoQuorum | ProposeError::NotLeader(_) => ApiError::new(
+                ErrorCode::NoQuorum,
+                "No quorum confirmed the leader in time, so this node cannot tell whether its \
+                 state is current; retry the read, on this node or another.",
+            ),
+            other => other.into(),
         }
     }
 }

@@ -73,7 +73,7 @@ error_codes! {
     QuorumAtRisk = ("quorum_at_risk", 409),
     TooManyWaiters = ("too_many_waiters", 429),
     FaultInjectionDisabled = ("fault_injection_disabled", 403),
-    /// No quorum answered in time; nothing was granted. Safe to retry.
+    /// No quorum answered in time: the call may still take effect. Safe to retry as it was.
     NoQuorum = ("no_quorum", 503),
     NoLeader = ("no_leader", 503),
     /// The leader has as many commands waiting for the raft log as it holds; this one was

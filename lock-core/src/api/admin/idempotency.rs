@@ -69,7 +69,9 @@ pub async fn unknown(
         .transpose()?;
     // An operator settles what the list shows: a follower that has not applied the latest
     // claims and resolutions yet must not offer a stale list.
-    node.read_barrier().await?;
+    node.read_barrier()
+        .await
+        .map_err(ApiError::unconfirmed_read)?;
     let now_ms = node.now_ms();
     let page = node
         .machine

@@ -100,7 +100,9 @@ pub async fn list_keys(
     headers: HeaderMap,
 ) -> Result<Json<KeyList>, ApiError> {
     require_admin(&node, &headers)?;
-    node.read_barrier().await?;
+    node.read_barrier()
+        .await
+        .map_err(ApiError::unconfirmed_read)?;
     let keys = node
         .machine
         .read(|m| m.api_keys().map(ApiKeyRecord::info).collect());

@@ -121,7 +121,9 @@ pub async fn resource(
     let Path(resource) = resource
         .map_err(|e| ApiError::invalid(format!("Bad resource in the URL: {}.", e.body_text())))?;
     validate_stored_name(&resource).map_err(ApiError::invalid)?;
-    node.read_barrier().await?;
+    node.read_barrier()
+        .await
+        .map_err(ApiError::unconfirmed_read)?;
     let events = node.ops.hot.events(&resource);
     let detail = node.machine.read(|m| {
         let now_ms = m.now_ms();
@@ -184,7 +186,9 @@ pub async fn locks(
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<LockList>, ApiError> {
     let q = list_page(q, Names::Stored)?;
-    node.read_barrier().await?;
+    node.read_barrier()
+        .await
+        .map_err(ApiError::unconfirmed_read)?;
     let (locks, next_after, now_ms) = node.machine.read(|m| {
         let now_ms = m.now_ms();
         let (page, next) = m.list_after(&q.prefix, q.after.as_deref(), q.limit, now_ms);

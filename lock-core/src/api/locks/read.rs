@@ -42,7 +42,9 @@ pub async fn get(
         validate_resource(&resource).map_err(ApiError::invalid)?;
         let scope = Scope::of(&node, caller_of(caller));
         let stored = scope.stored(&resource);
-        node.read_barrier().await?;
+        node.read_barrier()
+            .await
+            .map_err(ApiError::unconfirmed_read)?;
         scope.still_valid(&node)?;
         let mut view = node.machine.read(|m| m.view(&stored, m.now_ms()));
         view.resource = resource.clone();
@@ -142,7 +144,9 @@ pub async fn list(
     let result = async {
         let q = list_page(query, Names::Own)?;
         let scope = Scope::of(&node, caller_of(caller));
-        node.read_barrier().await?;
+        node.read_barrier()
+            .await
+            .map_err(ApiError::unconfirmed_read)?;
         scope.still_valid(&node)?;
         let tenant = scope.tenant;
         let (locks, next_after, now_ms) = node.machine.read(|m| {
