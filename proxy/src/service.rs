@@ -242,7 +242,7 @@ impl FenceProxy {
         resource: &str,
     ) -> std::result::Result<(), String> {
         let (dest_host, path) = crate::route::destination(value)?;
-        match self.routes.find(dest_host.or(host), path) {
+        match self.routes.find(dest_host.or(host), path)? {
             Some(d) if d.route == route && d.resource == resource => Ok(()),
             Some(d) => Err(format!(
                 "The Destination is fenced as resource '{}', this request as '{resource}': a \
@@ -477,7 +477,21 @@ impl ProxyHttp for FenceProxy {
                 return Ok(true);
             }
         };
-        let Some(m) = self.routes.find(host, req.uri.path()) else {
+        let found = self.routes.find(host, req.uri.path()).map_err(|why| {
+            json!({
+                "error": "invalid_path",
+                "message": format!("{why}; send the path in its plain form."),
+            })
+        });
+        let found = match found {
+            Ok(found) => found,
+            Err(body) => {
+                ctx.outcome = "invalid_path";
+                respond_json(session, 400, &body).await?;
+                return Ok(true);
+            }
+        };
+        let Some(m) = found else {
             ctx.outcome = "no_route";
             let body = json!({
                 "error": "no_route",
