@@ -18,7 +18,8 @@
 //! starts using it only once the answer arrived, which is after the stamp.
 //!
 //! **Rebalancing.** With each request the proxy reports its demand. The ledger computes a
-//! target per proxy (demand-proportional; spare capacity split evenly) and moves capacity only
+//! target per proxy (demand-proportional above a floor of one request's burst for every proxy
+//! with demand; spare capacity split evenly) and moves capacity only
 //! by shrinking a cold proxy's successor; the freed capacity is granted to a hot proxy once the
 //! cold proxy's current lease has expired or been returned, since until then it still counts.
 //!
@@ -143,6 +144,19 @@ impl QuotaSpec {
     fn burst_cap(&self) -> u64 {
         self.burst.saturating_mul(MILLI)
     }
+    /// The smallest rate share whose burst share ([`QuotaSpec::burst_for`]) holds one whole
+    /// request, in milli-requests per second, even split over [`MAX_CHAINS`] leases (each
+    /// rounds its burst share down by less than a thousandth).
+    fn floor_rate(&self) -> u64 {
+        if self.burst == 0 {
+            return 0;
+        }
+        (u128::from(MILLI + MAX_CHAINS as u64) * u128::from(self.rate_per_s))
+            .div_ceil(u128::from(self.burst))
+            .try_into()
+            .unwrap_or(u64::MAX)
+    }
+
     /// The burst share that goes with a rate share: the same fraction of B as of R.
     fn burst_for(&self, rate_milli: u64) -> u64 {
         if self.rate_per_s == 0 {
@@ -523,20 +537,36 @@ impl QuotaLedger {
     /// more than there are proxies reporting: the extra part stays free for a proxy that has
     /// not asked yet, so a tenant's first requests at a second proxy find capacity at once
     /// instead of waiting for the first proxy's lease to end.
+    ///
+    /// Every proxy with demand is owed at least [`QuotaSpec::floor_rate`], the rate whose burst
+    /// share holds one whole request, when the pool has room for that much per proxy: below it
+    /// a share can never admit a request (its bucket never holds one), so a proxy with little
+    /// demand next to a hot one was refused forever. Only what exceeds the floors is split in
+    /// proportion to demand.
     fn target(&self, spec: &QuotaSpec, req: &QuotaRequest) -> u64 {
-        let reports = self
-            .demand
-            .iter()
-            .filter(|d| d.quota == req.quota && d.tenant == req.tenant);
-        let (mut total, mut proxies) = (0u128, 0u128);
-        for d in reports {
-            total += u128::from(d.demand_milli);
-            proxies += 1;
-        }
         let cap = u128::from(spec.rate_cap());
-        let mine = u128::from(req.demand_milli);
+        let reports = || {
+            self.demand
+                .iter()
+                .filter(|d| d.quota == req.quota && d.tenant == req.tenant)
+                .map(|d| u128::from(d.demand_milli))
+        };
+        let proxies = reports().count() as u128;
+        let demanding = reports().filter(|&d| d > 0).count() as u128;
+        let floor = u128::from(spec.floor_rate());
+        let floor = if floor * demanding <= cap { floor } else { 0 };
+        // Demand as it counts: at least the floor for a proxy that has any.
+        let wanted = |d: u128| if d > 0 { d.max(floor) } else { 0 };
+        let total: u128 = reports().map(wanted).sum();
+        let mine = wanted(u128::from(req.demand_milli));
         let share = if total > cap {
-            cap * mine / total
+            // Each demanding proxy keeps its floor; the rest goes by demand above it.
+            let above = total - floor * demanding;
+            if mine == 0 || above == 0 {
+                mine.min(cap / demanding.max(1))
+            } else {
+                floor + (cap - floor * demanding) * (mine - floor) / above
+            }
         } else {
             mine + (cap - total) / (proxies + 1)
         };

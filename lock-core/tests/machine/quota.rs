@@ -269,6 +269,42 @@ fn a_proxy_at_its_chain_limit_consolidates_to_reach_its_target() {
     assert!(rate >= 90 * MILLI, "proxy 1 holds {rate} milli/s");
 }
 
+/// A proxy with little demand next to a hot one: its share is never below the rate whose
+/// burst share holds one whole request, or its bucket could never admit anything. (Split in
+/// proportion to demand alone, 1/s against 800/s of a pool of 100/s and burst 200 gave it
+/// 0.12/s with a burst share of a quarter request: refused for good.)
+#[test]
+fn a_quiet_proxy_next_to_a_hot_one_keeps_a_share_that_admits() {
+    let mut m = defined();
+    let mut id = 0u128;
+    let mut now = T0;
+    for step in 0..48u64 {
+        now = T0 + step * LEASE_MS / 4;
+        id += 1 << 8;
+        renew_all(&mut m, now, 1, id, 800);
+        id += 1 << 8;
+        renew_all(&mut m, now, 2, id, 1);
+        m.quotas().check_conservation(now).expect("conserved");
+    }
+    let live = |proxy: u64| -> (u64, u64) {
+        m.quotas()
+            .leases()
+            .filter(|l| l.proxy == proxy && l.activates_at_ms <= now && l.expires_at_ms > now)
+            .fold((0, 0), |(r, b), l| (r + l.rate_milli, b + l.burst_milli))
+    };
+    let (quiet_rate, quiet_burst) = live(2);
+    assert!(
+        quiet_burst >= MILLI,
+        "the quiet proxy's burst share is {quiet_burst} milli-requests: below one request, it never admits"
+    );
+    assert!(quiet_rate >= MILLI * R / B, "{quiet_rate}");
+    let (hot_rate, _) = live(1);
+    assert!(
+        hot_rate >= 95 * MILLI,
+        "the hot proxy keeps the rest: {hot_rate} milli/s"
+    );
+}
+
 /// Returning a lease frees its capacity at once; returning it again changes nothing.
 #[test]
 fn return_is_idempotent_and_frees_capacity() {

@@ -115,12 +115,14 @@ impl Bucket {
             return Ok(());
         }
         let refill = self.refilled_by(need, now_ms);
+        // Once the expected share arrives, the shares held then refill the bucket with it.
         let expected = self.expected.map(|e| {
+            let from = e.at_ms.max(now_ms);
             let refill = match e.rate_milli {
                 0 => 0,
-                rate => need.div_ceil(rate),
+                gain => need.div_ceil(self.rate_at(from).saturating_add(gain)),
             };
-            e.at_ms.max(now_ms).saturating_add(refill)
+            from.saturating_add(refill)
         });
         let retry_at_ms = match (refill, expected) {
             (Some(a), Some(b)) => Some(a.min(b)),
