@@ -169,7 +169,11 @@ impl Metrics {
             ),
             last_token: gauge("last_fencing_token", "Highest fencing token issued"),
             term: gauge("raft_term", "Current raft term"),
-            is_leader: gauge("raft_is_leader", "1 if this node is the leader"),
+            is_leader: gauge(
+                "raft_is_leader",
+                "1 if this node is the leader and a quorum acknowledged it within twice the \
+                 longest election timeout",
+            ),
             vote_held: gauge(
                 "raft_vote_held",
                 "1 while this node, started with an empty data directory, votes in no \

@@ -242,7 +242,10 @@ impl Node {
         m.last_token.set(stats.last_token as i64);
         let rm = self.raft.metrics().borrow().clone();
         m.term.set(rm.current_term as i64);
-        m.is_leader.set(i64::from(rm.state == ServerState::Leader));
+        // A leader no quorum acknowledges does not count: raft keeps the role until it hears
+        // of a newer term, which a leader cut off from the others never does.
+        m.is_leader
+            .set(i64::from(self.leader_in_touch() == Some(self.id)));
         m.last_applied
             .set(rm.last_applied.map_or(0, |l| l.index) as i64);
         // With API keys on, /metrics (open to scrapers without a credential) names no

@@ -453,7 +453,7 @@ async fn watch_leader(node: Arc<Node>) {
     let started = Instant::now();
     let mut leaderless_since: Option<Instant> = last_leader.is_none().then_some(started);
     let mut warned: Option<Instant> = None;
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -467,6 +467,13 @@ async fn watch_leader(node: Arc<Node>) {
                 // then): a leader's log is caught up by definition, so it votes again.
                 if node.vote_hold.is_held() && node.current_leader() == Some(node.id) {
                     node.vote_hold.release("elected leader");
+                }
+                // A leader a quorum acknowledges is in touch with a leader: itself. Once it is
+                // deposed, the silence before the next leader counts from here, not from the
+                // last append it received as a follower before it led.
+                if node.leader_in_touch() == Some(node.id) {
+                    let term = node.raft.metrics().borrow().current_term;
+                    node.leader_contact.heard(term);
                 }
                 if warned.is_none_or(|at| at.elapsed() >= LEADERLESS_WARN_EVERY)
                     && warn_if_leaderless(&node, started)
@@ -532,15 +539,30 @@ async fn wait_for_contact(node: &Node) -> Option<Duration> {
 /// A node that has known no leader for [`LEADERLESS_WARN_EVERY`] or longer says so (at most
 /// once per interval), with its term and role: a stuck candidate is otherwise silent. A
 /// follower counts from the last append or snapshot chunk a leader sent it (raft's metrics
-/// keep naming a leader that has gone silent), anyone else from `started`. True if it warned.
+/// keep naming a leader that has gone silent), a leader from the last acknowledgement of a
+/// quorum, anyone else from `started`. True if it warned.
 fn warn_if_leaderless(node: &Node, started: Instant) -> bool {
-    let (term, state) = {
+    let (term, state, quorum_ack_ms) = {
         let m = node.raft.metrics();
         let m = m.borrow();
-        (m.current_term, m.state)
+        (m.current_term, m.state, m.millis_since_quorum_ack)
     };
     if state == openraft::ServerState::Leader {
-        return false;
+        // A leader heard from no quorum for as long as a follower may hear from no leader.
+        let Some(silent_ms) = quorum_ack_ms.filter(|ms| {
+            u128::from(*ms) >= LEADERLESS_WARN_EVERY.as_millis() && node.leader_in_touch().is_none()
+        }) else {
+            return false;
+        };
+        tracing::warn!(
+            node = node.id,
+            term,
+            "this node leads term {term} but no quorum has acknowledged it for {} s: the other \
+             members are down or cut off, and writes and linearizable reads here answer 503 \
+             until they are back",
+            silent_ms / 1000
+        );
+        return true;
     }
     let since = node.leader_contact.last().unwrap_or(started);
     if since.elapsed() < LEADERLESS_WARN_EVERY {

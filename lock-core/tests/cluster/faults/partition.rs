@@ -130,6 +130,17 @@ async fn t30_isolated_minority_answers_503() {
         split
     };
     let ((acq, ren, get), split) = tokio::join!(isolated, majority_side);
+    // Raft keeps the cut-off leader's role; the gauge operators alert on must not.
+    eventually(
+        EVENT,
+        "the cut-off leader stops counting as leader",
+        async || {
+            let node = &c.node(old).node;
+            node.refresh_gauges();
+            node.metrics.is_leader.get() == 0
+        },
+    )
+    .await;
     assert_no_quorum("acquire on the isolated old leader", acq, bound);
     assert_no_quorum("renew on the isolated old leader", ren, bound);
     assert_no_quorum("linearizable GET on the isolated old leader", get, bound);
@@ -339,5 +350,51 @@ async fn a_drain_with_one_voter_down_hands_leadership_over() {
         .acquire(leader, "drain:after", "drain-after", 30_000)
         .await;
     assert_eq!(s, 200, "{v}");
+    c.shutdown().await;
+}
+
+/// A deposed leader records how long the election that replaced it took, like the others, not
+/// its whole time as leader (it heard from no other leader meanwhile: before, the silence was
+/// counted from the last append it received as a follower, before it led).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_leader_records_the_elections_length_not_its_time_as_leader() {
+    let c = TestCluster::start_with_auth(
+        3,
+        "drain-admin-token",
+        lock_core::node::TenantPolicy::default(),
+    )
+    .await;
+    let drain = async |id: u64| {
+        let (s, v) = c
+            .post(id, "/v1/admin/drain", json!({ "operator": "test" }))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        v["new_leader"].as_u64().expect("new_leader")
+    };
+    let first = c.wait_leader(EVENT).await;
+
+    phase("a first drain: the next leader was a follower of the first");
+    let second = drain(first).await;
+    let led_since = Instant::now();
+
+    phase("it leads for a while, then drains in turn");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let third = drain(second).await;
+    eventually(
+        EVENT,
+        "the drained leader records the election",
+        async || {
+            let elections = c.node(second).node.ops.elections();
+            elections.last().is_some_and(|e| e.leader_id == third)
+        },
+    )
+    .await;
+    let led = led_since.elapsed();
+    let recorded = c.node(second).node.ops.elections().last().cloned();
+    let recorded = recorded.expect("one").duration_ms;
+    assert!(
+        u128::from(recorded) < led.as_millis() / 2,
+        "{recorded} ms without a leader, recorded by a node that led for {led:?} of that"
+    );
     c.shutdown().await;
 }
