@@ -1,8 +1,16 @@
 //! Log set-up: `--log-level`, `--log-format text|json`, `RUST_LOG`, colours only on a terminal.
 
+use std::collections::HashMap;
 use std::io::IsTerminal;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-use tracing_subscriber::EnvFilter;
+use tracing::callsite::Identifier;
+use tracing::subscriber::Interest;
+use tracing::{Level, Metadata, Subscriber};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 #[derive(clap::Args, Debug)]
 #[command(next_help_heading = "Logging")]
@@ -63,17 +71,89 @@ pub fn init(args: &LogArgs, default_level: &str) -> Result<(), String> {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
+    let repeats = RaftRepeats::default();
     match args.log_format {
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Json => builder.json().finish().with(repeats).init(),
         // Escape codes only where a terminal interprets them, never into files or journald.
-        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .finish()
+            .with(repeats)
+            .init(),
     }
     Ok(())
+}
+
+/// How often one openraft warning or error line may be logged.
+const RAFT_REPEAT_EVERY: Duration = Duration::from_secs(1);
+
+/// Lets each openraft warning or error line (each place in its code) through at most once per
+/// [`RAFT_REPEAT_EVERY`]. While a member is down, openraft logs an error per linearizable read
+/// (it could not confirm leadership with that member) and per retry of the member: hundreds
+/// of identical lines a second under load, which buried everything else.
+#[derive(Default)]
+struct RaftRepeats {
+    last: Mutex<HashMap<Identifier, Instant>>,
+}
+
+impl RaftRepeats {
+    fn limits(meta: &Metadata<'_>) -> bool {
+        meta.is_event() && *meta.level() <= Level::WARN && meta.target().starts_with("openraft")
+    }
+}
+
+impl<S: Subscriber> Layer<S> for RaftRepeats {
+    fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
+        // Only these lines are judged each time; every other line is left to the level filter.
+        if Self::limits(meta) {
+            Interest::sometimes()
+        } else {
+            Interest::always()
+        }
+    }
+
+    fn enabled(&self, meta: &Metadata<'_>, _: Context<'_, S>) -> bool {
+        if !Self::limits(meta) {
+            return true;
+        }
+        let now = Instant::now();
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        match last.get(&meta.callsite()) {
+            Some(at) if now.duration_since(*at) < RAFT_REPEAT_EVERY => false,
+            _ => {
+                last.insert(meta.callsite(), now);
+                true
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The same openraft error line is let through once a second; other lines always.
+    #[test]
+    fn an_openraft_error_repeats_at_most_once_a_second() {
+        let lines = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = lines.clone();
+        let counter = tracing_subscriber::fmt::layer()
+            .with_writer(move || {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                std::io::sink()
+            })
+            .with_filter(tracing_subscriber::filter::LevelFilter::WARN);
+        let subscriber = tracing_subscriber::registry()
+            .with(counter)
+            .with(RaftRepeats::default());
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..100 {
+                tracing::error!(target: "openraft::core", "timeout while confirming leadership");
+                tracing::warn!(target: "fencegate", "our own warning");
+            }
+        });
+        assert_eq!(lines.load(std::sync::atomic::Ordering::SeqCst), 1 + 100);
+    }
 
     #[test]
     fn the_reapply_flood_stays_quiet_under_rust_log_info() {
