@@ -51,8 +51,12 @@ pub fn start(
     let metrics = ProxyMetrics::new(&node.metrics.registry);
     let connections = Connections::new(config.limits.clone(), &node.metrics.registry);
     let idempotency = Arc::new(
-        IdempotencyLayer::new(node.clone(), &node.metrics.registry)
-            .with_unsafe_no_records(config.unsafe_no_idempotency),
+        IdempotencyLayer::new(
+            node.clone(),
+            &node.metrics.registry,
+            metrics.upstream_errors.clone(),
+        )
+        .with_unsafe_no_records(config.unsafe_no_idempotency),
     );
     let quotas = (!config.quotas.is_empty()).then(|| {
         Arc::new(

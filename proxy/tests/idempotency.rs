@@ -248,14 +248,23 @@ async fn metrics_text(h: &FenceHarness) -> String {
     text
 }
 
-/// Some proxy counted each of `outcomes` in `fencegate_proxy_idempotency_requests_total`.
+/// The sum over the nodes of the samples of `series` (a name and its first label, e.g.
+/// `fencegate_proxy_idempotency_requests_total{outcome="replayed"`).
+fn summed(text: &str, series: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(series))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Some proxy counted each of `outcomes` in `fencegate_proxy_idempotency_requests_total` (the
+/// series exist at 0 from the start: a count is a value above it).
 async fn assert_counted(h: &FenceHarness, outcomes: &[&str]) {
     let text = metrics_text(h).await;
     for outcome in outcomes {
+        let series = format!("fencegate_proxy_idempotency_requests_total{{outcome=\"{outcome}\"");
         assert!(
-            text.contains(&format!(
-                "fencegate_proxy_idempotency_requests_total{{outcome=\"{outcome}\""
-            )),
+            summed(&text, &series) > 0.0,
             "{outcome} in metrics:\n{text}"
         );
     }
@@ -769,6 +778,9 @@ async fn t80_unreachable_upstream_releases_the_key() {
             "{a:?}"
         );
     }
+    let text = metrics_text(&h).await;
+    let connect = r#"fencegate_proxy_upstream_errors_total{kind="connect""#;
+    assert_eq!(summed(&text, connect), 2.0, "{text}");
     h.shutdown().await;
 }
 
@@ -784,6 +796,8 @@ async fn t81_a_request_applied_after_the_timeout_is_reconciled_not_run_twice() {
     phase("the store applies the order 1.3 s after receiving it; the proxy gives up at 1 s");
     let a = post_order(&h, 1, Some("late-1"), body, &[("x-demo-delay-ms", "1300")]).await;
     assert_eq!((a.status, a.code()), (504, "upstream_timeout"), "{a:?}");
+    let timeouts = r#"fencegate_proxy_upstream_errors_total{kind="timeout""#;
+    assert_eq!(summed(&metrics_text(&h).await, timeouts), 1.0);
 
     phase("a retry at once is told the key is in use, with Retry-After");
     let b = post_order(&h, 2, Some("late-1"), body, &[("x-demo-delay-ms", "1300")]).await;

@@ -12,6 +12,16 @@ const BUCKETS: &[f64] = &[
     2.048, 4.096, 10.0,
 ];
 
+/// [`BUCKETS`] and on up to 300 s, for the lock API's calls: a waiting acquire lasts up to its
+/// `wait_timeout_ms` (at most 5 minutes), and such waits must not all land in `+Inf`.
+fn op_buckets() -> Vec<f64> {
+    BUCKETS
+        .iter()
+        .copied()
+        .chain([30.0, 60.0, 120.0, 300.0])
+        .collect()
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     pub registry: Registry,
@@ -110,7 +120,7 @@ impl Metrics {
         let m = Metrics {
             op_seconds: HistogramVec::new(
                 HistogramOpts::new("op_seconds", "Lock API request latency by operation")
-                    .buckets(BUCKETS.to_vec()),
+                    .buckets(op_buckets()),
                 &["op"],
             )
             .unwrap_or_else(|e| panic!("metric op_seconds: {e}")),
@@ -278,7 +288,12 @@ impl Metrics {
         let outcomes: &[(&str, &[&str])] = &[
             (
                 "acquire",
-                &["lock_held", "wait_timeout", "too_many_waiters"],
+                &[
+                    "lock_held",
+                    "wait_timeout",
+                    "wait_cancelled",
+                    "too_many_waiters",
+                ],
             ),
             ("renew", &["lease_lost"]),
             ("release", &[]),
@@ -288,9 +303,15 @@ impl Metrics {
         ];
         for (op, own) in outcomes {
             self.op_seconds.with_label_values(&[op]);
-            for outcome in ["success", "no_quorum", "abandoned"]
-                .iter()
-                .chain(own.iter())
+            for outcome in [
+                "success",
+                "no_quorum",
+                "abandoned",
+                "invalid_request",
+                "overloaded",
+            ]
+            .iter()
+            .chain(own.iter())
             {
                 self.op_outcomes.with_label_values(&[op, outcome]);
             }

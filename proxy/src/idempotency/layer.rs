@@ -39,6 +39,9 @@ pub struct IdempotencyLayer {
     /// Requests by outcome: claimed, replayed, mismatch, in_use, unknown, reconciled,
     /// reconciled_new_attempt, expired, key_required, invalid_key, no_quorum.
     outcomes: IntCounterVec,
+    /// The proxy's `proxy_upstream_errors_total{kind}`: failures reaching the upstream count
+    /// there on these routes too.
+    upstream_errors: IntCounterVec,
     /// `ProxyConfig::unsafe_no_idempotency`: forward without any record (demonstrations only).
     unsafe_no_records: bool,
 }
@@ -82,7 +85,7 @@ struct Request {
 }
 
 impl IdempotencyLayer {
-    pub fn new(node: Arc<Node>, registry: &Registry) -> Self {
+    pub fn new(node: Arc<Node>, registry: &Registry, upstream_errors: IntCounterVec) -> Self {
         let outcomes = IntCounterVec::new(
             Opts::new(
                 "proxy_idempotency_requests_total",
@@ -102,6 +105,8 @@ impl IdempotencyLayer {
             "expired",
             "unknown",
             "key_required",
+            "invalid_key",
+            "reconciled_new_attempt",
             "no_quorum",
         ] {
             outcomes.with_label_values(&[outcome]);
@@ -115,6 +120,7 @@ impl IdempotencyLayer {
                 .build()
                 .unwrap_or_else(|_| reqwest::Client::new()),
             outcomes,
+            upstream_errors,
             unsafe_no_records: false,
         }
     }
@@ -454,6 +460,14 @@ impl IdempotencyLayer {
             },
             Err(e) => Err((e.is_connect(), e)),
         };
+        if let Err((connect, e)) = &result {
+            let kind = match (connect, e.is_timeout()) {
+                (true, _) => "connect",
+                (false, true) => "timeout",
+                (false, false) => "other",
+            };
+            self.upstream_errors.with_label_values(&[kind]).inc();
+        }
         let (completion, reply) = match &result {
             Ok(answer) => (classify(answer, opts.body_cap_bytes), None),
             // No connection was made: nothing reached the upstream, the key is free again.

@@ -72,6 +72,11 @@ async fn cluster_health_and_metrics_endpoints() {
     for series in [
         r#"fencegate_op_outcomes_total{op="renew",outcome="lease_lost",node="NODE"} 0"#,
         r#"fencegate_op_outcomes_total{op="acquire",outcome="no_quorum",node="NODE"} 0"#,
+        r#"fencegate_op_outcomes_total{op="acquire",outcome="invalid_request",node="NODE"} 0"#,
+        r#"fencegate_op_outcomes_total{op="acquire",outcome="wait_cancelled",node="NODE"} 0"#,
+        r#"fencegate_op_outcomes_total{op="renew",outcome="overloaded",node="NODE"} 0"#,
+        // Waits last up to 5 minutes: the latency buckets reach that far.
+        r#"fencegate_op_seconds_bucket{op="acquire",node="NODE",le="300"} 0"#,
         r#"fencegate_auth_denied_total{reason="invalid",node="NODE"} 0"#,
         r#"fencegate_op_seconds_count{op="list",node="NODE"} 0"#,
     ] {
