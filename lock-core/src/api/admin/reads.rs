@@ -47,11 +47,13 @@ pub async fn overview(State(node): State<Arc<Node>>) -> Json<ClusterOverview> {
         .membership()
         .nodes()
         .map(|(id, n)| {
+            // A peer the leader has not matched yet (none since it was elected, e.g. one that
+            // is down) has an unknown position, not position 0 and the whole log to go.
             let matched = m
                 .replication
                 .as_ref()
                 .and_then(|r| r.get(id))
-                .map(|l| l.map_or(0, |l| l.index));
+                .and_then(|l| l.map(|l| l.index));
             let mut peer = PeerHealth {
                 id: *id,
                 addr: n.api_addr.clone(),
