@@ -143,6 +143,20 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             (proxy_addr, proxy_listener),
         ));
     }
+    // The three nodes' listeners share this process's file descriptors.
+    let defaults = args.layout.node_config(1, &members, &secret);
+    let caps = crate::fd_budget::fit(vec![
+        crate::fd_budget::Caps {
+            api: defaults.limits.max_connections,
+            peer: defaults.peer_limits.max_connections,
+            proxy: Some(
+                ProxyConfig::dev(String::new(), String::new())
+                    .limits
+                    .max_connections
+            ),
+        };
+        members.len()
+    ]);
     // The credential for the admin UI's actions: fresh on every start, printed below.
     let admin_token = format!("{:032x}", rand::random::<u128>());
     let mut running = Vec::new();
@@ -153,6 +167,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         members.iter().zip(listeners).rev()
     {
         let mut config = args.layout.node_config(*id, &members, &secret);
+        config.limits.max_connections = caps[0].api;
+        config.peer_limits.max_connections = caps[0].peer;
         config.enable_fault_injection = args.enable_fault_injection;
         config.admin_token = Some(admin_token.clone());
         if args.auth {
@@ -161,7 +177,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         let handle =
             lock_core::server::start(config, listener, peer_listener, stopped(stop_rx.clone()))
                 .await?;
-        let proxy_config = ProxyConfig::dev(proxy_addr, store_addr.clone());
+        let mut proxy_config = ProxyConfig::dev(proxy_addr, store_addr.clone());
+        if let Some(cap) = caps[0].proxy {
+            proxy_config.limits.max_connections = cap;
+        }
         let proxy_task = fencegate_proxy::server::start(
             handle.node.clone(),
             &proxy_config,

@@ -4,6 +4,7 @@ mod cert_dates;
 mod cli;
 mod demo;
 mod dev;
+mod fd_budget;
 #[cfg(feature = "heap-stats")]
 mod heap_stats;
 mod logging;

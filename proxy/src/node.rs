@@ -271,9 +271,21 @@ pub async fn run(loaded: Loaded) -> anyhow::Result<()> {
     let Loaded {
         listen,
         peer_listen,
-        config,
-        proxy,
+        mut config,
+        mut proxy,
     } = loaded;
+    let caps = crate::fd_budget::Caps {
+        api: config.limits.max_connections,
+        peer: config.peer_limits.max_connections,
+        proxy: proxy.as_ref().map(|p| p.limits.max_connections),
+    };
+    if let [fitted] = crate::fd_budget::fit(vec![caps])[..] {
+        config.limits.max_connections = fitted.api;
+        config.peer_limits.max_connections = fitted.peer;
+        if let (Some(p), Some(cap)) = (proxy.as_mut(), fitted.proxy) {
+            p.limits.max_connections = cap;
+        }
+    }
     let listener = listen::bind(&listen)
         .await
         .with_context(|| format!("bind {listen}"))?;
@@ -319,10 +331,16 @@ pub async fn run(loaded: Loaded) -> anyhow::Result<()> {
     handle.stopped().await;
     match failed {
         None => Ok(()),
-        Some(cause) => Err(anyhow::anyhow!(
-            "raft stopped on node {id}: {cause} (free disk space or fix the storage, then start \
-             the node again)"
-        )),
+        Some(cause) => {
+            let fix = if cause.contains("Too many open files") {
+                "raise the open-file limit (ulimit -n, or LimitNOFILE in a systemd unit)"
+            } else {
+                "free disk space or fix the storage"
+            };
+            Err(anyhow::anyhow!(
+                "raft stopped on node {id}: {cause} ({fix}, then start the node again)"
+            ))
+        }
     }
 }
 
