@@ -1032,3 +1032,42 @@ async fn t84_an_oversized_body_after_100_continue_gets_its_413() {
     assert!(answer.contains("payload_too_large"), "{answer}");
     h.shutdown().await;
 }
+
+/// A body that trickles in is bounded as a whole: it gets 408 after 10 s, and nothing reaches
+/// the store. (Bounded only per read, a client sending one byte every few seconds held its
+/// connection, and a few thousand such clients held all of a proxy's.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t85_a_body_that_trickles_in_gets_its_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = FenceHarness::start().await;
+    let addr = h.client.proxy_addr(1).expect("proxy runs");
+    let mut conn = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    conn.write_all(
+        b"POST /orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Idempotency-Key: slow-1\r\nContent-Length: 40\r\n\r\n{",
+    )
+    .await
+    .expect("head");
+    let (mut reader, mut writer) = conn.into_split();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..30 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if writer.write_all(b" ").await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(30), reader.read_to_end(&mut answer)).await;
+    trickle.abort();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    assert!(
+        h.client.store_log().await.is_empty(),
+        "nothing reached the store"
+    );
+    h.shutdown().await;
+}

@@ -217,7 +217,19 @@ impl IdempotencyLayer {
             },
         };
         let tenant_for_upstream = tenant.clone();
-        let Some(body) = read_body(session).await? else {
+        let body = match tokio::time::timeout(BODY_TIME, read_body(session)).await {
+            Ok(read) => read?,
+            Err(_) => {
+                session.set_keepalive(None);
+                let msg = format!(
+                    "The request body did not arrive within {} s; nothing was forwarded.",
+                    BODY_TIME.as_secs()
+                );
+                respond_error(session, ErrorCode::RequestTimeout, &msg, None).await?;
+                return Ok(Handled::Responded);
+            }
+        };
+        let Some(body) = body else {
             let msg = format!(
                 "Requests on idempotent routes may carry at most {MAX_REQUEST_BODY} bytes of body."
             );
@@ -655,6 +667,11 @@ impl IdempotencyLayer {
         respond_error(session, ErrorCode::NoQuorum, &msg, None).await
     }
 }
+
+/// How long a client may take to send a whole body on an idempotent route (they are read
+/// whole before anything else, at most [`MAX_REQUEST_BODY`]): without a bound, clients
+/// trickling a byte now and then held every connection of the proxy.
+const BODY_TIME: Duration = Duration::from_secs(10);
 
 /// Reads the request body whole; `None` if it is larger than [`MAX_REQUEST_BODY`].
 async fn read_body(session: &mut Session) -> Result<Option<Bytes>> {
