@@ -991,22 +991,35 @@ async fn t83_large_answers_are_relayed_and_header_bytes_kept() {
     h.shutdown().await;
 }
 
+/// A connection to proxy 1 that has sent `POST /orders` with the key `key`, the `framing`
+/// header lines and `body_start`.
+async fn order_sent_raw(
+    h: &FenceHarness,
+    key: &str,
+    framing: &str,
+    body_start: &str,
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let addr = h.client.proxy_addr(1).expect("proxy runs");
+    let mut conn = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST /orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Idempotency-Key: {key}\r\n{framing}\r\n\r\n{body_start}"
+    );
+    conn.write_all(head.as_bytes()).await.expect("head");
+    conn
+}
+
 /// A body over the limit sent after `100 Continue` (chunked, so its size was not known before)
 /// gets the 413, not a connection closed under the client's feet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t84_an_oversized_body_after_100_continue_gets_its_413() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let h = FenceHarness::start().await;
-    let addr = h.client.proxy_addr(1).expect("proxy runs");
-    let mut conn = tokio::net::TcpStream::connect(&addr)
-        .await
-        .expect("connect");
-    conn.write_all(
-        b"POST /orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-          Idempotency-Key: huge-1\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n",
-    )
-    .await
-    .expect("head");
+    let framing = "Expect: 100-continue\r\nTransfer-Encoding: chunked";
+    let mut conn = order_sent_raw(&h, "huge-1", framing, "").await;
     let interim = common::read_head(&mut conn).await.expect("100 Continue");
     assert!(interim.starts_with("HTTP/1.1 100"), "{interim}");
     // 4 MiB: far more than the sockets' buffers hold, so the client is still sending when the
@@ -1040,16 +1053,7 @@ async fn t84_an_oversized_body_after_100_continue_gets_its_413() {
 async fn t85_a_body_that_trickles_in_gets_its_408() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let h = FenceHarness::start().await;
-    let addr = h.client.proxy_addr(1).expect("proxy runs");
-    let mut conn = tokio::net::TcpStream::connect(&addr)
-        .await
-        .expect("connect");
-    conn.write_all(
-        b"POST /orders HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
-          Idempotency-Key: slow-1\r\nContent-Length: 40\r\n\r\n{",
-    )
-    .await
-    .expect("head");
+    let conn = order_sent_raw(&h, "slow-1", "Content-Length: 40", "{").await;
     let (mut reader, mut writer) = conn.into_split();
     let trickle = tokio::spawn(async move {
         for _ in 0..30 {
