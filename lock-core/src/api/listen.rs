@@ -34,6 +34,7 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::{self, ServerConfig};
 use tokio_rustls::TlsAcceptor;
 
+use super::send_stall::SendStall;
 use super::ApiError;
 use crate::net::{codec, frames, PeerSecret, FROM_HEADER};
 use crate::node::{HttpLimits, TlsFiles};
@@ -172,6 +173,7 @@ async fn serve_inner(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let header_timeout = Duration::from_millis(limits.header_timeout_ms);
+    let send_timeout = Duration::from_millis(limits.send_timeout_ms);
     let frame_limits = frames::ServeLimits {
         max_body: limits.max_body_bytes,
         read_timeout: Duration::from_millis(limits.body_timeout_ms),
@@ -233,6 +235,7 @@ async fn serve_inner(
             }
             match tls {
                 None => {
+                    let stream = SendStall::new(stream, send_timeout);
                     let conn = http.serve_connection(TokioIo::new(stream), service);
                     let _ = watcher.watch(conn).await;
                 }
@@ -252,6 +255,7 @@ async fn serve_inner(
                     else {
                         return;
                     };
+                    let stream = SendStall::new(stream, send_timeout);
                     let conn = http.serve_connection(TokioIo::new(stream), service);
                     let _ = watcher.watch(conn).await;
                 }

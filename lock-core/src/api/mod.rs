@@ -14,6 +14,7 @@ pub mod listen;
 mod locks;
 mod peer_auth;
 mod raft_rpc;
+mod send_stall;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -22,6 +22,9 @@ pub struct HttpLimits {
     pub header_timeout_ms: u64,
     /// How long a client may take to send a whole request body: 408 `request_timeout`.
     pub body_timeout_ms: u64,
+    /// How long an answer may wait for the client to read any of it; a connection whose client
+    /// reads nothing for this long is closed (each byte read starts the time again).
+    pub send_timeout_ms: u64,
     /// Connections served at once; further ones wait in the listen backlog until one closes.
     pub max_connections: usize,
 }
@@ -37,6 +40,7 @@ impl Default for HttpLimits {
             max_header_bytes: 16 * 1024,
             header_timeout_ms: 10_000,
             body_timeout_ms: 10_000,
+            send_timeout_ms: 60_000,
             max_connections: 4_096,
         }
     }
@@ -52,6 +56,7 @@ impl HttpLimits {
             max_header_bytes: 16 * 1024,
             header_timeout_ms: 30_000,
             body_timeout_ms: 60_000,
+            send_timeout_ms: 60_000,
             max_connections: 1_024,
         }
     }
@@ -67,9 +72,10 @@ impl HttpLimits {
                 self.max_header_bytes
             ));
         }
-        if self.header_timeout_ms == 0 || self.body_timeout_ms == 0 {
+        if self.header_timeout_ms == 0 || self.body_timeout_ms == 0 || self.send_timeout_ms == 0 {
             return Err(format!(
-                "{what}.header_timeout_ms and {what}.body_timeout_ms must be at least 1"
+                "{what}.header_timeout_ms, {what}.body_timeout_ms and {what}.send_timeout_ms \
+                 must be at least 1"
             ));
         }
         if self.max_connections == 0 {

@@ -22,6 +22,7 @@ pub fn tight() -> HttpLimits {
         max_header_bytes: 16 * 1024,
         header_timeout_ms: 1_500,
         body_timeout_ms: 1_500,
+        send_timeout_ms: 1_500,
         max_connections: 4,
     }
 }

@@ -102,6 +102,35 @@ async fn body_trickled_byte_by_byte_gets_408() {
     node.shutdown().await;
 }
 
+/// A client that sends request after request and reads none of the answers: once the node's
+/// writes have waited `send_timeout_ms` for it, the connection is closed (it kept its slot
+/// forever before). What the socket buffers held is all the client ever gets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_no_answers_is_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (node, _dir) = single_node(|c| c.limits = tight()).await;
+    const REQUESTS: usize = 2_000;
+
+    phase("pipeline 2,000 GET /metrics (tens of MB of answers) and read nothing");
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("small window");
+    let mut conn = socket.connect(node.addr).await.expect("connect");
+    let request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    let requests: Vec<u8> = request.repeat(REQUESTS);
+    let _ = tokio::time::timeout(WAIT, conn.write_all(&requests)).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+
+    phase("the node closed the connection: far fewer answers arrive than were asked for");
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(WAIT, conn.read_to_end(&mut got)).await;
+    let answers = got.windows(15).filter(|w| w == b"HTTP/1.1 200 OK").count();
+    assert!(
+        answers < REQUESTS / 2,
+        "{answers} of {REQUESTS} answers arrived: the node kept serving a client that read none"
+    );
+    node.shutdown().await;
+}
+
 /// Many connections that send nothing: the node serves at most `max_connections` at once,
 /// closes idle ones at the header timeout, and a real client is served in the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
