@@ -576,16 +576,14 @@ fn names_literal(part: &str, literal: &str) -> Result<bool, String> {
     if part == literal {
         return Ok(true);
     }
-    let (plain, cut) = if part.contains('%') || part.contains(';') {
-        let wanted = percent_decoded(literal);
-        let plain = percent_decoded(part) == wanted;
-        let cut = match part.split_once(';') {
-            Some((name, _)) if !literal.contains(';') => percent_decoded(name) == wanted,
-            _ => plain,
-        };
-        (plain, cut)
-    } else {
+    if !part.contains(['%', ';']) {
         return Ok(false);
+    }
+    let wanted = percent_decoded(literal);
+    let plain = percent_decoded(part) == wanted;
+    let cut = match part.split_once(';') {
+        Some((name, _)) if !literal.contains(';') => percent_decoded(name) == wanted,
+        _ => plain,
     };
     if plain != cut {
         return Err(format!(
@@ -604,8 +602,10 @@ fn percent_decoded(text: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
+        // Two hex digits, nothing else (`from_str_radix` would also take a sign).
         let hex = bytes
             .get(i + 1..i + 3)
+            .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
             .and_then(|h| std::str::from_utf8(h).ok())
             .and_then(|h| u8::from_str_radix(h, 16).ok());
         match (bytes[i], hex) {
