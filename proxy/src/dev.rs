@@ -12,6 +12,7 @@ use lock_core::node::{AuthMode, MemberAddrs, NodeConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::fd_budget::{fit, Caps};
 use crate::signal::{shutdown_signal, stopped};
 
 /// The demo store's journal, under the data directory: its keys and orders survive a restart.
@@ -144,19 +145,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         ));
     }
     // The three nodes' listeners share this process's file descriptors.
-    let defaults = args.layout.node_config(1, &members, &secret);
-    let caps = crate::fd_budget::fit(vec![
-        crate::fd_budget::Caps {
-            api: defaults.limits.max_connections,
-            peer: defaults.peer_limits.max_connections,
-            proxy: Some(
-                ProxyConfig::dev(String::new(), String::new())
-                    .limits
-                    .max_connections
-            ),
-        };
-        members.len()
-    ]);
+    let defaults = (
+        args.layout.node_config(1, &members, &secret),
+        ProxyConfig::dev(String::new(), String::new()).limits,
+    );
+    let caps = fit(
+        Caps::of(&defaults.0, Some(&defaults.1)),
+        members.len() as u64,
+    );
     // The credential for the admin UI's actions: fresh on every start, printed below.
     let admin_token = format!("{:032x}", rand::random::<u128>());
     let mut running = Vec::new();
@@ -167,8 +163,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         members.iter().zip(listeners).rev()
     {
         let mut config = args.layout.node_config(*id, &members, &secret);
-        config.limits.max_connections = caps[0].api;
-        config.peer_limits.max_connections = caps[0].peer;
+        let mut proxy_config = ProxyConfig::dev(proxy_addr, store_addr.clone());
+        caps.apply(&mut config, Some(&mut proxy_config.limits));
         config.enable_fault_injection = args.enable_fault_injection;
         config.admin_token = Some(admin_token.clone());
         if args.auth {
@@ -177,10 +173,6 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         let handle =
             lock_core::server::start(config, listener, peer_listener, stopped(stop_rx.clone()))
                 .await?;
-        let mut proxy_config = ProxyConfig::dev(proxy_addr, store_addr.clone());
-        if let Some(cap) = caps[0].proxy {
-            proxy_config.limits.max_connections = cap;
-        }
         let proxy_task = fencegate_proxy::server::start(
             handle.node.clone(),
             &proxy_config,

@@ -7,9 +7,11 @@
 //! to the hard one, and if its listeners' connection caps could still take more descriptors
 //! than the limit leaves after a reserve, the caps are lowered to fit.
 
+use fencegate_proxy::conn_limits::ProxyLimits;
+use lock_core::node::NodeConfig;
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 
-/// The connection caps of one node's listeners in this process.
+/// The connection caps of one node's listeners.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Caps {
     pub api: usize,
@@ -19,18 +21,27 @@ pub struct Caps {
 }
 
 impl Caps {
+    /// The caps a node's config and its proxy's limits set.
+    pub fn of(config: &NodeConfig, proxy: Option<&ProxyLimits>) -> Caps {
+        Caps {
+            api: config.limits.max_connections,
+            peer: config.peer_limits.max_connections,
+            proxy: proxy.map(|p| p.max_connections),
+        }
+    }
+
+    /// Sets these caps in a node's config and its proxy's limits.
+    pub fn apply(&self, config: &mut NodeConfig, proxy: Option<&mut ProxyLimits>) {
+        config.limits.max_connections = self.api;
+        config.peer_limits.max_connections = self.peer;
+        if let (Some(p), Some(cap)) = (proxy, self.proxy) {
+            p.max_connections = cap;
+        }
+    }
+
     /// Descriptors the caps allow: a proxied connection may hold one to its upstream too.
     fn descriptors(&self) -> u64 {
         self.api as u64 + self.peer as u64 + 2 * self.proxy.unwrap_or(0) as u64
-    }
-
-    fn scaled(&self, budget: u64, wanted: u64) -> Caps {
-        let scale = |cap: usize| ((cap as u64 * budget / wanted).max(1)) as usize;
-        Caps {
-            api: scale(self.api),
-            peer: scale(self.peer),
-            proxy: self.proxy.map(scale),
-        }
     }
 }
 
@@ -40,17 +51,22 @@ fn reserve(limit: u64) -> u64 {
     (limit / 4).clamp(64, 4096)
 }
 
-/// `caps` lowered in proportion so that together they leave [`reserve`] descriptors of `limit`;
-/// `None` if they fit already.
-pub fn fitted(caps: &[Caps], limit: u64) -> Option<Vec<Caps>> {
+/// `caps` of each of `nodes` nodes in one process, lowered in proportion so that together they
+/// leave [`reserve`] descriptors of `limit`; `None` if they fit already.
+fn fitted(caps: Caps, nodes: u64, limit: u64) -> Option<Caps> {
     let budget = limit.saturating_sub(reserve(limit)).max(1);
-    let wanted: u64 = caps.iter().map(Caps::descriptors).sum();
-    (wanted > budget).then(|| caps.iter().map(|c| c.scaled(budget, wanted)).collect())
+    let wanted = caps.descriptors() * nodes;
+    let scale = |cap: usize| ((cap as u64 * budget / wanted).max(1)) as usize;
+    (wanted > budget).then(|| Caps {
+        api: scale(caps.api),
+        peer: scale(caps.peer),
+        proxy: caps.proxy.map(scale),
+    })
 }
 
 /// Raises the soft open-file limit to the hard one (as much as the process may have without
 /// privileges) and returns the limit now in force.
-pub fn raise_open_file_limit() -> u64 {
+fn raise_open_file_limit() -> u64 {
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return u64::MAX;
     };
@@ -60,14 +76,14 @@ pub fn raise_open_file_limit() -> u64 {
     soft
 }
 
-/// Fits `caps` (one entry per node this process runs) to the open-file limit, raised first;
-/// logs a warning when it had to lower them. Returns the caps to use.
-pub fn fit(caps: Vec<Caps>) -> Vec<Caps> {
+/// Fits the caps of the `nodes` nodes this process runs (each with `caps`) to the open-file
+/// limit, raised first; logs a warning when it had to lower them. Returns each node's caps.
+pub fn fit(caps: Caps, nodes: u64) -> Caps {
     let limit = raise_open_file_limit();
-    let Some(lowered) = fitted(&caps, limit) else {
+    let Some(lowered) = fitted(caps, nodes, limit) else {
         return caps;
     };
-    let Caps { api, peer, proxy } = lowered[0];
+    let Caps { api, peer, proxy } = lowered;
     tracing::warn!(
         open_file_limit = limit,
         "the open-file limit ({limit}) is too low for the configured connection caps: each \
@@ -91,8 +107,8 @@ mod tests {
 
     #[test]
     fn caps_within_the_limit_stay() {
-        assert_eq!(fitted(&[DEFAULT], 1 << 20), None);
-        assert_eq!(fitted(&[DEFAULT; 3], 65_536), None);
+        assert_eq!(fitted(DEFAULT, 1, 1 << 20), None);
+        assert_eq!(fitted(DEFAULT, 3, 65_536), None);
     }
 
     /// Three nodes' default caps under a limit of 1024: lowered in proportion, and together
@@ -100,14 +116,12 @@ mod tests {
     #[test]
     fn caps_past_the_limit_are_lowered_to_leave_the_reserve() {
         for (nodes, limit) in [(1, 1_024), (3, 1_024), (3, 20_000), (1, 64)] {
-            let caps = vec![DEFAULT; nodes];
-            let lowered = fitted(&caps, limit).expect("lowered");
-            let used: u64 = lowered.iter().map(Caps::descriptors).sum();
+            let c = fitted(DEFAULT, nodes, limit).expect("lowered");
+            let used = c.descriptors() * nodes;
             assert!(
-                used <= limit.saturating_sub(reserve(limit)).max(4 * nodes as u64),
-                "{nodes} nodes at {limit}: {lowered:?} use {used}"
+                used <= limit.saturating_sub(reserve(limit)).max(4 * nodes),
+                "{nodes} nodes at {limit}: {c:?} use {used}"
             );
-            let c = lowered[0];
             assert!(c.api >= 1 && c.peer >= 1 && c.proxy >= Some(1), "{c:?}");
             assert!(c.api >= c.peer, "proportions kept: {c:?}");
         }

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use tokio::sync::watch;
 
 use crate::cert_dates;
+use crate::fd_budget::{fit, Caps};
 use crate::signal::{shutdown_signal, stopped};
 
 #[derive(clap::Args)]
@@ -274,18 +275,8 @@ pub async fn run(loaded: Loaded) -> anyhow::Result<()> {
         mut config,
         mut proxy,
     } = loaded;
-    let caps = crate::fd_budget::Caps {
-        api: config.limits.max_connections,
-        peer: config.peer_limits.max_connections,
-        proxy: proxy.as_ref().map(|p| p.limits.max_connections),
-    };
-    if let [fitted] = crate::fd_budget::fit(vec![caps])[..] {
-        config.limits.max_connections = fitted.api;
-        config.peer_limits.max_connections = fitted.peer;
-        if let (Some(p), Some(cap)) = (proxy.as_mut(), fitted.proxy) {
-            p.limits.max_connections = cap;
-        }
-    }
+    let caps = Caps::of(&config, proxy.as_ref().map(|p| &p.limits));
+    fit(caps, 1).apply(&mut config, proxy.as_mut().map(|p| &mut p.limits));
     let listener = listen::bind(&listen)
         .await
         .with_context(|| format!("bind {listen}"))?;

@@ -103,21 +103,6 @@ impl From<ProposeError> for ApiError {
     }
 }
 
-impl ApiError {
-    /// A read's barrier that failed: a read changes nothing, so its 503 says only that the
-    /// answer could not be confirmed current.
-    pub fn unconfirmed_read(e: ProposeError) -> Self {
-        match e {
-            ProposeError::NoQuorum | ProposeError::NotLeader(_) => ApiError::new(
-                ErrorCode::NoQuorum,
-                "No quorum confirmed the leader in time, so this node cannot tell whether its \
-                 state is current; retry the read, on this node or another.",
-            ),
-            other => other.into(),
-        }
-    }
-}
-
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status, axum::Json(self.body)).into_response()

@@ -31,7 +31,8 @@ pub use error::ApiError;
 
 use crate::net::PeerSecret;
 use crate::node::{
-    Node, FORWARD_PATH, MEMBER_API_PATH, PRE_VOTE_PATH, PROPOSE_BATCH_PATH, READ_INDEX_PATH,
+    Node, ProposeError, FORWARD_PATH, MEMBER_API_PATH, PRE_VOTE_PATH, PROPOSE_BATCH_PATH,
+    READ_INDEX_PATH,
 };
 use crate::wire::{ErrorCode, LEADER_ID_HEADER, NODE_ID_HEADER};
 
@@ -264,6 +265,20 @@ fn peer_routes() -> Router<Arc<Node>> {
 }
 
 /// Parses a JSON body, turning every failure into a 400 with the serde message.
+/// Waits until this node's state holds every write committed before the call (see
+/// [`Node::read_barrier`]). A read changes nothing, so its 503 says only that the answer could
+/// not be confirmed current.
+pub(crate) async fn read_barrier(node: &Node) -> Result<(), ApiError> {
+    node.read_barrier().await.map_err(|e| match e {
+        ProposeError::NoQuorum | ProposeError::NotLeader(_) => ApiError::new(
+            ErrorCode::NoQuorum,
+            "No quorum confirmed the leader in time, so this node cannot tell whether its \
+             state is current; retry the read, on this node or another.",
+        ),
+        other => other.into(),
+    })
+}
+
 pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let body = if body.iter().all(u8::is_ascii_whitespace) {
         b"{}".as_slice()

@@ -88,6 +88,9 @@ pub struct Node {
     backups: crate::store::BackupSource,
     /// Turns true when the node begins to shut down (see [`Node::begin_stopping`]).
     stopping: tokio::sync::watch::Sender<bool>,
+    /// Whether this node is in touch with a leader ([`Node::leader_in_touch`]), as last seen
+    /// (looked at every 100 ms). Waiting acquires watch it instead of asking raft each.
+    pub(crate) in_touch: tokio::sync::watch::Sender<bool>,
 }
 
 impl Node {
@@ -185,15 +188,18 @@ impl Node {
     }
 
     /// Returns once this node has lost touch with the leader ([`Node::leader_in_touch`] is
-    /// `None`), looking every quarter second. A long poll waiting here for a hand-off ends
-    /// then: a node cut off from the cluster would not hear of the grant until it is healed.
+    /// `None`). A long poll waiting here for a hand-off ends then: a node cut off from the
+    /// cluster would not hear of the grant until it is healed.
     pub async fn cut_off(&self) {
-        let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut in_touch = self.in_touch.subscribe();
         loop {
-            tick.tick().await;
+            let _ = in_touch.wait_for(|in_touch| !*in_touch).await;
+            // The watch may lag by a tick (a node just started): ask raft itself.
             if self.leader_in_touch().is_none() {
                 return;
+            }
+            if in_touch.changed().await.is_err() {
+                return std::future::pending().await;
             }
         }
     }

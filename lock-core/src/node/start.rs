@@ -190,6 +190,7 @@ pub async fn start(
         leader_contact: Default::default(),
         backups,
         stopping: tokio::sync::watch::Sender::new(false),
+        in_touch: tokio::sync::watch::Sender::new(true),
     });
 
     maybe_initialize(&node).await?;
@@ -200,6 +201,7 @@ pub async fn start(
         tokio::spawn(super::read_rounds::run(node.clone(), read_queue)),
         tokio::spawn(super::sweeper::run(node.clone())),
         tokio::spawn(watch_leader(node.clone())),
+        tokio::spawn(track_contact(node.clone())),
         tokio::spawn(super::campaign::run(node.clone())),
         tokio::spawn(super::snapshots::run(node.clone())),
         tokio::spawn(ops::run_health_probes(node.clone())),
@@ -453,7 +455,7 @@ async fn watch_leader(node: Arc<Node>) {
     let started = Instant::now();
     let mut leaderless_since: Option<Instant> = last_leader.is_none().then_some(started);
     let mut warned: Option<Instant> = None;
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -467,13 +469,6 @@ async fn watch_leader(node: Arc<Node>) {
                 // then): a leader's log is caught up by definition, so it votes again.
                 if node.vote_hold.is_held() && node.current_leader() == Some(node.id) {
                     node.vote_hold.release("elected leader");
-                }
-                // A leader a quorum acknowledges is in touch with a leader: itself. Once it is
-                // deposed, the silence before the next leader counts from here, not from the
-                // last append it received as a follower before it led.
-                if node.leader_in_touch() == Some(node.id) {
-                    let term = node.raft.metrics().borrow().current_term;
-                    node.leader_contact.heard(term);
                 }
                 if warned.is_none_or(|at| at.elapsed() >= LEADERLESS_WARN_EVERY)
                     && warn_if_leaderless(&node, started)
@@ -520,6 +515,25 @@ async fn watch_leader(node: Arc<Node>) {
             }
         }
         last_leader = leader;
+    }
+}
+
+/// Keeps [`Node::in_touch`] current, looking every 100 ms; a leader a quorum acknowledges
+/// also notes the contact (with itself), so that once it is deposed the silence before the next
+/// leader counts from its last acknowledged moment, not from the last append it received as a
+/// follower before it led. Its own task: the leader watch waits for a new leader's first append.
+async fn track_contact(node: Arc<Node>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let leader = node.leader_in_touch();
+        node.in_touch
+            .send_if_modified(|was| std::mem::replace(was, leader.is_some()) != leader.is_some());
+        if leader == Some(node.id) {
+            let term = node.raft.metrics().borrow().current_term;
+            node.leader_contact.heard(term);
+        }
     }
 }
 

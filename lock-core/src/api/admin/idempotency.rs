@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use super::actions::authorize;
 use super::auth::require_admin;
-use crate::api::{parse_json, ApiError};
+use crate::api::{parse_json, read_barrier, ApiError};
 use crate::machine::{
     Command, Finding, IdemCommand, IdemOutcome, IdemScope, IdemState, Response, StoredAnswer,
     StoredBody,
@@ -69,9 +69,7 @@ pub async fn unknown(
         .transpose()?;
     // An operator settles what the list shows: a follower that has not applied the latest
     // claims and resolutions yet must not offer a stale list.
-    node.read_barrier()
-        .await
-        .map_err(ApiError::unconfirmed_read)?;
+    read_barrier(&node).await?;
     let now_ms = node.now_ms();
     let page = node
         .machine

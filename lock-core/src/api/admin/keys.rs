@@ -15,7 +15,7 @@ use axum::Json;
 
 use super::auth::require_admin;
 use crate::api::auth::bearer;
-use crate::api::{parse_json, ApiError};
+use crate::api::{parse_json, read_barrier, ApiError};
 use crate::machine::{ApiKeyRecord, Command, Response};
 use crate::node::{key_digest, new_api_key, Node};
 use crate::wire::{
@@ -100,9 +100,7 @@ pub async fn list_keys(
     headers: HeaderMap,
 ) -> Result<Json<KeyList>, ApiError> {
     require_admin(&node, &headers)?;
-    node.read_barrier()
-        .await
-        .map_err(ApiError::unconfirmed_read)?;
+    read_barrier(&node).await?;
     let keys = node
         .machine
         .read(|m| m.api_keys().map(ApiKeyRecord::info).collect());

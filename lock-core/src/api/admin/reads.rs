@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use crate::api::cluster::{cluster_status, role};
 use crate::api::locks::{list_page, ListQuery, Names};
-use crate::api::ApiError;
+use crate::api::{read_barrier, ApiError};
 use crate::node::ops::AuditFilter;
 use crate::node::Node;
 use crate::wire::{
@@ -123,9 +123,7 @@ pub async fn resource(
     let Path(resource) = resource
         .map_err(|e| ApiError::invalid(format!("Bad resource in the URL: {}.", e.body_text())))?;
     validate_stored_name(&resource).map_err(ApiError::invalid)?;
-    node.read_barrier()
-        .await
-        .map_err(ApiError::unconfirmed_read)?;
+    read_barrier(&node).await?;
     let events = node.ops.hot.events(&resource);
     let detail = node.machine.read(|m| {
         let now_ms = m.now_ms();
@@ -188,9 +186,7 @@ pub async fn locks(
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<LockList>, ApiError> {
     let q = list_page(q, Names::Stored)?;
-    node.read_barrier()
-        .await
-        .map_err(ApiError::unconfirmed_read)?;
+    read_barrier(&node).await?;
     let (locks, next_after, now_ms) = node.machine.read(|m| {
         let now_ms = m.now_ms();
         let (page, next) = m.list_after(&q.prefix, q.after.as_deref(), q.limit, now_ms);

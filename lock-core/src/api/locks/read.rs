@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::{decode_name, lock_path, record, Scope};
 use crate::api::auth::caller_of;
-use crate::api::ApiError;
+use crate::api::{read_barrier, ApiError};
 use crate::node::Caller;
 use crate::node::Node;
 use crate::wire::tenant::MAX_TENANT_LEN;
@@ -42,9 +42,7 @@ pub async fn get(
         validate_resource(&resource).map_err(ApiError::invalid)?;
         let scope = Scope::of(&node, caller_of(caller));
         let stored = scope.stored(&resource);
-        node.read_barrier()
-            .await
-            .map_err(ApiError::unconfirmed_read)?;
+        read_barrier(&node).await?;
         scope.still_valid(&node)?;
         let mut view = node.machine.read(|m| m.view(&stored, m.now_ms()));
         view.resource = resource.clone();
@@ -144,9 +142,7 @@ pub async fn list(
     let result = async {
         let q = list_page(query, Names::Own)?;
         let scope = Scope::of(&node, caller_of(caller));
-        node.read_barrier()
-            .await
-            .map_err(ApiError::unconfirmed_read)?;
+        read_barrier(&node).await?;
         scope.still_valid(&node)?;
         let tenant = scope.tenant;
         let (locks, next_after, now_ms) = node.machine.read(|m| {
