@@ -516,6 +516,44 @@ async fn lock_run_passes_sigterm_on_and_releases() {
     cluster.stop().await;
 }
 
+/// SIGKILL to `lock run` leaves nobody to renew the lease or stop the command at its deadline:
+/// the kernel kills the command with it, so it never runs on unlocked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_run_killed_takes_its_command_with_it() {
+    let cluster = Cluster::start().await;
+    let (mut runner, mut lines) = cluster.spawn(&[
+        "lock",
+        "run",
+        "job:killed",
+        "--",
+        "sh",
+        "-c",
+        "echo $$; exec sleep 600",
+    ]);
+    let command: i32 = lines.next_line().await.unwrap().unwrap().parse().unwrap();
+    assert!(running(command), "the command started");
+
+    phase("SIGKILL to fencegate");
+    runner.start_kill().unwrap();
+    runner.wait().await.unwrap();
+    eventually(Duration::from_secs(10), "the command is gone", async || {
+        !running(command)
+    })
+    .await;
+    cluster.stop().await;
+}
+
+/// Whether `pid` is a live process: neither gone nor a zombie waiting to be reaped.
+fn running(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
+        Err(_) => false,
+    }
+}
+
 /// Ctrl-C while `lock run` waits in the queue withdraws the wait: no grant is left behind for a
 /// command that will never run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

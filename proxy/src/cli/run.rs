@@ -28,7 +28,8 @@ The lease id is not passed on: only this process renews and releases it.
 When the lease is lost (renewals failed until the local deadline, the process was paused, or
 the server reports it gone), the command gets SIGTERM, then SIGKILL after --kill-grace, and
 fencegate exits with code 4. Ctrl-C, SIGTERM or SIGHUP to fencegate is passed on as SIGTERM and
-the lock is released once the command has exited. Interrupted while still waiting for the lock,
+the lock is released once the command has exited. If fencegate is killed (SIGKILL), the
+command is killed with it. Interrupted while still waiting for the lock,
 fencegate cancels the wait and exits 1 without running the command. Only the command's own
 process is signalled: in a shell wrapper, `exec` the real program.
 
@@ -121,6 +122,7 @@ pub async fn run(client_args: &ClientArgs, args: RunArgs) -> Result<ExitCode, Cl
         .env("FENCE_RESOURCE", guard.resource())
         // A backstop: if fencegate itself fails, the command must not run on unlocked.
         .kill_on_drop(true);
+    die_with_this_process(&mut command);
     let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -184,6 +186,37 @@ pub async fn run(client_args: &ClientArgs, args: RunArgs) -> Result<ExitCode, Cl
                 )),
                 None => Ok(exit_code(&status)),
             }
+        }
+    }
+}
+
+/// Has the kernel SIGKILL the command if fencegate dies without a chance to stop it (SIGKILL,
+/// the OOM killer, a crash): nothing would renew the lease or stop the command at its deadline,
+/// so it must not run on. SIGKILL, not SIGTERM, as nobody is left to escalate.
+///
+/// The kernel sends the parent-death signal when the *thread* that forked the child ends. This
+/// runs in `main`'s own future (`lock` is awaited there, never spawned as a task), so the fork
+/// happens on the main thread, which lives as long as the process.
+fn die_with_this_process(command: &mut Command) {
+    debug_assert_eq!(
+        std::thread::current().name(),
+        Some("main"),
+        "the command must be forked by the main thread"
+    );
+    #[cfg(target_os = "linux")]
+    {
+        let fencegate = nix::unistd::getpid();
+        // SAFETY: the hook runs in the forked child before exec and makes only
+        // async-signal-safe system calls (prctl, getppid); it allocates nothing.
+        unsafe {
+            command.pre_exec(move || {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+                // fencegate may have died between the fork and the prctl.
+                if nix::unistd::getppid() != fencegate {
+                    return Err(nix::errno::Errno::ESRCH.into());
+                }
+                Ok(())
+            });
         }
     }
 }
