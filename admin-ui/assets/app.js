@@ -108,6 +108,18 @@ function fmtTime(ms) {
 const fmtClock = (ms) => new Date(ms).toLocaleTimeString();
 const dash = (v) => (v === null || v === undefined || v === "" ? "—" : v);
 
+/** A member's clock against the serving node's: its wall-clock offset, and its rate when that
+ * is off by more than the half percent the node warns about. */
+function fmtPeerClock(p) {
+  if (p.clock_offset_ms === null || p.clock_offset_ms === undefined) return "—";
+  const sign = p.clock_offset_ms < 0 ? "−" : "+";
+  const offset = `${sign}${(Math.abs(p.clock_offset_ms) / 1000).toFixed(1)} s`;
+  const rate = typeof p.clock_rate === "number" && Math.abs(p.clock_rate - 1) > 0.005 ? `, runs ×${p.clock_rate.toFixed(3)}` : "";
+  return offset + rate;
+}
+const peerClockOff = (p) =>
+  Math.abs(p.clock_offset_ms || 0) > 5000 || (typeof p.clock_rate === "number" && Math.abs(p.clock_rate - 1) > 0.005);
+
 function fmtLeft(ms) {
   if (ms <= 0) return "expired";
   const s = ms / 1000;
@@ -283,6 +295,7 @@ async function refreshOverview() {
         el("td", {}, dash(p.matched_index)),
         el("td", {}, dash(p.lag)),
         el("td", {}, fmtTime(p.last_seen_ms)),
+        el("td", peerClockOff(p) ? { class: "clock-off" } : {}, fmtPeerClock(p)),
       ),
     ),
   );

@@ -398,6 +398,8 @@ pub async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<ReadyStatus>, 
         Some(leader_id) => Ok(Json(ReadyStatus {
             status: "ready".into(),
             leader_id,
+            clock_ms: Some(node.clock.wall_ms()),
+            monotonic_ms: Some(crate::node::monotonic_ms()),
         })),
         None => Err(ApiError::new(
             ErrorCode::NoLeader,

@@ -19,7 +19,7 @@ use crate::wire::ErrorCode;
 fn refuse(e: AuthError) -> Response {
     ApiError::new(
         ErrorCode::PeerUnauthenticated,
-        format!("Peer request refused: {e}. Peers must share the cluster's peer secret."),
+        format!("Peer request refused: {}", e.refusal()),
     )
     .into_response()
 }

@@ -57,10 +57,39 @@ pub enum AuthError {
     Missing,
     #[error("malformed peer authentication tag")]
     Malformed,
-    #[error("peer authentication tag is more than {MAX_SKEW_MS} ms from this node's clock")]
-    Stale,
+    /// The sender's clock, as its message says, is `ahead_ms` past this node's (negative:
+    /// behind) by more than [`MAX_SKEW_MS`].
+    #[error(
+        "the peer's clock is {} s {} this node's; peers' clocks must agree within {} s (run NTP \
+         on every node)",
+        ahead_ms.unsigned_abs() / 1_000,
+        if *ahead_ms >= 0 { "ahead of" } else { "behind" },
+        MAX_SKEW_MS / 1_000
+    )]
+    Stale { ahead_ms: i64 },
     #[error("peer authentication tag does not match (wrong cluster secret?)")]
     BadMac,
+}
+
+impl AuthError {
+    /// The refusal as the refused peer and the log read it: what is wrong and what to do.
+    pub fn refusal(&self) -> String {
+        match self {
+            AuthError::Stale { .. } => format!("{self}."),
+            _ => format!("{self}. Peers must share the cluster's peer secret."),
+        }
+    }
+}
+
+/// Refuses a message stamped more than [`MAX_SKEW_MS`] away from this node's clock.
+fn check_skew(unix_ms: u64) -> Result<(), AuthError> {
+    let ahead_ms = i64::try_from(unix_ms)
+        .unwrap_or(i64::MAX)
+        .saturating_sub(i64::try_from(now_ms()).unwrap_or(i64::MAX));
+    if ahead_ms.unsigned_abs() > MAX_SKEW_MS {
+        return Err(AuthError::Stale { ahead_ms });
+    }
+    Ok(())
 }
 
 impl PeerSecret {
@@ -137,9 +166,7 @@ impl PeerSecret {
         let unix_ms: u64 = ms.parse().map_err(|_| AuthError::Malformed)?;
         let head = hex::decode(head).ok_or(AuthError::Malformed)?;
         let body_mac = hex::decode(body).ok_or(AuthError::Malformed)?;
-        if now_ms().abs_diff(unix_ms) > MAX_SKEW_MS {
-            return Err(AuthError::Stale);
-        }
+        check_skew(unix_ms)?;
         self.head_mac(from, unix_ms, nonce, path)
             .verify_slice(&head)
             .map_err(|_| AuthError::BadMac)?;
@@ -200,9 +227,7 @@ impl PeerSecret {
         nonce: &[u8],
         mac: &[u8],
     ) -> Result<(), AuthError> {
-        if now_ms().abs_diff(unix_ms) > MAX_SKEW_MS {
-            return Err(AuthError::Stale);
-        }
+        check_skew(unix_ms)?;
         self.hello_parts(from, unix_ms, nonce)
             .verify_slice(mac)
             .map_err(|_| AuthError::BadMac)
@@ -355,8 +380,17 @@ mod tests {
         }
         assert!(matches!(
             s.verify_head("1", "/p", "1000.n.00.00"),
-            Err(AuthError::Stale)
+            Err(AuthError::Stale { .. })
         ));
+        let ahead = now_ms() + 95_400;
+        let e = s
+            .verify_hello(1, ahead, b"nonce", &[0; 32])
+            .expect_err("95 s ahead");
+        assert_eq!(
+            e.refusal(),
+            "the peer's clock is 95 s ahead of this node's; peers' clocks must agree within 60 s \
+             (run NTP on every node)."
+        );
         assert_eq!(
             PeerSecret::new("short\n").err(),
             Some(AuthError::SecretTooShort)

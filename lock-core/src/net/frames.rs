@@ -303,7 +303,7 @@ where
     } else {
         secret
             .verify_hello(from, unix_ms, nonce, mac)
-            .map_err(|e: AuthError| format!("{e}. Peers must share the cluster's peer secret."))
+            .map_err(|e: AuthError| e.refusal())
     };
     if let Err(message) = checked {
         super::auth::warn_refused(&format!("node {from}"), &message);

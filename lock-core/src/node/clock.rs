@@ -20,6 +20,13 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// This process's monotonic clock, ms since its first reading (at start-up): what other
+/// members compare the rate of this node's clock with.
+pub fn monotonic_ms() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
 #[derive(Debug)]
 pub struct Clock {
     skew: FaultLayer,

@@ -81,6 +81,10 @@ pub struct Metrics {
     pub hot_acquire_rate: GaugeVec,
     /// The resources with the most fencing rejections at this node's proxy, likewise.
     pub hot_fence_rejections: GaugeVec,
+    /// Each other member's wall clock minus this node's, in seconds, by member id.
+    pub peer_clock_offset: GaugeVec,
+    /// How fast each other member's monotonic clock runs against this node's, by member id.
+    pub peer_clock_rate: GaugeVec,
 }
 
 /// How many resources the hot-resource series name: few, as each is a series of its own.
@@ -235,6 +239,24 @@ impl Metrics {
                 &["resource"],
             )
             .unwrap_or_else(|e| panic!("metric hot_resource_fence_rejections: {e}")),
+            peer_clock_offset: GaugeVec::new(
+                Opts::new(
+                    "peer_clock_offset_seconds",
+                    "Another member's wall clock minus this node's, from the health probes; \
+                     peer connections are refused past 60 s",
+                ),
+                &["peer"],
+            )
+            .unwrap_or_else(|e| panic!("metric peer_clock_offset_seconds: {e}")),
+            peer_clock_rate: GaugeVec::new(
+                Opts::new(
+                    "peer_clock_rate",
+                    "How fast another member's monotonic clock runs against this node's over the \
+                     last one to two minutes (1: the same); clients allow for rates within 1 %",
+                ),
+                &["peer"],
+            )
+            .unwrap_or_else(|e| panic!("metric peer_clock_rate: {e}")),
             registry,
         };
         let r = &m.registry;
@@ -275,6 +297,8 @@ impl Metrics {
         register(Box::new(m.connections_open.clone()));
         register(Box::new(m.hot_acquire_rate.clone()));
         register(Box::new(m.hot_fence_rejections.clone()));
+        register(Box::new(m.peer_clock_offset.clone()));
+        register(Box::new(m.peer_clock_rate.clone()));
         m.start_at_zero();
         m
     }

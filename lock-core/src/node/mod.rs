@@ -36,6 +36,7 @@ pub use auth::{
     constant_time_eq, key_digest, new_api_key, AuthMode, Caller, Denied, TenantPolicy, TenantRates,
 };
 pub use campaign::{PreVoteRequest, PreVoteResponse, PRE_VOTE_PATH};
+pub(crate) use clock::monotonic_ms;
 pub use clock::Clock;
 pub use config::{MemberAddrs, NodeConfig, Policy, MAX_FAILOVER_GRACE_MS};
 pub use error::{NodeError, ProposeError};

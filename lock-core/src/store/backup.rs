@@ -25,6 +25,9 @@
 //!   that still holds the lost cluster's log (or an earlier restored cluster's) is behind the
 //!   restored members in both, can win no election, and is brought to the restored state by a
 //!   snapshot, like any lagging follower, instead of mixing two histories.
+//!
+//! Both orders hold only if the preparing machine's clock is right: [`prepare`] refuses a clock
+//! more than [`CLOCK_BEHIND_TOLERANCE_MS`] behind the backup's log time.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -52,6 +55,12 @@ pub const TOKEN_GAP: u64 = 1_000_000_000_000;
 /// The largest raft term or log index a restore sets: the idempotency records are keyed by log
 /// index times 1,024.
 const MAX_INDEX: u64 = u64::MAX / 1_024;
+
+/// How far the preparing machine's wall clock may read behind the backup's log time. Log time
+/// follows the wall clock of the cluster's birth at the monotonic clock's rate, so a correct
+/// clock reads at or past it; a clock further behind would start this preparation below one
+/// made earlier on a machine whose clock is right.
+pub const CLOCK_BEHIND_TOLERANCE_MS: u64 = 10_000;
 
 /// What a prepared backup's snapshot id starts with.
 const PREPARED: &str = "prepared-restore-";
@@ -164,6 +173,20 @@ pub fn prepare(
         return Err(refused("backup", "it covers no log entry".into()));
     };
     let stats = image.machine.stats();
+    if wall_ms.saturating_add(CLOCK_BEHIND_TOLERANCE_MS) < stats.now_ms {
+        return Err(refused(
+            "clock",
+            format!(
+                "this machine's clock reads {:.1} s before the backup's log time ({} ms since \
+                 1970), and a preparation starts its tokens at the wall clock: one made here \
+                 could start below one made earlier on a machine whose clock is right. Set the \
+                 clock right (NTP) and prepare again; if it is right, the lost cluster's clock \
+                 ran ahead: prepare once this clock has passed the backup's log time",
+                (stats.now_ms - wall_ms) as f64 / 1_000.0,
+                stats.now_ms
+            ),
+        ));
+    }
     // Each value moves past the backup's by its jump plus the wall-clock time since the backup
     // (by the backup's log time), and to at least the wall clock: preparing the same backup
     // later, or an older one, starts above an earlier preparation, as long as a cluster issues

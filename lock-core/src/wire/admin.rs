@@ -43,6 +43,14 @@ pub struct PeerHealth {
     pub matched_index: Option<u64>,
     /// On the leader: how many entries this member is behind the leader's log.
     pub lag: Option<u64>,
+    /// The member's wall clock minus this node's, ms, from its latest ready answer (null for
+    /// this node itself and until a member of this version has answered).
+    #[serde(default)]
+    pub clock_offset_ms: Option<i64>,
+    /// How fast the member's monotonic clock runs against this node's (1: the same), over the
+    /// last one to two minutes; null until a minute of answers is in.
+    #[serde(default)]
+    pub clock_rate: Option<f64>,
 }
 
 /// A leader election as one node saw it: when the new leader became known and how long the

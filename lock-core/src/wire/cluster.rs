@@ -110,6 +110,14 @@ pub struct HealthStatus {
 pub struct ReadyStatus {
     pub status: String,
     pub leader_id: u64,
+    /// This node's wall clock when it answered, ms since the Unix epoch. The other members
+    /// compare it with theirs (absent from nodes of earlier versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_ms: Option<u64>,
+    /// This node's monotonic clock, ms since the process started: the other members compare
+    /// its rate with their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monotonic_ms: Option<u64>,
 }
 
 /// What happens to traffic between this node and one peer.

@@ -65,6 +65,8 @@ pub async fn overview(State(node): State<Arc<Node>>) -> Json<ClusterOverview> {
                 role: None,
                 matched_index: matched,
                 lag: matched.map(|i| last_log.saturating_sub(i)),
+                clock_offset_ms: None,
+                clock_rate: None,
             };
             if *id == node.id {
                 peer.role = Some(role(m.state));
@@ -86,6 +88,8 @@ pub async fn overview(State(node): State<Arc<Node>>) -> Json<ClusterOverview> {
                     (None, false) => Some("not probed yet".into()),
                 };
                 peer.role = peer_role(*id, voters.contains(id), &probe);
+                peer.clock_offset_ms = probe.clock_offset_ms;
+                peer.clock_rate = probe.clock_rate;
             }
             peer
         })

@@ -6,19 +6,35 @@
 //! The probes go straight to the members' public API, not through the peer fault layer: they
 //! answer "can this node reach that one's API", which is what an operator looking at the page
 //! served by this node wants to know.
+//!
+//! A ready member's answer carries its wall clock and its monotonic clock, so the probes also
+//! watch the clocks: the wall-clock offset (peer connections are refused past
+//! [`MAX_SKEW_MS`]), and how fast the member's monotonic clock runs against this node's over
+//! the last minute or two (lease lengths are measured on the leader's monotonic clock and
+//! clients assume it runs at the rate of theirs, within 1 %). Either one out of bounds is
+//! logged as a warning at most once a minute per member.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::node::Node;
+use crate::net::auth::MAX_SKEW_MS;
+use crate::node::{monotonic_ms, Node};
 use crate::wire::ReadyStatus;
 
 const PROBE_EVERY: Duration = Duration::from_millis(500);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(400);
 
+/// A wall-clock offset past this is warned about; NTP keeps hosts within milliseconds.
+const OFFSET_WARN_MS: u64 = 5_000;
+/// A clock rate this far from this node's (as a fraction) is warned about: half the 1 % that
+/// clients' safety margins allow for.
+const RATE_WARN: f64 = 0.005;
+/// How often a member is warned about at most.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+
 /// The last probe of one member.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Probe {
     pub up: bool,
     /// The member knows a leader (its `/readyz` answered 200).
@@ -26,11 +42,80 @@ pub struct Probe {
     pub leader_id: Option<u64>,
     pub last_seen_ms: Option<u64>,
     pub error: Option<String>,
+    /// The member's wall clock minus this node's, from its latest ready answer.
+    pub clock_offset_ms: Option<i64>,
+    /// How fast the member's monotonic clock runs against this node's (1.0: the same), once
+    /// a minute of precise samples is in.
+    pub clock_rate: Option<f64>,
 }
 
 #[derive(Default)]
 pub struct HealthTable {
     probes: Mutex<BTreeMap<u64, Probe>>,
+    clocks: Mutex<BTreeMap<u64, ClockWatch>>,
+}
+
+/// One member's clock as the probes see it.
+#[derive(Default)]
+struct ClockWatch {
+    rate: RateWindow,
+    warned: Option<Instant>,
+}
+
+/// What one ready answer says of the member's clocks, read against this node's at the
+/// middle of the round trip.
+#[derive(Clone, Copy, Debug)]
+struct ClockSample {
+    /// The member's wall clock minus this node's.
+    offset_ms: i64,
+    /// This node's monotonic clock at the middle of the round trip.
+    ours_ms: u64,
+    /// The member's monotonic clock in its answer.
+    theirs_ms: u64,
+    round_trip: Duration,
+}
+
+/// Pairs of monotonic readings (this node's, the member's), one per [`RateWindow::EVERY_MS`],
+/// over the last [`RateWindow::KEEP`] of them; the rate is the slope from the oldest to the
+/// newest. Only answers with a short round trip count: the unknown split of a round trip
+/// between the two directions is the reading's error.
+#[derive(Default)]
+struct RateWindow {
+    samples: VecDeque<(u64, u64)>,
+}
+
+impl RateWindow {
+    const EVERY_MS: u64 = 10_000;
+    const KEEP: usize = 13;
+    /// No rate is given over less: a 50 ms round trip then errs by 0.04 % at most.
+    const MIN_SPAN_MS: u64 = 60_000;
+    const MAX_ROUND_TRIP: Duration = Duration::from_millis(50);
+
+    /// Adds a sample (if precise enough and due) and gives the rate over the window.
+    fn add(&mut self, sample: &ClockSample) -> Option<f64> {
+        let (ours, theirs) = (sample.ours_ms, sample.theirs_ms);
+        if let Some(&(last_ours, last_theirs)) = self.samples.back() {
+            if theirs < last_theirs || ours < last_ours {
+                // The member restarted (its monotonic clock starts again at 0).
+                self.samples.clear();
+            } else if ours - last_ours < Self::EVERY_MS {
+                return self.rate();
+            }
+        }
+        if sample.round_trip <= Self::MAX_ROUND_TRIP {
+            self.samples.push_back((ours, theirs));
+            while self.samples.len() > Self::KEEP {
+                self.samples.pop_front();
+            }
+        }
+        self.rate()
+    }
+
+    fn rate(&self) -> Option<f64> {
+        let (&(ours0, theirs0), &(ours1, theirs1)) = (self.samples.front()?, self.samples.back()?);
+        let span = ours1 - ours0;
+        (span >= Self::MIN_SPAN_MS).then(|| (theirs1 - theirs0) as f64 / span as f64)
+    }
 }
 
 impl HealthTable {
@@ -68,14 +153,26 @@ pub(in crate::node) async fn run(node: Arc<Node>) {
             async move {
                 let answer = probe(&node, id).await;
                 let now = node.wall_ms();
+                let (offset_ms, rate) = match &answer {
+                    Ok(Answer {
+                        clock: Some(sample),
+                        ..
+                    }) => (
+                        Some(sample.offset_ms),
+                        node.ops.health.watch_clock(&node, id, sample),
+                    ),
+                    _ => (None, None),
+                };
                 node.ops.health.set(id, |p| match answer {
-                    Ok((ready, leader_id)) => {
+                    Ok(a) => {
                         *p = Probe {
                             up: true,
-                            ready,
-                            leader_id,
+                            ready: a.ready,
+                            leader_id: a.leader_id,
                             last_seen_ms: Some(now),
                             error: None,
+                            clock_offset_ms: offset_ms.or(p.clock_offset_ms),
+                            clock_rate: rate.or(p.clock_rate),
                         }
                     }
                     // Keeps the time of the last answer; what it said no longer holds.
@@ -92,20 +189,112 @@ pub(in crate::node) async fn run(node: Arc<Node>) {
     }
 }
 
-/// `Ok((ready, leader))` when the member answered at all (over the peer port: see
+impl HealthTable {
+    /// Takes in a member's clock sample: sets its metrics, warns if the clock is out of
+    /// bounds, and gives its rate once known.
+    fn watch_clock(&self, node: &Node, id: u64, sample: &ClockSample) -> Option<f64> {
+        let mut clocks = self.clocks.lock().unwrap_or_else(|e| e.into_inner());
+        let watch = clocks.entry(id).or_default();
+        let rate = watch.rate.add(sample);
+        let peer = id.to_string();
+        node.metrics
+            .peer_clock_offset
+            .with_label_values(&[&peer])
+            .set(sample.offset_ms as f64 / 1_000.0);
+        if let Some(rate) = rate {
+            node.metrics
+                .peer_clock_rate
+                .with_label_values(&[&peer])
+                .set(rate);
+        }
+        let offset_bad = sample.offset_ms.unsigned_abs() > OFFSET_WARN_MS;
+        let rate_bad = rate.is_some_and(|r| (r - 1.0).abs() > RATE_WARN);
+        let due = watch.warned.is_none_or(|at| at.elapsed() >= WARN_EVERY);
+        if (offset_bad || rate_bad) && due {
+            watch.warned = Some(Instant::now());
+            if offset_bad {
+                tracing::warn!(
+                    node = node.id,
+                    peer = id,
+                    offset_ms = sample.offset_ms,
+                    "node {id}'s clock is {:.1} s {} this node's: peer connections are refused \
+                     past {} s of difference; run NTP on every node",
+                    sample.offset_ms.unsigned_abs() as f64 / 1_000.0,
+                    if sample.offset_ms >= 0 {
+                        "ahead of"
+                    } else {
+                        "behind"
+                    },
+                    MAX_SKEW_MS / 1_000
+                );
+            }
+            if let Some(rate) = rate.filter(|_| rate_bad) {
+                tracing::warn!(
+                    node = node.id,
+                    peer = id,
+                    rate,
+                    "node {id}'s clock runs {rate:.4} times as fast as this node's: lease lengths \
+                     are measured on the leader's clock, and clients allow for rates within 1 %; \
+                     check both hosts' clock sources"
+                );
+            }
+        }
+        rate
+    }
+}
+
+/// A member's answer to a probe.
+struct Answer {
+    /// It knows a leader (`/readyz` answered 200).
+    ready: bool,
+    leader_id: Option<u64>,
+    /// Its clocks, when it is ready and of a version that tells them.
+    clock: Option<ClockSample>,
+}
+
+/// The member's answer when it answered at all (over the peer port: see
 /// `Node::call_member_api`).
-async fn probe(node: &Node, id: u64) -> Result<(bool, Option<u64>), String> {
+async fn probe(node: &Node, id: u64) -> Result<Answer, String> {
+    let sent = Instant::now();
+    let (sent_wall, sent_mono) = (node.clock.wall_ms(), monotonic_ms());
     let asked = node.call_member_api(id, "GET", "/readyz", None, None, PROBE_TIMEOUT);
     let (status, body) = match tokio::time::timeout(PROBE_TIMEOUT, asked).await {
         Err(_) => return Err(format!("no answer within {} ms", PROBE_TIMEOUT.as_millis())),
         Ok(answer) => answer?,
     };
-    if (200..300).contains(&status) {
-        let ready: ReadyStatus = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-        Ok((true, Some(ready.leader_id)))
-    } else {
+    if !(200..300).contains(&status) {
         // Not ready (no leader known) but alive; the body says why.
-        Ok((false, None))
+        return Ok(Answer {
+            ready: false,
+            leader_id: None,
+            clock: None,
+        });
+    }
+    let ready: ReadyStatus = serde_json::from_str(&body).map_err(|e| e.to_string())?;
+    let round_trip = sent.elapsed();
+    let half = round_trip.as_millis() as u64 / 2;
+    let clock = ready
+        .clock_ms
+        .zip(ready.monotonic_ms)
+        .map(|(wall, theirs_ms)| ClockSample {
+            offset_ms: signed_diff(wall, sent_wall + half),
+            ours_ms: sent_mono + half,
+            theirs_ms,
+            round_trip,
+        });
+    Ok(Answer {
+        ready: true,
+        leader_id: Some(ready.leader_id),
+        clock,
+    })
+}
+
+/// `a - b`, saturating.
+fn signed_diff(a: u64, b: u64) -> i64 {
+    if a >= b {
+        i64::try_from(a - b).unwrap_or(i64::MAX)
+    } else {
+        i64::try_from(b - a).map_or(i64::MIN, |d| -d)
     }
 }
 
@@ -118,4 +307,64 @@ async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(
         set.spawn(f);
     }
     while set.join_next().await.is_some() {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(ours_ms: u64, theirs_ms: u64, rtt_ms: u64) -> ClockSample {
+        ClockSample {
+            offset_ms: 0,
+            ours_ms,
+            theirs_ms,
+            round_trip: Duration::from_millis(rtt_ms),
+        }
+    }
+
+    #[test]
+    fn a_rate_needs_a_minute_of_precise_samples() {
+        let mut w = RateWindow::default();
+        // Every 5 s (only one in two is due), the member's clock 50 % fast.
+        for s in 0..12u64 {
+            let ours = s * 5_000;
+            assert_eq!(
+                w.add(&sample(ours, 1_000 + ours * 3 / 2, 2)),
+                None,
+                "at {ours} ms"
+            );
+        }
+        let rate = w.add(&sample(60_000, 91_000, 2)).expect("a minute in");
+        assert!((rate - 1.5).abs() < 1e-9, "{rate}");
+        // A slow round trip's reading (10 s off) does not count.
+        let rate = w
+            .add(&sample(70_000, 116_000, 300))
+            .expect("the rate so far");
+        assert!((rate - 1.5).abs() < 1e-9, "{rate}");
+    }
+
+    #[test]
+    fn the_window_slides_and_a_restart_starts_it_again() {
+        let mut w = RateWindow::default();
+        let mut rate = None;
+        for s in 0..40u64 {
+            let ours = s * 10_000;
+            // The same rate for 200 s, then 1 % slow.
+            let theirs = if ours <= 200_000 {
+                ours
+            } else {
+                200_000 + (ours - 200_000) * 99 / 100
+            };
+            rate = w.add(&sample(ours, theirs, 1));
+        }
+        assert!((rate.expect("rate") - 0.99).abs() < 1e-9, "{rate:?}");
+        assert_eq!(w.add(&sample(400_000, 5, 1)), None, "a restarted member");
+    }
+
+    #[test]
+    fn offsets_keep_their_sign() {
+        assert_eq!(signed_diff(10, 3), 7);
+        assert_eq!(signed_diff(3, 10), -7);
+        assert_eq!(signed_diff(u64::MAX, 0), i64::MAX);
+    }
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lock_core::testkit::{eventually, phase, TestCluster};
+use lock_core::testkit::{eventually, phase, TestCluster, TEST_ADMIN_TOKEN};
 use serde_json::json;
 
 use super::{Granted, EVENT};
@@ -65,5 +65,65 @@ async fn t71_backward_wall_clock_step_on_the_leader_does_not_stretch_leases() {
     .await;
     let (s, v) = c.acquire(leader, "clock:back", "r2", 2_000).await;
     assert_eq!(s, 200, "the next holder is granted: {v}");
+    c.shutdown().await;
+}
+
+/// A member whose wall clock is far off shows it before its next peer connection is refused:
+/// the other members see the offset in their overview and metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t72_a_members_clock_offset_shows_on_the_others() {
+    let c = TestCluster::start(3).await;
+    let leader = c.wait_leader(EVENT).await;
+    let skewed = c.followers(leader)[0];
+
+    phase("a follower's wall clock steps 40 s ahead");
+    c.node(skewed).node.faults().set_clock_offset_ms(40_000);
+    let http = reqwest::Client::new();
+    let overview = async || -> serde_json::Value {
+        http.get(c.url(leader, "/v1/admin/overview"))
+            .bearer_auth(TEST_ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("GET overview")
+            .json()
+            .await
+            .expect("overview JSON")
+    };
+    eventually(EVENT, "the leader sees the offset", async || {
+        let o = overview().await;
+        let peers = o["peers"].as_array().expect("peers").clone();
+        let of = |id: u64| {
+            peers
+                .iter()
+                .find(|p| p["id"] == json!(id))
+                .map(|p| p["clock_offset_ms"].clone())
+        };
+        of(leader) == Some(json!(null))
+            && of(skewed)
+                .and_then(|o| o.as_i64())
+                .is_some_and(|ms| (39_000..=41_000).contains(&ms))
+    })
+    .await;
+    let scraped = http
+        .get(c.url(leader, "/metrics"))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("text");
+    let line = scraped
+        .lines()
+        .find(|l| {
+            l.starts_with("fencegate_peer_clock_offset_seconds{")
+                && l.contains(&format!("peer=\"{skewed}\""))
+        })
+        .unwrap_or_else(|| panic!("no offset series for node {skewed}:\n{scraped}"));
+    let seconds: f64 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect(line);
+    assert!((39.0..=41.0).contains(&seconds), "{line}");
     c.shutdown().await;
 }

@@ -237,6 +237,20 @@ async fn a_restore_refuses_what_it_cannot_do_safely() {
     let e = prepare_backup(&c.config(1), &prepared, &again).expect_err("prepared twice");
     assert!(e.to_string().contains("prepared backup already"), "{e}");
 
+    phase("a clock behind the backup's log time is refused: it would start below the first");
+    let members = backup::prepared_members(&prepared).expect("members");
+    let log_time = backup::inspect(&file).expect("inspect").log_time_ms;
+    let behind = c.data_root().join("behind.prepared");
+    let e = backup::prepare(&file, &behind, &members, log_time - 86_400_000)
+        .expect_err("prepared with a clock a day behind");
+    assert!(
+        e.to_string().contains("clock reads 86400.0 s before"),
+        "{e}"
+    );
+    assert!(!behind.exists(), "a refused preparation wrote a file");
+    backup::prepare(&file, &behind, &members, log_time - 1_000)
+        .expect("a clock a second behind is within the tolerance");
+
     phase("a backup that was not prepared, and other members than prepared for, are refused");
     let mut fresh = c.config(1);
     fresh.data_dir = c.data_root().join("fresh");
