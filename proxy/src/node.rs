@@ -294,8 +294,19 @@ pub async fn run(loaded: Loaded) -> anyhow::Result<()> {
     };
     let id = config.id;
     let (stop_tx, stop_rx) = watch::channel(false);
+    let data_dir = config.data_dir.clone();
     let handle =
-        lock_core::server::start(config, listener, peer_listener, stopped(stop_rx.clone())).await?;
+        lock_core::server::start(config, listener, peer_listener, stopped(stop_rx.clone()))
+            .await
+            .map_err(|e| {
+                let cause = crate::one_line(&anyhow::Error::from(e));
+                // Storage errors that know their way out say it already.
+                if cause.starts_with("configuration:") || cause.contains("start the node again") {
+                    anyhow::anyhow!(cause)
+                } else {
+                    anyhow::anyhow!("{cause} ({})", storage_fix(&cause, &data_dir))
+                }
+            })?;
     tracing::info!(node = id, addr = %handle.addr, peer_addr = %handle.peer_addr, "node started");
     let proxy_task = match (&proxy, proxy_listener) {
         (Some(p), Some(l)) => {
@@ -322,16 +333,44 @@ pub async fn run(loaded: Loaded) -> anyhow::Result<()> {
     handle.stopped().await;
     match failed {
         None => Ok(()),
-        Some(cause) => {
-            let fix = if cause.contains("Too many open files") {
-                "raise the open-file limit (ulimit -n, or LimitNOFILE in a systemd unit)"
-            } else {
-                "free disk space or fix the storage"
-            };
-            Err(anyhow::anyhow!(
-                "raft stopped on node {id}: {cause} ({fix}, then start the node again)"
-            ))
-        }
+        Some(cause) => Err(anyhow::anyhow!(
+            "raft stopped on node {id}: {cause} ({})",
+            storage_fix(&cause, &data_dir)
+        )),
+    }
+}
+
+/// What to do about a storage failure, by its cause: most causes are the machine's (a full
+/// disk, a read-only file system, a file limit) and the data is fine once they are fixed; the
+/// rest mean damaged files, which the other members' copy repairs.
+fn storage_fix(cause: &str, data_dir: &Path) -> String {
+    let machine = [
+        ("No space left on device", "free disk space"),
+        (
+            "Too many open files",
+            "raise the open-file limit (ulimit -n, or LimitNOFILE in a systemd unit)",
+        ),
+        (
+            "Read-only file system",
+            "make the file system writable again (check the kernel log for its errors)",
+        ),
+        (
+            "Permission denied",
+            "give the node's user read and write access to the data directory",
+        ),
+        (
+            "Input/output error",
+            "check the disk (the kernel log names its errors)",
+        ),
+    ];
+    match machine.iter().find(|(said, _)| cause.contains(said)) {
+        Some((_, fix)) => format!("{fix}, then start the node again"),
+        None => format!(
+            "if {} is damaged and the other members are running, move it aside and start the \
+             node again: it rejoins from the leader's snapshot, as a member that lost its data \
+             directory (see the operations guide)",
+            data_dir.display()
+        ),
     }
 }
 
@@ -411,6 +450,24 @@ fn peer_secret(node: &NodeFileConfig) -> anyhow::Result<PeerSecret> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_storage_failure_says_what_to_do() {
+        let dir = Path::new("/var/lib/fencegate");
+        let full = storage_fix(
+            "cannot encode snapshot: No space left on device (os error 28)",
+            dir,
+        );
+        assert_eq!(full, "free disk space, then start the node again");
+        let damaged = storage_fix(
+            "fjall storage error: FjallError: Storage(Unrecoverable): LsmTreeError: Unrecoverable",
+            dir,
+        );
+        assert!(
+            damaged.starts_with("if /var/lib/fencegate is damaged and the other members are"),
+            "{damaged}"
+        );
+    }
 
     /// The example configs in docs/deploy/ are what operators copy; they must stay loadable
     /// by this binary and describe one consistent three-node cluster.
