@@ -5,6 +5,7 @@
 //! proposed, so a hand-off applied before the proposer hears back is not missed.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
@@ -22,6 +23,8 @@ type Key = (String, String);
 #[derive(Clone, Default)]
 pub struct WaitRegistry {
     inner: Arc<Mutex<HashMap<Key, Vec<oneshot::Sender<WaitOutcome>>>>>,
+    /// Tickets alive: long polls held open on this node, each on a connection of its own.
+    open: Arc<AtomicUsize>,
 }
 
 /// A registered interest in one (resource, request_id); unregisters on drop.
@@ -36,6 +39,7 @@ impl WaitRegistry {
         let (tx, rx) = oneshot::channel();
         let key = (resource.to_string(), request_id.to_string());
         self.lock().entry(key.clone()).or_default().push(tx);
+        self.open.fetch_add(1, Ordering::Relaxed);
         WaitTicket {
             registry: self.clone(),
             key,
@@ -49,6 +53,11 @@ impl WaitRegistry {
         for tx in senders {
             let _ = tx.send(outcome.clone());
         }
+    }
+
+    /// Long polls held open on this node now (tickets alive).
+    pub fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
     }
 
     /// Number of registered waits, for metrics and leak checks.
@@ -74,6 +83,7 @@ impl WaitTicket {
 
 impl Drop for WaitTicket {
     fn drop(&mut self) {
+        self.registry.open.fetch_sub(1, Ordering::Relaxed);
         let mut map = self.registry.lock();
         if let Some(list) = map.get_mut(&self.key) {
             list.retain(|tx| !tx.is_closed());

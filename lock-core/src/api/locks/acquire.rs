@@ -39,6 +39,9 @@ pub(super) async fn acquire(
         .map_err(ApiError::invalid)?;
     cmd.tenant_limits = scope.limits;
     let waits = cmd.wait_timeout_ms > 0;
+    if waits {
+        room_to_wait(node)?;
+    }
     // Subscribe before proposing so a hand-off applied before we hear back is not missed.
     let mut ticket = waits.then(|| node.waits.subscribe(resource, &cmd.request_id));
     // Armed before proposing: a caller that hangs up while the acquire is being committed
@@ -111,6 +114,27 @@ pub(super) async fn acquire(
         ttl_ms: g.ttl_ms,
         expires_at_ms: g.expires_at_ms,
     })
+}
+
+/// Refuses a wait when this node's long polls already hold three quarters of its API
+/// connections: each holds a connection for as long as it waits, and the rest are kept for
+/// renewals, releases, reads and health checks, which would otherwise queue behind the waits
+/// in the listen backlog.
+fn room_to_wait(node: &Node) -> Result<(), ApiError> {
+    let connections = node.config.limits.max_connections;
+    let most = (connections - connections / 4).max(1);
+    let open = node.waits.open();
+    if open < most {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        ErrorCode::TooManyWaiters,
+        format!(
+            "This node holds {open} waiting acquires, as many as its {connections} connections \
+             leave room for (a quarter are kept for other calls); wait on another node, retry \
+             later, or try once (wait_timeout_ms 0)."
+        ),
+    ))
 }
 
 /// An acquire beyond the tenant's bounds: counted, and a 429 with its own code.

@@ -81,6 +81,69 @@ async fn waiting_queue_is_bounded_with_too_many_waiters() {
     c.shutdown().await;
 }
 
+/// Waits are bounded per node too: each holds a connection, and a quarter of the API's
+/// connections are kept for everything else, so a crowd of waiters cannot starve the renewals,
+/// releases and health checks of the node they wait on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_leave_a_quarter_of_the_connections_for_other_calls() {
+    let c = TestCluster::start_adjusted(3, |cfg| cfg.limits.max_connections = 8).await;
+    let leader = c.wait_leader(Duration::from_secs(5)).await;
+    let f = c.followers(leader)[0];
+    let got = c.acquire(leader, "crowd:a", "holder", 30_000).await;
+    let (lease, _) = assert_grant(&got, "crowd:a", 30_000);
+
+    phase("six waits on one node: three quarters of its 8 connections");
+    let mut waiters = Vec::new();
+    for i in 0..6 {
+        waiters.push(spawn_waiter(&c, f, "crowd:a", &format!("w-{i}"), 20_000));
+        wait_waiters(&c, leader, "crowd:a", i + 1).await;
+    }
+
+    phase("a seventh wait there is refused; other calls on that node are still served");
+    let got = c
+        .post(
+            f,
+            &lock_path("crowd:a", "acquire"),
+            json!({ "request_id": "w-7", "wait_timeout_ms": 5_000 }),
+        )
+        .await;
+    assert_error(&got, 429, "too_many_waiters", &[]);
+    let got = c.acquire(f, "crowd:a", "try-once", 5_000).await;
+    assert_error(&got, 409, "lock_held", &["retry_after_ms"]);
+    assert_eq!(c.get(f, "/readyz").await.0, 200);
+    let elsewhere = spawn_waiter(&c, leader, "crowd:a", "w-7", 20_000);
+    wait_waiters(&c, leader, "crowd:a", 7).await;
+
+    phase("the waits end in order: the first is handed the lock");
+    let (s, _) = release(&c, f, "crowd:a", &lease).await;
+    assert_eq!(s, 200);
+    let mut waiters = waiters.into_iter();
+    let first = waiters.next().expect("a waiter");
+    let (lease, _) = assert_grant(&answer(first).await, "crowd:a", 30_000);
+    for (i, _) in waiters.enumerate() {
+        let (s, r) = c
+            .post(
+                leader,
+                &lock_path("crowd:a", "cancel"),
+                json!({ "request_id": format!("w-{}", i + 1) }),
+            )
+            .await;
+        assert_eq!(s, 200, "{r}");
+    }
+    let (s, r) = c
+        .post(
+            leader,
+            &lock_path("crowd:a", "cancel"),
+            json!({ "request_id": "w-7" }),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_error(&answer(elsewhere).await, 409, "wait_cancelled", &[]);
+    let (s, _) = release(&c, leader, "crowd:a", &lease).await;
+    assert_eq!(s, 200);
+    c.shutdown().await;
+}
+
 /// FIFO hand-off without a thundering herd: each release wakes only the head waiter, which gets
 /// a strictly larger token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
