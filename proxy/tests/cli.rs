@@ -479,6 +479,65 @@ async fn cluster_remove_answers_with_the_new_voter_set() {
     cluster.stop().await;
 }
 
+/// `lock list` pages: a page that has more after it says how to get them, `--after` takes the
+/// cursor, and `--all` reads every page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_list_pages_through_every_lock() {
+    let cluster = Cluster::start().await;
+    let mut leases = Vec::new();
+    for i in 0..5 {
+        let opts = AcquireOptions::new(Duration::from_secs(60));
+        leases.push(
+            cluster
+                .client
+                .acquire(&format!("page:{i}"), opts)
+                .await
+                .unwrap(),
+        );
+    }
+    let names = |list: &LockList| -> Vec<String> {
+        list.locks.iter().map(|l| l.resource.clone()).collect()
+    };
+
+    phase("a page of 2 names the next one on stderr");
+    let out = cluster
+        .run(&[
+            "lock", "list", "--prefix", "page:", "--limit", "2", "-o", "table",
+        ])
+        .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(
+        table.contains("page:1") && !table.contains("page:2"),
+        "{table}"
+    );
+    assert!(
+        text(&out.stderr).contains("--after 'page:1'"),
+        "stderr: {}\nstdout: {table}",
+        text(&out.stderr)
+    );
+
+    phase("--after continues there; --all reads every page");
+    let next: LockList = cluster
+        .json(&[
+            "lock", "list", "--prefix", "page:", "--limit", "2", "--after", "page:1",
+        ])
+        .await;
+    assert_eq!(names(&next), ["page:2", "page:3"]);
+    let all: LockList = cluster
+        .json(&["lock", "list", "--prefix", "page:", "--limit", "2", "--all"])
+        .await;
+    assert_eq!(
+        names(&all),
+        ["page:0", "page:1", "page:2", "page:3", "page:4"]
+    );
+    assert_eq!(all.next_after, None);
+    for lease in leases {
+        lease.release().await.unwrap();
+    }
+    cluster.stop().await;
+}
+
 /// SIGTERM to `lock run` (a service manager stopping it, or Ctrl-C), or SIGHUP (its terminal
 /// went away), is passed to the command as SIGTERM, and the lock is released once the command
 /// has exited: the command never runs on without its lock.

@@ -90,15 +90,31 @@ Examples:
         /// Resource to show.
         resource: String,
     },
-    /// List held or waited-on resources in name order.
-    #[command(after_help = "Example:\n  fencegate lock list --prefix kv: --limit 20")]
+    /// List held or waited-on resources in name order, one page at a time (or all of them
+    /// with --all).
+    #[command(
+        after_help = "When more follow a page, the table is followed by a line on stderr \
+naming the --after for the next page; JSON output has it as next_after.
+
+Examples:
+  fencegate lock list --prefix kv: --limit 20
+  fencegate lock list --prefix kv: --limit 20 --after kv:orders-17
+  fencegate lock list --all -o json"
+    )]
     List {
         /// Only resources whose name starts with this.
         #[arg(long, default_value = "")]
         prefix: String,
-        /// Most entries to print, 1-1000.
+        /// Most entries to print, 1-1000 (with --all: per request).
         #[arg(long, default_value_t = 100)]
         limit: usize,
+        /// Start after this name: the next_after of the previous page.
+        #[arg(long, value_name = "NAME")]
+        after: Option<String>,
+        /// Every matching resource, read page by page (each page is current when read; a
+        /// resource that changes meanwhile may show on the page it had then).
+        #[arg(long)]
+        all: bool,
     },
     /// Print a resource's state, then every change, until Ctrl-C. JSON output is one object
     /// per line.
@@ -165,22 +181,33 @@ pub async fn lock(args: LockArgs) -> Result<std::process::ExitCode, CliError> {
                 }
             }
         }
-        LockCmd::List { prefix, limit } => {
+        LockCmd::List {
+            prefix,
+            limit,
+            after,
+            all,
+        } => {
             if limit == 0 || limit > wire::MAX_LIST_LIMIT {
                 return Err(CliError::usage(format!(
                     "--limit must be 1-{}",
                     wire::MAX_LIST_LIMIT
                 )));
             }
-            let list: LockList = Api::new(&args.client)?
-                .get(
-                    "/v1/locks",
-                    &[("prefix", prefix), ("limit", limit.to_string())],
-                )
-                .await?;
+            let api = Api::new(&args.client)?;
+            let mut list = list_page(&api, &prefix, limit, after).await?;
+            while all && list.next_after.is_some() {
+                let next = list_page(&api, &prefix, limit, list.next_after.take()).await?;
+                list.locks.extend(next.locks);
+                list.next_after = next.next_after;
+            }
             match format {
                 Format::Json => json_pretty(&list),
-                Format::Table => views_table(&list.locks, Some(list.now_ms)).print(),
+                Format::Table => {
+                    views_table(&list.locks, Some(list.now_ms)).print();
+                    if let Some(next) = &list.next_after {
+                        eprintln!("more follow: --after '{next}' for the next page, or --all");
+                    }
+                }
             }
         }
         LockCmd::Watch { resource, interval } => {
@@ -188,6 +215,17 @@ pub async fn lock(args: LockArgs) -> Result<std::process::ExitCode, CliError> {
         }
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+async fn list_page(
+    api: &Api,
+    prefix: &str,
+    limit: usize,
+    after: Option<String>,
+) -> Result<LockList, CliError> {
+    let mut query = vec![("prefix", prefix.to_string()), ("limit", limit.to_string())];
+    query.extend(after.map(|a| ("after", a)));
+    api.get("/v1/locks", &query).await
 }
 
 async fn read_one(api: &Api, resource: &str) -> Result<LockView, CliError> {
