@@ -88,6 +88,47 @@ const COMMITTED_EVERY: Duration = Duration::from_millis(100);
 /// directories made before this was set).
 const META_WRITES_PER_FLUSH: u32 = 1_000;
 
+/// Raft log syncs slower than [`SlowSyncs::SLOW`] hold up every command waiting on them (and,
+/// on the leader, the whole cluster's commits): logged as a warning at most every
+/// [`SlowSyncs::WARN_EVERY`], with how many there were since and the slowest, as etcd warns of
+/// slow fdatasyncs.
+#[derive(Default)]
+struct SlowSyncs {
+    count: u64,
+    worst: Duration,
+    warned: Option<Instant>,
+}
+
+impl SlowSyncs {
+    const SLOW: Duration = Duration::from_millis(100);
+    const WARN_EVERY: Duration = Duration::from_secs(10);
+
+    fn saw(&mut self, took: Duration) {
+        if took < Self::SLOW {
+            return;
+        }
+        self.count += 1;
+        self.worst = self.worst.max(took);
+        if self.warned.is_some_and(|at| at.elapsed() < Self::WARN_EVERY) {
+            return;
+        }
+        tracing::warn!(
+            slow_syncs = self.count,
+            slowest_ms = self.worst.as_millis() as u64,
+            "raft log syncs to disk are slow: {} took over {} ms since the last warning, the \
+             slowest {} ms; every write waits for them (a slow or shared disk: see \
+             fencegate_raft_log_sync_seconds)",
+            self.count,
+            Self::SLOW.as_millis(),
+            self.worst.as_millis()
+        );
+        *self = SlowSyncs {
+            warned: Some(Instant::now()),
+            ..SlowSyncs::default()
+        };
+    }
+}
+
 /// Group commit: `append` writes entries into the log's current segment without syncing and
 /// queues its callback here; this thread syncs once for everything queued meanwhile and only
 /// then tells raft the entries are durable. Under load one fsync covers many appends instead
@@ -108,6 +149,7 @@ fn spawn_flusher(
         .name("raft-log-flusher".into())
         .spawn(move || {
             let mut committed = CommittedWriter::new(db);
+            let mut slow = SlowSyncs::default();
             loop {
                 // A committed id held back by `COMMITTED_EVERY` is written once it is due, even
                 // if nothing else comes.
@@ -143,9 +185,11 @@ fn spawn_flusher(
                         Some(file) => {
                             let started = Instant::now();
                             let synced = file.sync_data();
+                            let took = started.elapsed();
                             if let Some(histogram) = sync_seconds.get() {
-                                histogram.observe(started.elapsed().as_secs_f64());
+                                histogram.observe(took.as_secs_f64());
                             }
+                            slow.saw(took);
                             synced
                         }
                         None => Ok(()),
@@ -819,6 +863,18 @@ mod tests {
 
     /// Every append raft hears is durable was covered by a sync the histogram timed; the
     /// first histogram set stays.
+    #[test]
+    fn slow_syncs_are_warned_of_at_most_every_ten_seconds() {
+        let mut slow = SlowSyncs::default();
+        slow.saw(Duration::from_millis(50));
+        assert!(slow.warned.is_none(), "a fast sync warned");
+        slow.saw(Duration::from_millis(150));
+        assert!(slow.warned.is_some() && slow.count == 0, "the first slow one warns");
+        slow.saw(Duration::from_millis(300));
+        slow.saw(Duration::from_millis(120));
+        assert_eq!((slow.count, slow.worst), (2, Duration::from_millis(300)));
+    }
+
     #[tokio::test]
     async fn syncs_that_acknowledge_appends_are_timed() {
         use openraft::storage::RaftLogStorageExt;
