@@ -31,8 +31,8 @@ pub use error::ApiError;
 
 use crate::net::PeerSecret;
 use crate::node::{
-    Node, ProposeError, FORWARD_PATH, MEMBER_API_PATH, PRE_VOTE_PATH, PROPOSE_BATCH_PATH,
-    READ_INDEX_PATH,
+    Node, ProposeError, ReadFailure, FORWARD_PATH, MEMBER_API_PATH, PRE_VOTE_PATH,
+    PROPOSE_BATCH_PATH, READ_INDEX_PATH,
 };
 use crate::wire::{ErrorCode, LEADER_ID_HEADER, NODE_ID_HEADER};
 
@@ -269,13 +269,21 @@ fn peer_routes() -> Router<Arc<Node>> {
 /// [`Node::read_barrier`]). A read changes nothing, so its 503 says only that the answer could
 /// not be confirmed current.
 pub(crate) async fn read_barrier(node: &Node) -> Result<(), ApiError> {
-    node.read_barrier().await.map_err(|e| match e {
-        ProposeError::NoQuorum | ProposeError::NotLeader(_) => ApiError::new(
+    node.read_barrier_or_why().await.map_err(|e| match e {
+        ReadFailure::Index(ProposeError::NoQuorum | ProposeError::NotLeader(_)) => ApiError::new(
             ErrorCode::NoQuorum,
             "No quorum confirmed the leader in time, so this node cannot tell whether its \
              state is current; retry the read, on this node or another.",
         ),
-        other => other.into(),
+        ReadFailure::Index(other) => other.into(),
+        ReadFailure::NotApplied { applied, needed } => ApiError::new(
+            ErrorCode::NoQuorum,
+            format!(
+                "The leader confirmed the read, but this node did not apply the log up to it in \
+                 time (it has applied index {applied} of {needed}: a slow disk or an \
+                 overloaded node); retry the read on another node."
+            ),
+        ),
     })
 }
 

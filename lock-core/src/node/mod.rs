@@ -45,6 +45,7 @@ pub use limits::{HttpLimits, TlsFiles, MIN_HEADER_BYTES};
 pub use member_api::{MemberApiAnswer, MemberApiCall, MAX_MEMBER_API_ANSWER, MEMBER_API_PATH};
 pub use metrics::{Metrics, HOT_ACQUIRES_PER_S, HOT_FENCE_REJECTIONS, HOT_IN_METRICS};
 pub use propose::Committed;
+pub use read::ReadFailure;
 pub use read_rounds::READ_INDEX_PATH;
 pub use restore::{
     check_empty as check_restore_target, prepare_backup, restore_data_dir, BackupError,

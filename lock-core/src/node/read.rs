@@ -5,24 +5,46 @@ use std::time::{Duration, Instant};
 use super::read_rounds::Scope;
 use super::{Node, ProposeError};
 
+/// Why a read barrier failed.
+#[derive(Debug)]
+pub enum ReadFailure {
+    /// No read index: no leader, or none that a quorum confirmed in time.
+    Index(ProposeError),
+    /// The leader gave a read index, but this node did not apply the log up to it in time.
+    NotApplied { applied: u64, needed: u64 },
+}
+
 impl Node {
     /// Waits until this node's state machine reflects every write committed before the call
     /// (a read index obtained from the leader, which confirms its leadership with a quorum).
     pub async fn read_barrier(&self) -> Result<(), ProposeError> {
+        self.read_barrier_or_why().await.map_err(|e| match e {
+            ReadFailure::Index(e) => e,
+            ReadFailure::NotApplied { .. } => ProposeError::NoQuorum,
+        })
+    }
+
+    /// [`Self::read_barrier`], saying which of its two steps failed.
+    pub async fn read_barrier_or_why(&self) -> Result<(), ReadFailure> {
         let deadline = Instant::now() + self.write_timeout();
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(ProposeError::NoQuorum);
+                return Err(ReadFailure::Index(ProposeError::NoQuorum));
             }
             match self.reads.read_index(Scope::Anywhere, remaining).await {
                 Ok(index) => {
                     let remaining = deadline.saturating_duration_since(Instant::now());
-                    return self.wait_applied(index, remaining).await;
+                    return self.wait_applied(index, remaining).await.map_err(|_| {
+                        ReadFailure::NotApplied {
+                            applied: self.machine.last_applied_index(),
+                            needed: index,
+                        }
+                    });
                 }
                 // No usable leader yet (election in progress, or it is unreachable).
                 Err(ProposeError::NotLeader(_)) => {}
-                Err(e) => return Err(e),
+                Err(e) => return Err(ReadFailure::Index(e)),
             }
             tokio::time::sleep(Duration::from_millis(50).min(remaining)).await;
         }

@@ -109,7 +109,10 @@ impl SlowSyncs {
         }
         self.count += 1;
         self.worst = self.worst.max(took);
-        if self.warned.is_some_and(|at| at.elapsed() < Self::WARN_EVERY) {
+        if self
+            .warned
+            .is_some_and(|at| at.elapsed() < Self::WARN_EVERY)
+        {
             return;
         }
         tracing::warn!(
@@ -869,7 +872,10 @@ mod tests {
         slow.saw(Duration::from_millis(50));
         assert!(slow.warned.is_none(), "a fast sync warned");
         slow.saw(Duration::from_millis(150));
-        assert!(slow.warned.is_some() && slow.count == 0, "the first slow one warns");
+        assert!(
+            slow.warned.is_some() && slow.count == 0,
+            "the first slow one warns"
+        );
         slow.saw(Duration::from_millis(300));
         slow.saw(Duration::from_millis(120));
         assert_eq!((slow.count, slow.worst), (2, Duration::from_millis(300)));

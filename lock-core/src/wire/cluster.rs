@@ -118,6 +118,10 @@ pub struct ReadyStatus {
     /// its rate with their own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub monotonic_ms: Option<u64>,
+    /// The index of the last log entry this node applied: the other members compare theirs
+    /// with the leader's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_index: Option<u64>,
 }
 
 /// What happens to traffic between this node and one peer.

@@ -80,6 +80,8 @@ error_codes! {
     /// refused before it was queued. Safe to retry after `retry_after_ms`.
     Overloaded = ("overloaded", 503),
     NodeStopped = ("node_stopped", 503),
+    /// `/readyz`: this node applies the log too far behind the leader to serve reads in time.
+    NodeBehind = ("node_behind", 503),
     /// A peer link is cut by an injected fault.
     Partitioned = ("partitioned", 503),
     Internal = ("internal", 500),

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use crate::net::auth::MAX_SKEW_MS;
 use crate::node::{monotonic_ms, Node};
-use crate::wire::ReadyStatus;
+use crate::wire::{ErrorBody, ErrorCode, ReadyStatus};
 
 const PROBE_EVERY: Duration = Duration::from_millis(500);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(400);
@@ -53,6 +53,20 @@ pub struct Probe {
 pub struct HealthTable {
     probes: Mutex<BTreeMap<u64, Probe>>,
     clocks: Mutex<BTreeMap<u64, ClockWatch>>,
+    /// The leader's applied index as its answers said, with when, over the last few seconds.
+    leader_applied: Mutex<VecDeque<(Instant, u64)>>,
+}
+
+/// A node is behind when it has not applied what the leader had applied this long ago: its
+/// reads wait at least that long.
+const BEHIND_AFTER: Duration = Duration::from_secs(2);
+
+/// How far behind the leader this node is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Behind {
+    /// What the leader had applied `ago`.
+    pub leader_applied: u64,
+    pub ago: Duration,
 }
 
 /// One member's clock as the probes see it.
@@ -119,6 +133,46 @@ impl RateWindow {
 }
 
 impl HealthTable {
+    /// Whether a node that has applied `applied` is behind the leader: the leader had applied
+    /// more [`BEHIND_AFTER`] ago or earlier (by its answers to this node's probes). Never on
+    /// the leader, which probes no leader.
+    pub fn behind_leader(&self, applied: u64) -> Option<Behind> {
+        self.behind_at(applied, Instant::now())
+    }
+
+    fn behind_at(&self, applied: u64, now: Instant) -> Option<Behind> {
+        let samples = self
+            .leader_applied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        samples
+            .iter()
+            .rev()
+            .find(|(at, _)| now.saturating_duration_since(*at) >= BEHIND_AFTER)
+            .filter(|(_, leader_applied)| *leader_applied > applied)
+            .map(|(at, leader_applied)| Behind {
+                leader_applied: *leader_applied,
+                ago: now.saturating_duration_since(*at),
+            })
+    }
+
+    /// Takes in the leader's applied index from its answer at `at`; keeps what
+    /// [`Self::behind_at`] needs: the newest sample at least [`BEHIND_AFTER`] old and those
+    /// after it.
+    fn leader_applied_at(&self, at: Instant, applied: u64) {
+        let mut samples = self
+            .leader_applied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        samples.push_back((at, applied));
+        while samples
+            .get(1)
+            .is_some_and(|(next, _)| at.saturating_duration_since(*next) >= BEHIND_AFTER)
+        {
+            samples.pop_front();
+        }
+    }
+
     pub fn get(&self, id: u64) -> Option<Probe> {
         self.probes
             .lock()
@@ -153,6 +207,18 @@ pub(in crate::node) async fn run(node: Arc<Node>) {
             async move {
                 let answer = probe(&node, id).await;
                 let now = node.wall_ms();
+                if let Ok(Answer {
+                    leader_id: Some(leader),
+                    applied_index: Some(applied),
+                    asked,
+                    ..
+                }) = &answer
+                {
+                    // The leader's own answer: what this node must have applied soon.
+                    if *leader == id {
+                        node.ops.health.leader_applied_at(*asked, *applied);
+                    }
+                }
                 let (offset_ms, rate) = match &answer {
                     Ok(Answer {
                         clock: Some(sample),
@@ -170,7 +236,7 @@ pub(in crate::node) async fn run(node: Arc<Node>) {
                             ready: a.ready,
                             leader_id: a.leader_id,
                             last_seen_ms: Some(now),
-                            error: None,
+                            error: a.not_ready,
                             clock_offset_ms: offset_ms.or(p.clock_offset_ms),
                             clock_rate: rate.or(p.clock_rate),
                         }
@@ -248,8 +314,14 @@ struct Answer {
     /// It knows a leader (`/readyz` answered 200).
     ready: bool,
     leader_id: Option<u64>,
+    /// Why it is not ready, when it says something other than that it knows no leader.
+    not_ready: Option<String>,
     /// Its clocks, when it is ready and of a version that tells them.
     clock: Option<ClockSample>,
+    /// The last log index it applied, likewise.
+    applied_index: Option<u64>,
+    /// When it was asked.
+    asked: Instant,
 }
 
 /// The member's answer when it answered at all (over the peer port: see
@@ -263,11 +335,18 @@ async fn probe(node: &Node, id: u64) -> Result<Answer, String> {
         Ok(answer) => answer?,
     };
     if !(200..300).contains(&status) {
-        // Not ready (no leader known) but alive; the body says why.
+        // Alive but not ready; the body says why.
+        let why = serde_json::from_str::<ErrorBody>(&body)
+            .ok()
+            .filter(|e| e.error != ErrorCode::NoLeader)
+            .map(|e| format!("{}: {}", e.error.as_str(), e.message));
         return Ok(Answer {
             ready: false,
             leader_id: None,
+            not_ready: why,
             clock: None,
+            applied_index: None,
+            asked: sent,
         });
     }
     let ready: ReadyStatus = serde_json::from_str(&body).map_err(|e| e.to_string())?;
@@ -285,7 +364,10 @@ async fn probe(node: &Node, id: u64) -> Result<Answer, String> {
     Ok(Answer {
         ready: true,
         leader_id: Some(ready.leader_id),
+        not_ready: None,
         clock,
+        applied_index: ready.applied_index,
+        asked: sent,
     })
 }
 
@@ -359,6 +441,37 @@ mod tests {
         }
         assert!((rate.expect("rate") - 0.99).abs() < 1e-9, "{rate:?}");
         assert_eq!(w.add(&sample(400_000, 5, 1)), None, "a restarted member");
+    }
+
+    #[test]
+    fn a_node_is_behind_when_it_lacks_what_the_leader_applied_two_seconds_ago() {
+        let table = HealthTable::default();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // The leader's answers every 500 ms: 100 entries applied per answer.
+        for i in 0..10u64 {
+            table.leader_applied_at(at(i * 500), 1_000 + i * 100);
+        }
+        let now = at(4_500);
+        // 2 s before now the leader had applied 1,500.
+        assert_eq!(table.behind_at(1_500, now), None);
+        assert_eq!(
+            table.behind_at(1_900, now),
+            None,
+            "ahead of two seconds ago"
+        );
+        let behind = table.behind_at(1_450, now).expect("behind");
+        assert_eq!(behind.leader_applied, 1_500);
+        assert_eq!(behind.ago, Duration::from_secs(2));
+        assert!(
+            table.leader_applied.lock().unwrap().len() <= 6,
+            "keeps only what it needs"
+        );
+        assert_eq!(
+            HealthTable::default().behind_at(0, now),
+            None,
+            "nothing heard from a leader"
+        );
     }
 
     #[test]

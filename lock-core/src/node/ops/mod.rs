@@ -15,7 +15,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Mutex;
 
 pub use audit::{AuditFilter, AuditLog};
-pub use health::{HealthTable, Probe};
+pub use health::{Behind, HealthTable, Probe};
 pub use hot::{Activity, HotTable};
 pub use series::Series;
 
