@@ -395,19 +395,18 @@ pub async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<ReadyStatus>, 
         return Err(raft_stopped(&cause));
     }
     let applied = node.machine.last_applied_index();
-    if let Some(behind) = node.ops.health.behind_leader(applied) {
-        return Err(ApiError::new(
+    match node.leader_in_touch() {
+        Some(_) if let Some(behind) = node.ops.health.behind_leader(applied) => Err(ApiError::new(
             ErrorCode::NodeBehind,
             format!(
                 "This node has applied the log up to index {applied}, and the leader had applied \
-                 {} already {:.1} s ago: it does not keep up (a slow disk or an overloaded \
-                 node), and reads here wait for it.",
+                 {} already {:.1} s ago: it does not keep up (a slow disk, an overloaded node, or \
+                 appends from the leader that do not arrive: see its log), and reads here wait \
+                 for it.",
                 behind.leader_applied,
                 behind.ago.as_secs_f64()
             ),
-        ));
-    }
-    match node.leader_in_touch() {
+        )),
         Some(leader_id) => Ok(Json(ReadyStatus {
             status: "ready".into(),
             leader_id,

@@ -280,8 +280,9 @@ pub(crate) async fn read_barrier(node: &Node) -> Result<(), ApiError> {
             ErrorCode::NoQuorum,
             format!(
                 "The leader confirmed the read, but this node did not apply the log up to it in \
-                 time (it has applied index {applied} of {needed}: a slow disk or an \
-                 overloaded node); retry the read on another node."
+                 time (it has applied index {applied} of {needed}: a slow disk, an overloaded \
+                 node, or appends from the leader that do not arrive); retry the read on another \
+                 node."
             ),
         ),
     })

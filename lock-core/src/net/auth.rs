@@ -60,8 +60,8 @@ pub enum AuthError {
     /// The sender's clock, as its message says, is `ahead_ms` past this node's (negative:
     /// behind) by more than [`MAX_SKEW_MS`].
     #[error(
-        "the peer's clock is {} s {} this node's; peers' clocks must agree within {} s (run NTP \
-         on every node)",
+        "the calling node's clock is {} s {} the called node's; peers' clocks must agree within \
+         {} s (run NTP on every node)",
         ahead_ms.unsigned_abs() / 1_000,
         if *ahead_ms >= 0 { "ahead of" } else { "behind" },
         MAX_SKEW_MS / 1_000
@@ -388,8 +388,8 @@ mod tests {
             .expect_err("95 s ahead");
         assert_eq!(
             e.refusal(),
-            "the peer's clock is 95 s ahead of this node's; peers' clocks must agree within 60 s \
-             (run NTP on every node)."
+            "the calling node's clock is 95 s ahead of the called node's; peers' clocks must \
+             agree within 60 s (run NTP on every node)."
         );
         assert_eq!(
             PeerSecret::new("short\n").err(),

@@ -55,11 +55,16 @@ pub struct HealthTable {
     clocks: Mutex<BTreeMap<u64, ClockWatch>>,
     /// The leader's applied index as its answers said, with when, over the last few seconds.
     leader_applied: Mutex<VecDeque<(Instant, u64)>>,
+    /// When this node was last found behind, and how far.
+    last_behind: Mutex<Option<(Instant, Behind)>>,
 }
 
 /// A node is behind when it has not applied what the leader had applied this long ago: its
 /// reads wait at least that long.
-const BEHIND_AFTER: Duration = Duration::from_secs(2);
+const BEHIND_AFTER: Duration = Duration::from_secs(1);
+/// ... and stays behind this long after it last was: a node that keeps falling behind and
+/// catching up is not ready, rather than flapping between the two.
+const BEHIND_HOLD: Duration = Duration::from_secs(5);
 
 /// How far behind the leader this node is.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -141,19 +146,31 @@ impl HealthTable {
     }
 
     fn behind_at(&self, applied: u64, now: Instant) -> Option<Behind> {
-        let samples = self
-            .leader_applied
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        samples
-            .iter()
-            .rev()
-            .find(|(at, _)| now.saturating_duration_since(*at) >= BEHIND_AFTER)
-            .filter(|(_, leader_applied)| *leader_applied > applied)
-            .map(|(at, leader_applied)| Behind {
-                leader_applied: *leader_applied,
-                ago: now.saturating_duration_since(*at),
-            })
+        let behind_now = {
+            let samples = self
+                .leader_applied
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            samples
+                .iter()
+                .rev()
+                .find(|(at, _)| now.saturating_duration_since(*at) >= BEHIND_AFTER)
+                .filter(|(_, leader_applied)| *leader_applied > applied)
+                .map(|(at, leader_applied)| Behind {
+                    leader_applied: *leader_applied,
+                    ago: now.saturating_duration_since(*at),
+                })
+        };
+        let mut last = self.last_behind.lock().unwrap_or_else(|e| e.into_inner());
+        match behind_now {
+            Some(b) => {
+                *last = Some((now, b));
+                Some(b)
+            }
+            None => last
+                .filter(|(at, _)| now.saturating_duration_since(*at) < BEHIND_HOLD)
+                .map(|(_, b)| b),
+        }
     }
 
     /// Takes in the leader's applied index from its answer at `at`; keeps what
@@ -227,7 +244,13 @@ pub(in crate::node) async fn run(node: Arc<Node>) {
                         Some(sample.offset_ms),
                         node.ops.health.watch_clock(&node, id, sample),
                     ),
-                    _ => (None, None),
+                    // A member that tells no clock now (down, not ready, or of an earlier
+                    // version) shows none: its last reading would be stale, and so would its
+                    // series.
+                    _ => {
+                        node.ops.health.forget_clock(&node, id);
+                        (None, None)
+                    }
                 };
                 node.ops.health.set(id, |p| match answer {
                     Ok(a) => {
@@ -237,8 +260,8 @@ pub(in crate::node) async fn run(node: Arc<Node>) {
                             leader_id: a.leader_id,
                             last_seen_ms: Some(now),
                             error: a.not_ready,
-                            clock_offset_ms: offset_ms.or(p.clock_offset_ms),
-                            clock_rate: rate.or(p.clock_rate),
+                            clock_offset_ms: offset_ms,
+                            clock_rate: rate,
                         }
                     }
                     // Keeps the time of the last answer; what it said no longer holds.
@@ -247,6 +270,8 @@ pub(in crate::node) async fn run(node: Arc<Node>) {
                         p.ready = false;
                         p.leader_id = None;
                         p.error = Some(e);
+                        p.clock_offset_ms = None;
+                        p.clock_rate = None;
                     }
                 });
             }
@@ -256,6 +281,21 @@ pub(in crate::node) async fn run(node: Arc<Node>) {
 }
 
 impl HealthTable {
+    /// Drops what is known of a member's clocks, and its series.
+    fn forget_clock(&self, node: &Node, id: u64) {
+        let known = self
+            .clocks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id)
+            .is_some();
+        if known {
+            let peer = id.to_string();
+            let _ = node.metrics.peer_clock_offset.remove_label_values(&[&peer]);
+            let _ = node.metrics.peer_clock_rate.remove_label_values(&[&peer]);
+        }
+    }
+
     /// Takes in a member's clock sample: sets its metrics, warns if the clock is out of
     /// bounds, and gives its rate once known.
     fn watch_clock(&self, node: &Node, id: u64, sample: &ClockSample) -> Option<f64> {
@@ -267,11 +307,16 @@ impl HealthTable {
             .peer_clock_offset
             .with_label_values(&[&peer])
             .set(sample.offset_ms as f64 / 1_000.0);
-        if let Some(rate) = rate {
-            node.metrics
+        match rate {
+            Some(rate) => node
+                .metrics
                 .peer_clock_rate
                 .with_label_values(&[&peer])
-                .set(rate);
+                .set(rate),
+            // Not measured yet (a member that just started): no series rather than a guess.
+            None => {
+                let _ = node.metrics.peer_clock_rate.remove_label_values(&[&peer]);
+            }
         }
         let offset_bad = sample.offset_ms.unsigned_abs() > OFFSET_WARN_MS;
         let rate_bad = rate.is_some_and(|r| (r - 1.0).abs() > RATE_WARN);
@@ -444,7 +489,7 @@ mod tests {
     }
 
     #[test]
-    fn a_node_is_behind_when_it_lacks_what_the_leader_applied_two_seconds_ago() {
+    fn a_node_is_behind_when_it_lacks_what_the_leader_applied_a_second_ago() {
         let table = HealthTable::default();
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
@@ -453,16 +498,15 @@ mod tests {
             table.leader_applied_at(at(i * 500), 1_000 + i * 100);
         }
         let now = at(4_500);
-        // 2 s before now the leader had applied 1,500.
-        assert_eq!(table.behind_at(1_500, now), None);
-        assert_eq!(
-            table.behind_at(1_900, now),
-            None,
-            "ahead of two seconds ago"
-        );
-        let behind = table.behind_at(1_450, now).expect("behind");
-        assert_eq!(behind.leader_applied, 1_500);
-        assert_eq!(behind.ago, Duration::from_secs(2));
+        // 1 s before now the leader had applied 1,700.
+        assert_eq!(table.behind_at(1_700, now), None);
+        assert_eq!(table.behind_at(1_900, now), None, "ahead of a second ago");
+        let behind = table.behind_at(1_650, now).expect("behind");
+        assert_eq!(behind.leader_applied, 1_700);
+        assert_eq!(behind.ago, Duration::from_secs(1));
+        // Caught up, but found behind 4 s ago: still behind; 5 s on, ready again.
+        assert_eq!(table.behind_at(1_900, at(8_500)), Some(behind));
+        assert_eq!(table.behind_at(1_900, at(9_500)), None);
         assert!(
             table.leader_applied.lock().unwrap().len() <= 6,
             "keeps only what it needs"
