@@ -50,6 +50,7 @@
 
 // The client side: the wire contract, timing facts and the Rust client. Built without the
 // `server` feature too, so a client pulls in no raft, storage or HTTP server.
+pub mod build_info;
 pub mod client;
 pub mod timing;
 pub mod wire;

@@ -104,6 +104,8 @@ Examples:
 struct Version {
     name: &'static str,
     version: &'static str,
+    /// The commit the binary was built from.
+    commit: &'static str,
 }
 
 /// Turns transparent huge pages off for this process (and the nodes it runs). The allocator
@@ -122,6 +124,7 @@ fn no_transparent_huge_pages() {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    lock_core::build_info::set_build(env!("CARGO_PKG_VERSION"), env!("FENCEGATE_COMMIT"));
     let args = Args::parse();
     let serves = matches!(args.cmd, Cmd::Dev(_) | Cmd::Node(_) | Cmd::DemoStore { .. });
     if !serves {
@@ -158,10 +161,11 @@ async fn main() -> ExitCode {
             let v = Version {
                 name: "fencegate",
                 version: env!("CARGO_PKG_VERSION"),
+                commit: env!("FENCEGATE_COMMIT"),
             };
             match cli::output_format(output) {
                 cli::Format::Json => cli::json_pretty(&v),
-                cli::Format::Table => println!("{} {}", v.name, v.version),
+                cli::Format::Table => println!("{} {} ({})", v.name, v.version, v.commit),
             }
             ExitCode::SUCCESS
         }

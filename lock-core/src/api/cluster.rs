@@ -413,6 +413,7 @@ pub async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<ReadyStatus>, 
             clock_ms: Some(node.clock.wall_ms()),
             monotonic_ms: Some(crate::node::monotonic_ms()),
             applied_index: Some(applied),
+            version: Some(crate::build_info::build().to_string()),
         })),
         None => Err(ApiError::new(
             ErrorCode::NoLeader,

@@ -85,6 +85,8 @@ pub struct Metrics {
     pub peer_clock_offset: GaugeVec,
     /// How fast each other member's monotonic clock runs against this node's, by member id.
     pub peer_clock_rate: GaugeVec,
+    /// 1, labelled with the build's version and commit.
+    pub build_info: IntGaugeVec,
 }
 
 /// How many resources the hot-resource series name: few, as each is a series of its own.
@@ -257,6 +259,14 @@ impl Metrics {
                 &["peer"],
             )
             .unwrap_or_else(|e| panic!("metric peer_clock_rate: {e}")),
+            build_info: IntGaugeVec::new(
+                Opts::new(
+                    "build_info",
+                    "1, labelled with the version and commit this node runs",
+                ),
+                &["version", "commit"],
+            )
+            .unwrap_or_else(|e| panic!("metric build_info: {e}")),
             registry,
         };
         let r = &m.registry;
@@ -299,6 +309,11 @@ impl Metrics {
         register(Box::new(m.hot_fence_rejections.clone()));
         register(Box::new(m.peer_clock_offset.clone()));
         register(Box::new(m.peer_clock_rate.clone()));
+        register(Box::new(m.build_info.clone()));
+        let build = crate::build_info::build();
+        m.build_info
+            .with_label_values(&[&build.version, &build.commit])
+            .set(1);
         m.start_at_zero();
         m
     }

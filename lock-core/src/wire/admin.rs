@@ -51,6 +51,10 @@ pub struct PeerHealth {
     /// last one to two minutes; null until a minute of answers is in.
     #[serde(default)]
     pub clock_rate: Option<f64>,
+    /// The build the member runs (`0.1.0 (1a2b3c4d5e6f)`), from its latest ready answer; null
+    /// for a member of a version that does not tell it.
+    #[serde(default)]
+    pub version: Option<String>,
 }
 
 /// A leader election as one node saw it: when the new leader became known and how long the

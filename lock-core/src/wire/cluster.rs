@@ -122,6 +122,9 @@ pub struct ReadyStatus {
     /// with the leader's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_index: Option<u64>,
+    /// The build this node runs: its version and commit, as `0.1.0 (1a2b3c4d5e6f)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// What happens to traffic between this node and one peer.

@@ -67,8 +67,10 @@ pub async fn overview(State(node): State<Arc<Node>>) -> Json<ClusterOverview> {
                 lag: matched.map(|i| last_log.saturating_sub(i)),
                 clock_offset_ms: None,
                 clock_rate: None,
+                version: None,
             };
             if *id == node.id {
+                peer.version = Some(crate::build_info::build().to_string());
                 peer.role = Some(role(m.state));
                 peer.leader_id = node.leader_in_touch();
                 peer.up = peer.leader_id.is_some();
@@ -90,6 +92,7 @@ pub async fn overview(State(node): State<Arc<Node>>) -> Json<ClusterOverview> {
                 peer.role = peer_role(*id, voters.contains(id), &probe);
                 peer.clock_offset_ms = probe.clock_offset_ms;
                 peer.clock_rate = probe.clock_rate;
+                peer.version = probe.version;
             }
             peer
         })

@@ -47,6 +47,8 @@ pub struct Probe {
     /// How fast the member's monotonic clock runs against this node's (1.0: the same), once
     /// a minute of precise samples is in.
     pub clock_rate: Option<f64>,
+    /// The build the member runs, from its latest ready answer.
+    pub version: Option<String>,
 }
 
 #[derive(Default)]
@@ -262,6 +264,8 @@ pub(in crate::node) async fn run(node: Arc<Node>) {
                             error: a.not_ready,
                             clock_offset_ms: offset_ms,
                             clock_rate: rate,
+                            // A not-ready answer tells none: the last ready one still holds.
+                            version: if a.ready { a.version } else { p.version.take() },
                         }
                     }
                     // Keeps the time of the last answer; what it said no longer holds.
@@ -365,6 +369,8 @@ struct Answer {
     clock: Option<ClockSample>,
     /// The last log index it applied, likewise.
     applied_index: Option<u64>,
+    /// The build it runs, likewise.
+    version: Option<String>,
     /// When it was asked.
     asked: Instant,
 }
@@ -391,6 +397,7 @@ async fn probe(node: &Node, id: u64) -> Result<Answer, String> {
             not_ready: why,
             clock: None,
             applied_index: None,
+            version: None,
             asked: sent,
         });
     }
@@ -412,6 +419,7 @@ async fn probe(node: &Node, id: u64) -> Result<Answer, String> {
         not_ready: None,
         clock,
         applied_index: ready.applied_index,
+        version: ready.version,
         asked: sent,
     })
 }
