@@ -90,9 +90,20 @@ async fn orders_with_key(h: &FenceHarness, key: &str) -> Vec<StoreWrite> {
 
 /// Sends until the answer is not "in flight" (409 `idempotency_key_in_use`) nor 503.
 async fn post_until_settled(h: &FenceHarness, id: u64, key: &str, body: &str) -> Answer {
+    post_until_settled_with(h, id, key, body, &[]).await
+}
+
+/// [`post_until_settled`] with extra headers.
+async fn post_until_settled_with(
+    h: &FenceHarness,
+    id: u64,
+    key: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> Answer {
     let deadline = std::time::Instant::now() + EVENT;
     loop {
-        let a = post_order(h, id, Some(key), body, &[]).await;
+        let a = post_order(h, id, Some(key), body, headers).await;
         let busy = a.code() == "idempotency_key_in_use" || a.status == 503;
         if !busy || std::time::Instant::now() >= deadline {
             return a;
@@ -1073,5 +1084,60 @@ async fn t85_a_body_that_trickles_in_gets_its_408() {
         h.client.store_log().await.is_empty(),
         "nothing reached the store"
     );
+    h.shutdown().await;
+}
+
+/// A node restored from a backup has only the backup's records: a key first used after the
+/// backup is new to it. On a route with a lookup it asks the store before forwarding such a key
+/// (for as long as the key could still be retried), so the lost cluster's effect is replayed,
+/// not made twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t86_a_restored_node_asks_the_store_about_keys_it_has_no_record_of() {
+    let mut h = FenceHarness::start().await;
+    let body = r#"{"item":"lamp"}"#;
+
+    phase("the lost cluster's effect: an order with key lost-1 the restored records lack");
+    let created = reqwest::Client::new()
+        .post(format!("http://{}/orders", h.client.store_addr))
+        .header("idempotency-key", "lost-1")
+        .header("x-tenant", "acme")
+        .body(body)
+        .send()
+        .await
+        .expect("the lost attempt's effect");
+    assert_eq!(created.status().as_u16(), 201);
+
+    phase("without a restore, the key is new: it runs (the documented limit of a lookup)");
+    let plain = post_order(&h, 1, Some("lost-0"), body, &[("x-tenant", "acme")]).await;
+    assert_eq!((plain.status, plain.replayed), (201, false), "{plain:?}");
+
+    phase("node 2 was made by a restore a moment ago");
+    let dir = h.cluster.config(2).data_dir;
+    h.crash(2).await;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    std::fs::write(
+        dir.join(lock_core::node::RESTORED_FILE),
+        format!("{now_ms}\n"),
+    )
+    .unwrap();
+    h.restart(2).await;
+    h.leader().await;
+
+    phase("its proxy finds the lost effect and replays it; a key the store lacks runs once");
+    let found = post_until_settled_with(&h, 2, "lost-1", body, &[("x-tenant", "acme")]).await;
+    assert_eq!(
+        (found.status, found.replayed, found.reconciled),
+        (200, true, true),
+        "{found:?}"
+    );
+    assert_eq!(orders_with_key(&h, "lost-1").await.len(), 1);
+    let fresh = post_order(&h, 2, Some("new-1"), body, &[("x-tenant", "acme")]).await;
+    assert_eq!((fresh.status, fresh.replayed), (201, false), "{fresh:?}");
+    assert_eq!(orders_with_key(&h, "new-1").await.len(), 1);
+    let again = post_order(&h, 1, Some("new-1"), body, &[("x-tenant", "acme")]).await;
+    assert_eq!((again.status, again.replayed), (201, true), "{again:?}");
     h.shutdown().await;
 }

@@ -48,8 +48,8 @@ pub use propose::Committed;
 pub use read::ReadFailure;
 pub use read_rounds::READ_INDEX_PATH;
 pub use restore::{
-    check_empty as check_restore_target, prepare_backup, restore_data_dir, BackupError,
-    RESTORING_FILE,
+    check_empty as check_restore_target, prepare_backup, restore_data_dir, restored_at_ms,
+    BackupError, RESTORED_FILE, RESTORING_FILE,
 };
 pub use revocations::{Revocation, Revocations};
 pub use start::{check_own_entry, start, RunningNode};
@@ -93,6 +93,9 @@ pub struct Node {
     /// Whether this node is in touch with a leader ([`Node::leader_in_touch`]), as last seen
     /// (looked at every 100 ms). Waiting acquires watch it instead of asking raft each.
     pub(crate) in_touch: tokio::sync::watch::Sender<bool>,
+    /// When a restore from a backup made this node's data directory (wall clock, ms), if one
+    /// did ([`RESTORED_FILE`]).
+    pub restored_at_ms: Option<u64>,
 }
 
 impl Node {

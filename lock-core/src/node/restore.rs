@@ -80,6 +80,19 @@ impl Node {
 /// on a directory that has it: the restore did not finish.
 pub const RESTORING_FILE: &str = "restoring";
 
+/// Left in a data directory a restore made: the wall-clock time of the restore, ms since 1970.
+/// The node's proxy reads it: until a route's retention has passed since, a key it has no
+/// record of may have been used on the lost cluster after the backup, so on a route with
+/// `reconcile` it asks the upstream before forwarding.
+pub const RESTORED_FILE: &str = "restored-at";
+
+/// The wall-clock time of the restore that made `dir`, if one did.
+pub fn restored_at_ms(dir: &Path) -> Option<u64> {
+    std::fs::read_to_string(dir.join(RESTORED_FILE))
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+}
+
 /// A mount point's own directory, left alone by a restore.
 const LOST_FOUND: &str = "lost+found";
 
@@ -196,6 +209,11 @@ pub async fn restore_data_dir(
             return Err(e);
         }
     };
+    let stamped = dir.join(RESTORED_FILE);
+    if let Err(e) = std::fs::write(&stamped, format!("{}\n", super::clock::unix_ms())) {
+        empty(dir);
+        return Err(in_dir(&stamped)(e));
+    }
     // Everything the restore wrote is synced; the marker goes last.
     std::fs::remove_file(&marker)
         .and_then(|()| sync_dir(dir))

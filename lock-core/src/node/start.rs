@@ -170,8 +170,10 @@ pub async fn start(
     );
     let (forwards, forward_queue) = super::forward::queue();
     let (reads, read_queue) = super::read_rounds::queue();
+    let restored_at_ms = super::restored_at_ms(&config.data_dir);
     let node = Arc::new(Node {
         id: config.id,
+        restored_at_ms,
         config,
         raft,
         machine,

@@ -24,7 +24,8 @@ use pingora::Result;
 use prometheus::{IntCounterVec, Opts, Registry};
 
 use super::contract::{
-    self, classify, fingerprint, parse_key, parse_tenant, Answer, IdempotencyMode, MAX_REQUEST_BODY,
+    self, classify, fingerprint, parse_key, parse_tenant, Answer, IdempotencyMode,
+    IdempotencyOptions, MAX_REQUEST_BODY,
 };
 use crate::route::Route;
 
@@ -316,6 +317,39 @@ impl IdempotencyLayer {
         let mut reconciled = false;
         loop {
             match outcome {
+                IdemOutcome::Claimed { attempt }
+                    if !reconciled && let Some(lookup) = self.lookup_if_maybe_lost(opts) =>
+                {
+                    // Ours to run, but the lost cluster may have run it after the backup this
+                    // node was restored from: the upstream is asked first.
+                    reconciled = true;
+                    match self.lookup(route, lookup, &req.scope).await {
+                        Ok(Finding::NeverRan) => {}
+                        Ok(Finding::Ran(answer)) => {
+                            let cmd = IdemCommand::Complete {
+                                scope: req.scope.clone(),
+                                attempt,
+                                outcome: Completion::Final(answer.clone()),
+                            };
+                            if let Err(e) = self.propose(cmd).await {
+                                return self.no_quorum(session, &e).await;
+                            }
+                            self.count("reconciled");
+                            return respond_replay(session, &answer).await;
+                        }
+                        Err(why) => {
+                            self.release(req, attempt).await;
+                            self.count("unknown");
+                            let msg = format!(
+                                "This node was restored from a backup, and the route's lookup \
+                                 could not tell whether this key's request ran before ({why}); \
+                                 nothing was forwarded. Retry with the same key."
+                            );
+                            return respond_error(session, ErrorCode::UpstreamError, &msg, None)
+                                .await;
+                        }
+                    }
+                }
                 IdemOutcome::Claimed { attempt } => {
                     self.count(if reconciled {
                         "reconciled_new_attempt"
@@ -590,15 +624,7 @@ impl IdempotencyLayer {
         attempt: u64,
         refusal: Refusal,
     ) -> Result<()> {
-        let release = IdemCommand::Complete {
-            scope: req.scope.clone(),
-            attempt,
-            outcome: Completion::NotRun,
-        };
-        if let Err(e) = self.propose(release).await {
-            // The claim then ends as `unknown` after its lease: safe, if unhelpful.
-            tracing::warn!(key = %req.scope.key, error = %e, "claim of a refused write not released");
-        }
+        self.release(req, attempt).await;
         let headers = [("content-type".to_string(), "application/json".to_string())];
         write(session, refusal.status, &headers, refusal.body).await
     }
@@ -647,6 +673,31 @@ impl IdempotencyLayer {
                 "the reconciliation lookup answered {s}, which proves neither outcome"
             )),
         }
+    }
+
+    /// Frees the key of `attempt`, which sent nothing upstream.
+    async fn release(&self, req: &Request, attempt: u64) {
+        let release = IdemCommand::Complete {
+            scope: req.scope.clone(),
+            attempt,
+            outcome: Completion::NotRun,
+        };
+        if let Err(e) = self.propose(release).await {
+            // The claim then ends as `unknown` after its lease: safe, if unhelpful.
+            tracing::warn!(key = %req.scope.key, error = %e, "claim that sent nothing not released");
+        }
+    }
+
+    /// The route's lookup, when a key this cluster has no record of may have been used on a
+    /// lost cluster: this node was restored from a backup less than the route's retention ago.
+    /// The restored cluster only has the backup's records; a key first used after the backup
+    /// could still be retried now.
+    fn lookup_if_maybe_lost<'o>(&self, opts: &'o IdempotencyOptions) -> Option<&'o str> {
+        let restored_lately = self
+            .node
+            .restored_at_ms
+            .is_some_and(|at| self.node.wall_ms() < at.saturating_add(opts.retain_ms));
+        opts.reconcile.as_deref().filter(|_| restored_lately)
     }
 
     async fn propose(&self, cmd: IdemCommand) -> Result<IdemOutcome, ProposeError> {

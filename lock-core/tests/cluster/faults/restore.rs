@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use lock_core::node::{prepare_backup, restore_data_dir, Policy, RESTORING_FILE};
+use lock_core::node::{prepare_backup, restore_data_dir, restored_at_ms, Policy, RESTORING_FILE};
 use lock_core::store::backup::{self, INDEX_JUMP, TERM_JUMP, TOKEN_GAP};
 use lock_core::testkit::{phase, TestCluster};
 use serde_json::Value;
@@ -44,6 +44,10 @@ async fn restore(c: &mut TestCluster, file: &std::path::Path, restored: &[u64]) 
             .unwrap_or_else(|e| panic!("restore node {id}: {e}"));
         assert!(dir.join("node-id").exists(), "the directory is claimed");
         assert!(!dir.join(RESTORING_FILE).exists(), "the marker is gone");
+        assert!(
+            restored_at_ms(&dir).is_some(),
+            "the directory says when it was restored (its proxy asks about unknown keys)"
+        );
         assert_eq!((summary.term, summary.index), (ready.term, ready.index));
         eprintln!("node {id} restored: {summary:?}");
     }
