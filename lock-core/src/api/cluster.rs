@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use super::admin::{check_admin_if_configured, require_admin};
 use super::{parse_json, ApiError};
+use crate::node::ops::Behind;
 use crate::node::Node;
 use crate::raft::NodeInfo;
 use crate::wire::{
@@ -396,17 +397,12 @@ pub async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<ReadyStatus>, 
     }
     let applied = node.machine.last_applied_index();
     match node.leader_in_touch() {
-        Some(_) if let Some(behind) = node.ops.health.behind_leader(applied) => Err(ApiError::new(
-            ErrorCode::NodeBehind,
-            format!(
-                "This node has applied the log up to index {applied}, and the leader had applied \
-                 {} already {:.1} s ago: it does not keep up (a slow disk, an overloaded node, or \
-                 appends from the leader that do not arrive: see its log), and reads here wait \
-                 for it.",
-                behind.leader_applied,
-                behind.ago.as_secs_f64()
-            ),
-        )),
+        Some(leader)
+            if leader != node.id
+                && let Some(behind) = node.ops.health.behind_leader(applied) =>
+        {
+            Err(behind_leader(applied, behind))
+        }
         Some(leader_id) => Ok(Json(ReadyStatus {
             status: "ready".into(),
             leader_id,
@@ -421,6 +417,21 @@ pub async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<ReadyStatus>, 
              not a member any more).",
         )),
     }
+}
+
+/// `/readyz` of a follower that applies the log too far behind the leader.
+fn behind_leader(applied: u64, behind: Behind) -> ApiError {
+    ApiError::new(
+        ErrorCode::NodeBehind,
+        format!(
+            "This node has applied the log up to index {applied}, and the leader had applied {} \
+             already {:.1} s ago: it does not keep up (a slow disk, an overloaded node, or \
+             appends from the leader that do not arrive: see its log), and reads here wait for \
+             it.",
+            behind.leader_applied,
+            behind.ago.as_secs_f64()
+        ),
+    )
 }
 
 pub async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
