@@ -390,7 +390,8 @@ fn raft_stopped(cause: &str) -> ApiError {
     )
 }
 
-/// Ready when this node is in touch with a leader (it can then serve every call).
+/// Ready when this node is in touch with a leader and, as a follower, keeps up with it (it can
+/// then serve every call without waiting).
 pub async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<ReadyStatus>, ApiError> {
     if let Some(cause) = node.raft_failure() {
         return Err(raft_stopped(&cause));
