@@ -83,9 +83,7 @@ impl AuthError {
 
 /// Refuses a message stamped more than [`MAX_SKEW_MS`] away from this node's clock.
 fn check_skew(unix_ms: u64) -> Result<(), AuthError> {
-    let ahead_ms = i64::try_from(unix_ms)
-        .unwrap_or(i64::MAX)
-        .saturating_sub(i64::try_from(now_ms()).unwrap_or(i64::MAX));
+    let ahead_ms = ms_apart(unix_ms, now_ms());
     if ahead_ms.unsigned_abs() > MAX_SKEW_MS {
         return Err(AuthError::Stale { ahead_ms });
     }
@@ -333,6 +331,15 @@ pub(crate) fn warn_refused(claimed_from: &str, why: &dyn fmt::Display) {
     );
 }
 
+/// How far clock reading `a` is past `b`, in ms (negative: before), saturating.
+pub(crate) fn ms_apart(a: u64, b: u64) -> i64 {
+    if a >= b {
+        i64::try_from(a - b).unwrap_or(i64::MAX)
+    } else {
+        i64::try_from(b - a).map_or(i64::MIN, |d| -d)
+    }
+}
+
 pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -367,6 +374,13 @@ mod tests {
             other.verify_head("2", "/raft/vote", &tag),
             Err(AuthError::BadMac)
         ));
+    }
+
+    #[test]
+    fn offsets_keep_their_sign() {
+        assert_eq!(ms_apart(10, 3), 7);
+        assert_eq!(ms_apart(3, 10), -7);
+        assert_eq!(ms_apart(u64::MAX, 0), i64::MAX);
     }
 
     #[test]

@@ -210,7 +210,12 @@ pub async fn restore_data_dir(
         }
     };
     let stamped = dir.join(RESTORED_FILE);
-    if let Err(e) = std::fs::write(&stamped, format!("{}\n", super::clock::unix_ms())) {
+    let written = std::fs::File::create(&stamped).and_then(|mut f| {
+        use std::io::Write;
+        writeln!(f, "{}", super::clock::unix_ms())?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
         empty(dir);
         return Err(in_dir(&stamped)(e));
     }

@@ -589,8 +589,8 @@ fn warn_if_leaderless(node: &Node, started: Instant) -> bool {
         term,
         state = ?state,
         "no leader heard from for {} s: this node cannot reach a majority of the members \
-         (down, partitioned, another peer secret, a clock more than 60 s off), is not a member any more, or is held back \
-         while it catches up",
+         (down, partitioned, another peer secret, a clock more than 60 s off), is not a member \
+         any more, or is held back while it catches up",
         since.elapsed().as_secs()
     );
     true

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::net::auth::MAX_SKEW_MS;
+use crate::net::auth::{ms_apart, MAX_SKEW_MS};
 use crate::node::{monotonic_ms, Node};
 use crate::wire::{ErrorBody, ErrorCode, ReadyStatus};
 
@@ -408,7 +408,7 @@ async fn probe(node: &Node, id: u64) -> Result<Answer, String> {
         .clock_ms
         .zip(ready.monotonic_ms)
         .map(|(wall, theirs_ms)| ClockSample {
-            offset_ms: signed_diff(wall, sent_wall + half),
+            offset_ms: ms_apart(wall, sent_wall + half),
             ours_ms: sent_mono + half,
             theirs_ms,
             round_trip,
@@ -422,15 +422,6 @@ async fn probe(node: &Node, id: u64) -> Result<Answer, String> {
         version: ready.version,
         asked: sent,
     })
-}
-
-/// `a - b`, saturating.
-fn signed_diff(a: u64, b: u64) -> i64 {
-    if a >= b {
-        i64::try_from(a - b).unwrap_or(i64::MAX)
-    } else {
-        i64::try_from(b - a).map_or(i64::MIN, |d| -d)
-    }
 }
 
 /// Runs the probes concurrently, so one slow member does not delay the others' results.
@@ -524,12 +515,5 @@ mod tests {
             None,
             "nothing heard from a leader"
         );
-    }
-
-    #[test]
-    fn offsets_keep_their_sign() {
-        assert_eq!(signed_diff(10, 3), 7);
-        assert_eq!(signed_diff(3, 10), -7);
-        assert_eq!(signed_diff(u64::MAX, 0), i64::MAX);
     }
 }
