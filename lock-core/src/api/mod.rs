@@ -31,8 +31,8 @@ pub use error::ApiError;
 
 use crate::net::PeerSecret;
 use crate::node::{
-    Node, ProposeError, ReadFailure, FORWARD_PATH, MEMBER_API_PATH, PRE_VOTE_PATH,
-    PROPOSE_BATCH_PATH, READ_INDEX_PATH,
+    Node, ProposeError, ReadFailure, CAMPAIGN_NOW_PATH, FORWARD_PATH, MEMBER_API_PATH,
+    PRE_VOTE_PATH, PROPOSE_BATCH_PATH, READ_INDEX_PATH,
 };
 use crate::wire::{ErrorCode, LEADER_ID_HEADER, NODE_ID_HEADER};
 
@@ -254,6 +254,7 @@ fn peer_routes() -> Router<Arc<Node>> {
         .route("/raft/append", post(raft_rpc::append))
         .route("/raft/vote", post(raft_rpc::vote))
         .route(PRE_VOTE_PATH, post(raft_rpc::pre_vote))
+        .route(CAMPAIGN_NOW_PATH, post(raft_rpc::campaign_now))
         .route("/raft/snapshot", post(raft_rpc::snapshot))
         .route("/internal/propose", post(raft_rpc::propose))
         .route(FORWARD_PATH, post(raft_rpc::forward))

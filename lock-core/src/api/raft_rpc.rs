@@ -18,7 +18,8 @@ use crate::machine::Command;
 use crate::net::codec::{self, CodecError};
 use crate::net::FROM_HEADER;
 use crate::node::{
-    ForwardReply, MemberApiAnswer, MemberApiCall, Node, PreVoteRequest, MAX_MEMBER_API_ANSWER,
+    CampaignNowRequest, ForwardReply, MemberApiAnswer, MemberApiCall, Node, PreVoteRequest,
+    MAX_MEMBER_API_ANSWER,
 };
 use crate::wire::ErrorCode;
 
@@ -119,6 +120,21 @@ pub async fn pre_vote(State(node): State<Arc<Node>>, headers: HeaderMap, body: B
     }
     match codec::decode::<PreVoteRequest>(&body) {
         Ok(req) => reply(&node.pre_vote(&req)),
+        Err(e) => bad_body(e),
+    }
+}
+
+/// The leader, stepping aside, asks this node to campaign at once (see `node::campaign`).
+pub async fn campaign_now(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(e) = admit(&node, &headers) {
+        return e.into_response();
+    }
+    match codec::decode::<CampaignNowRequest>(&body) {
+        Ok(req) => reply(&node.campaign_now(&req).await),
         Err(e) => bad_body(e),
     }
 }

@@ -166,6 +166,13 @@ fn may_campaign(node: &Node) -> bool {
         || (node.config.founder() == Some(node.id) && node.leader_contact.last().is_none())
 }
 
+fn is_voter(node: &Node, m: &openraft::RaftMetrics<u64, crate::raft::NodeInfo>) -> bool {
+    m.membership_config
+        .membership()
+        .voter_ids()
+        .any(|v| v == node.id)
+}
+
 /// Runs the election timer: see the module documentation.
 pub async fn run(node: Arc<Node>) {
     let timing = node.config.raft;
@@ -184,12 +191,7 @@ pub async fn run(node: Arc<Node>) {
         let campaigns = {
             let m = node.raft.metrics();
             let m = m.borrow();
-            let is_voter = m
-                .membership_config
-                .membership()
-                .voter_ids()
-                .any(|v| v == node.id);
-            m.state != ServerState::Leader && is_voter
+            m.state != ServerState::Leader && is_voter(&node, &m)
         };
         if !campaigns || !may_campaign(&node) {
             quiet_from = Instant::now();
@@ -210,19 +212,134 @@ pub async fn run(node: Arc<Node>) {
         timeout = election_timeout(&timing);
         // A leader heard while the round ran (another voter won meanwhile) makes the round
         // moot: electing now would depose it and cost a second election.
-        if pre_vote(&node, timing).await
-            && node
-                .leader_contact
+        let moot = || {
+            node.leader_contact
                 .last()
-                .is_none_or(|heard| heard <= round)
+                .is_some_and(|heard| heard > round)
+        };
+        campaign(&node, moot).await;
+    }
+}
+
+/// One pre-vote round and, if it is won and what was learnt meanwhile does not make it
+/// `moot`, an election. One round at a time: the timer and a leader's hand-over may both
+/// start one. True if an election was started.
+async fn campaign(node: &Arc<Node>, moot: impl Fn() -> bool) -> bool {
+    let Ok(_one_round) = node.campaign_round.try_lock() else {
+        return false;
+    };
+    if pre_vote(node, node.config.raft).await && !moot() {
+        tracing::info!(node = node.id, "pre-vote won: starting an election");
+        node.metrics.pre_votes.with_label_values(&["won"]).inc();
+        match node.raft.trigger().elect().await {
+            Ok(()) => return true,
+            Err(e) => tracing::warn!(error = %e, "could not start an election"),
+        }
+    } else {
+        node.metrics.pre_votes.with_label_values(&["lost"]).inc();
+    }
+    false
+}
+
+/// Where a leader that steps aside (an operator's drain) asks the follower it chose to
+/// campaign at once, as etcd's leader transfer does with its "timeout now" message.
+pub const CAMPAIGN_NOW_PATH: &str = "/raft/campaign-now";
+
+/// "I am stepping aside and you hold my whole log: campaign now."
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CampaignNowRequest {
+    pub leader: u64,
+    pub term: u64,
+    /// The leader's last log entry; the follower campaigns only if it holds it.
+    pub last_log_id: Option<LogId<u64>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CampaignNowResponse {
+    /// Whether the follower won its pre-vote round and started an election.
+    pub started: bool,
+}
+
+/// A follower's answer to its leader's [`CampaignNowRequest`]. Only the leader it follows, in
+/// the term it follows it, can ask, and only a voter holding that leader's whole log goes on.
+/// It still runs the pre-vote round: the leader, stepping aside, grants it, and the other
+/// voters, whose leader lease has not run out, do not, so with two of three it wins alone and
+/// at once, before any other follower's timer fires. Without the hand-over both followers'
+/// timers would run out together after the leader went quiet, and on a busy machine the second
+/// one's election could follow the first one's and depose it.
+pub async fn campaign_now(node: &Arc<Node>, req: &CampaignNowRequest) -> CampaignNowResponse {
+    let eligible = {
+        let m = node.raft.metrics();
+        let m = m.borrow();
+        is_voter(node, &m)
+            && m.state == ServerState::Follower
+            && m.current_leader == Some(req.leader)
+            && m.current_term == req.term
+    };
+    let holds_log = node.raft.data_metrics().borrow().last_log >= req.last_log_id;
+    // Moot once a leader of a later term is heard: a late heartbeat of the asking leader is not.
+    let moot = || node.leader_contact.heard_in(req.term + 1);
+    let started = eligible && holds_log && may_campaign(node) && campaign(node, moot).await;
+    tracing::info!(
+        node = node.id,
+        leader = req.leader,
+        eligible,
+        holds_log,
+        started,
+        "the leader asked this node to campaign now"
+    );
+    CampaignNowResponse { started }
+}
+
+/// The leader's side of a hand-over: once a voter holds this leader's whole log, asks it to
+/// campaign now ([`CampaignNowRequest`]). Called with proposals and heartbeats stopped, so the
+/// log no longer grows. Returns the voter that started an election, if one did; otherwise the
+/// followers' own timers take over once their leader lease runs out (a voter of an earlier
+/// version answers 404, and a leader elected less than a lease ago is refused by raft itself).
+pub async fn hand_over(node: &Node) -> Option<u64> {
+    let timing = node.config.raft;
+    let waited = Duration::from_millis(timing.election_timeout_max_ms());
+    let deadline = Instant::now() + waited;
+    let mut rx = node.raft.metrics();
+    let (target, req) = loop {
         {
-            tracing::info!(node = node.id, "pre-vote won: starting an election");
-            node.metrics.pre_votes.with_label_values(&["won"]).inc();
-            if let Err(e) = node.raft.trigger().elect().await {
-                tracing::warn!(error = %e, "could not start an election");
+            let m = rx.borrow();
+            let last_log_id = node.raft.data_metrics().borrow().last_log;
+            let caught_up = m.replication.as_ref().and_then(|matched| {
+                m.membership_config
+                    .membership()
+                    .voter_ids()
+                    .filter(|v| *v != node.id)
+                    .find(|v| matched.get(v).is_some_and(|m| *m >= last_log_id))
+            });
+            if let Some(target) = caught_up {
+                let req = CampaignNowRequest {
+                    leader: node.id,
+                    term: m.current_term,
+                    last_log_id,
+                };
+                break (target, req);
             }
-        } else {
-            node.metrics.pre_votes.with_label_values(&["lost"]).inc();
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
+            tracing::info!("hand-over: no voter holds the whole log; waiting for an election");
+            return None;
+        }
+    };
+    let addr = node.member_addr(target)?;
+    let answer: Result<CampaignNowResponse, PeerError> = node
+        .peers
+        .post(target, &addr, CAMPAIGN_NOW_PATH, &req, waited)
+        .await;
+    match answer {
+        Ok(CampaignNowResponse { started: true }) => {
+            tracing::info!(target, "hand-over: the chosen voter campaigns");
+            Some(target)
+        }
+        other => {
+            tracing::info!(target, answer = ?other, "hand-over declined; waiting for an election");
+            None
         }
     }
 }

@@ -35,7 +35,10 @@ use openraft::ServerState;
 pub use auth::{
     constant_time_eq, key_digest, new_api_key, AuthMode, Caller, Denied, TenantPolicy, TenantRates,
 };
-pub use campaign::{PreVoteRequest, PreVoteResponse, PRE_VOTE_PATH};
+pub use campaign::{
+    hand_over, CampaignNowRequest, CampaignNowResponse, PreVoteRequest, PreVoteResponse,
+    CAMPAIGN_NOW_PATH, PRE_VOTE_PATH,
+};
 pub(crate) use clock::monotonic_ms;
 pub use clock::Clock;
 pub use config::{MemberAddrs, NodeConfig, Policy, MAX_FAILOVER_GRACE_MS};
@@ -86,6 +89,8 @@ pub struct Node {
     pub vote_hold: vote_hold::VoteHold,
     /// When this node last heard from a leader (it decides when to campaign).
     pub leader_contact: campaign::LeaderContact,
+    /// Held while a pre-vote round and the election it may start run: one at a time.
+    campaign_round: tokio::sync::Mutex<()>,
     /// What a backup reads: the current snapshot and the idempotency records.
     backups: crate::store::BackupSource,
     /// Turns true when the node begins to shut down (see [`Node::begin_stopping`]).
@@ -212,6 +217,11 @@ impl Node {
     /// This node's answer to a candidate asking whether it would get its vote.
     pub fn pre_vote(&self, req: &PreVoteRequest) -> campaign::PreVoteResponse {
         campaign::answer(self, req)
+    }
+
+    /// This node's answer to its leader asking it to campaign at once (the leader steps aside).
+    pub async fn campaign_now(self: &Arc<Self>, req: &CampaignNowRequest) -> CampaignNowResponse {
+        campaign::campaign_now(self, req).await
     }
 
     /// The leader as this node knows it. A node that names itself but is not leader (one

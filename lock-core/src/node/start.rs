@@ -190,6 +190,7 @@ pub async fn start(
         tenant_rates: Default::default(),
         vote_hold,
         leader_contact: Default::default(),
+        campaign_round: Default::default(),
         backups,
         stopping: tokio::sync::watch::Sender::new(false),
         in_touch: tokio::sync::watch::Sender::new(true),

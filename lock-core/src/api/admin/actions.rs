@@ -181,10 +181,12 @@ pub async fn snapshot(
 /// `POST /v1/admin/drain {operator}`: the leader steps aside and another voter takes over.
 ///
 /// openraft 0.9 has no leader transfer, so this is done with what it offers: the leader stops
-/// heartbeats and proposes nothing (callers' writes wait and retry, as in any election), the
-/// followers' leader lease runs out, one of them wins an election with a higher term, and the
-/// old leader becomes its follower. Best effort: which voter wins is raft's choice, and if none
-/// does within the timeout the old leader resumes.
+/// heartbeats and proposes nothing (callers' writes wait and retry, as in any election), and
+/// asks a follower that holds its whole log to campaign at once; that one wins with the old
+/// leader's vote, and the old leader becomes its follower. If no follower can (none caught up,
+/// one of an older version), the followers' leader lease runs out and one of them wins an
+/// election of its own. Best effort: if no voter takes over within the timeout, the old
+/// leader resumes.
 pub async fn drain(
     State(node): State<Arc<Node>>,
     headers: HeaderMap,
@@ -241,6 +243,7 @@ async fn step_aside(node: &Node) -> Result<DrainResponse, ApiError> {
     node.ops.draining.store(true, Ordering::Release);
     node.raft.runtime_config().heartbeat(false);
     let deadline = Instant::now() + ACTION_TIMEOUT;
+    crate::node::hand_over(node).await;
     let mut rx = node.raft.metrics();
     let taken_over = loop {
         {

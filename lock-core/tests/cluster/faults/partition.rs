@@ -398,3 +398,76 @@ async fn a_drained_leader_records_the_elections_length_not_its_time_as_leader() 
     );
     c.shutdown().await;
 }
+
+/// A drain hands leadership to one chosen follower at once: with an election timeout so long
+/// that the followers' own timers could not fire within the drain's 10 s, the drain still
+/// succeeds, in a single election (the term goes up by one), and the other follower never
+/// campaigns. Before, a drain waited for both followers' leases to run out together, and on a
+/// busy machine the second one's election could follow the first's and depose it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_hands_over_to_one_follower_in_one_election() {
+    use lock_core::timing::{RaftTiming, HEARTBEAT_MS};
+    // The followers' timers need the lease (8 s) plus 4–8 s: past the drain's 10 s.
+    const TIMING: RaftTiming = RaftTiming {
+        heartbeat_ms: HEARTBEAT_MS,
+        election_timeout_ms: 4_000,
+    };
+    let c = TestCluster::start_adjusted(3, |n| n.raft = TIMING).await;
+    let leader = c.wait_leader(Duration::from_secs(40)).await;
+    let (s, v) = c.acquire(leader, "handover:held", "held", 60_000).await;
+    assert_eq!(s, 200, "{v}");
+    let held = Granted::parse(&v);
+    let term = c.cluster_status(leader).await.term;
+    let rounds = |id: u64| {
+        let m = &c.node(id).node.metrics.pre_votes;
+        m.with_label_values(&["won"]).get() + m.with_label_values(&["lost"]).get()
+    };
+    let before: Vec<u64> = [1, 2, 3].into_iter().map(rounds).collect();
+
+    phase("raft refuses votes within a lease of an election: wait that out, then drain");
+    tokio::time::sleep(Duration::from_millis(
+        TIMING.election_timeout_max_ms() + 500,
+    ))
+    .await;
+    let (s, v) = c
+        .post(leader, "/v1/admin/drain", json!({ "operator": "test" }))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let successor = v["new_leader"].as_u64().expect("new_leader");
+    assert_ne!(successor, leader, "{v}");
+    assert_eq!(v["term"].as_u64(), Some(term + 1), "one election: {v}");
+
+    phase("one pre-vote round, by the successor; the other follower never campaigned");
+    let other = c
+        .followers(leader)
+        .into_iter()
+        .find(|f| *f != successor)
+        .expect("a third node");
+    assert_eq!(rounds(successor), before[successor as usize - 1] + 1);
+    assert_eq!(rounds(other), before[other as usize - 1]);
+    assert_eq!(rounds(leader), before[leader as usize - 1]);
+    for id in [1, 2, 3] {
+        eventually(
+            EVENT,
+            &format!("node {id} follows the successor"),
+            async || {
+                let st = c.cluster_status(id).await;
+                (st.term, st.leader_id) == (term + 1, Some(successor))
+            },
+        )
+        .await;
+    }
+
+    phase("the lease held through the drain renews, and writes go on");
+    let (s, v) = c
+        .post(
+            successor,
+            "/v1/locks/handover:held/renew",
+            json!({ "lease_id": held.lease_id }),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, v) = c.acquire(leader, "handover:after", "after", 30_000).await;
+    assert_eq!(s, 200, "{v}");
+    c.shutdown().await;
+}
