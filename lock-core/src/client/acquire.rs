@@ -64,6 +64,9 @@ pub(crate) async fn acquire(
     // Whether an attempt of ours ended without an answer (its connection may have dropped).
     let mut dropped_earlier = false;
     let mut attempts = 0u32;
+    // How many nodes refused this wait as full: a node holds only so many waits at once
+    // (its connections), so a waiting acquire tries each of the others before giving up.
+    let mut full_nodes = 0usize;
     let mut last = String::from("no attempt made");
     let lease: Lease = loop {
         let now = Instant::now();
@@ -102,6 +105,19 @@ pub(crate) async fn acquire(
             .await
         {
             Ok(lease) => break lease,
+            Err(AttemptError::Api(reply))
+                if reply.body.error == ErrorCode::TooManyWaiters
+                    && !wait.is_zero()
+                    && full_nodes + 1 < transport.nodes().len() =>
+            {
+                // Refused before it was queued: the next node may have room (if the
+                // resource's own queue is full, every node says so, and the last answer is
+                // returned).
+                full_nodes += 1;
+                transport.move_on();
+                last = reply.body.message;
+                continue;
+            }
             Err(AttemptError::Api(reply)) => {
                 // A wait that ended too early is re-queued. So is a cancelled one after an
                 // attempt of ours whose connection dropped (the server withdraws the wait of a

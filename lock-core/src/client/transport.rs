@@ -146,6 +146,11 @@ impl Transport {
         outcome
     }
 
+    /// Sends the next calls to the next node (the current one refused for want of room).
+    pub fn move_on(&self) {
+        self.route.failed(self.route.current());
+    }
+
     async fn attempt<B: Serialize, T: DeserializeOwned>(
         &self,
         idx: usize,

@@ -64,3 +64,67 @@ async fn t70_calls_go_to_the_leader_and_follow_a_new_one() {
     );
     c.shutdown().await;
 }
+
+/// A node holds only so many waits at once (three quarters of its connections); a waiting
+/// acquire it refuses for want of room goes on to another configured node and waits there,
+/// instead of returning `TooManyWaiters` while the cluster has room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_refused_by_a_full_node_waits_on_another() {
+    use crate::api::support::{
+        answer, assert_grant, lock_path, release, spawn_waiter, wait_waiters,
+    };
+    use serde_json::json;
+
+    let c = TestCluster::start_adjusted(3, |cfg| cfg.limits.max_connections = 8).await;
+    let leader = c.wait_leader(10 * SEC).await;
+    let got = c.acquire(leader, "crowd:c", "holder", 30_000).await;
+    let (lease, _) = assert_grant(&got, "crowd:c", 30_000);
+
+    phase("six waits fill the leader's room for waits");
+    let mut crowd = Vec::new();
+    for i in 0..6 {
+        crowd.push(spawn_waiter(
+            &c,
+            leader,
+            "crowd:c",
+            &format!("w-{i}"),
+            20_000,
+        ));
+        wait_waiters(&c, leader, "crowd:c", i + 1).await;
+    }
+
+    phase("the client, leader first, is refused there and waits on a follower");
+    let mut order = vec![leader];
+    order.extend(c.followers(leader));
+    let client =
+        Client::new(order.iter().map(|id| format!("http://{}", c.addrs[id]))).expect("client");
+    let waiting = tokio::spawn(async move {
+        let opts = AcquireOptions::new(30 * SEC).wait_timeout(15 * SEC);
+        client.acquire("crowd:c", opts).await
+    });
+    wait_waiters(&c, leader, "crowd:c", 7).await;
+
+    phase("the crowd leaves and the holder releases: the client is granted the lock");
+    for i in 0..6 {
+        let (s, r) = c
+            .post(
+                leader,
+                &lock_path("crowd:c", "cancel"),
+                json!({ "request_id": format!("w-{i}") }),
+            )
+            .await;
+        assert_eq!(s, 200, "{r}");
+    }
+    for h in crowd {
+        assert_eq!(answer(h).await.0, 409);
+    }
+    let (s, _) = release(&c, leader, "crowd:c", &lease).await;
+    assert_eq!(s, 200);
+    let guard = tokio::time::timeout(20 * SEC, waiting)
+        .await
+        .expect("the client's wait ends")
+        .expect("join")
+        .expect("granted");
+    assert!(guard.release().await.expect("release"));
+    c.shutdown().await;
+}
