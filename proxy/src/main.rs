@@ -145,10 +145,16 @@ async fn main() -> ExitCode {
                 eprintln!("error: {}", one_line(&e));
                 ExitCode::from(cli::exit::USAGE)
             }
-            Ok(loaded) if a.check => {
-                println!("{}: valid: {}", a.config.display(), loaded.summary());
-                ExitCode::SUCCESS
-            }
+            Ok(loaded) if a.check => match loaded.check_data_dir() {
+                Ok(()) => {
+                    println!("{}: valid: {}", a.config.display(), loaded.summary());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: config {}: {}", a.config.display(), one_line(&e));
+                    ExitCode::from(cli::exit::USAGE)
+                }
+            },
             Ok(loaded) => served(node::run(loaded).await),
         },
         Cmd::DemoStore { listen, journal } => served(demo::run(&listen, journal.as_deref()).await),

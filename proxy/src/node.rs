@@ -241,6 +241,49 @@ impl Loaded {
         }
     }
 
+    /// For `--check`: whether this process can use the data directory as the node would. It
+    /// must be a directory this user can create files in, or, if it does not exist yet, its
+    /// nearest existing parent must be (the node creates it). Run `--check` as the service's
+    /// user: a directory made by root is what this catches.
+    pub fn check_data_dir(&self) -> anyhow::Result<()> {
+        let dir = &self.config.data_dir;
+        let mut existing = dir.as_path();
+        while !existing.exists() {
+            match existing.parent() {
+                Some(p) if !p.as_os_str().is_empty() => existing = p,
+                _ => {
+                    existing = Path::new(".");
+                    break;
+                }
+            }
+        }
+        if !existing.is_dir() {
+            anyhow::bail!(
+                "data_dir {}: {} is not a directory",
+                dir.display(),
+                existing.display()
+            );
+        }
+        let probe = existing.join(format!(".fencegate-check-{}", std::process::id()));
+        std::fs::write(&probe, b"")
+            .and_then(|()| std::fs::remove_file(&probe))
+            .map_err(|e| {
+                let what = if existing == dir.as_path() {
+                    "the data directory".to_string()
+                } else {
+                    format!(
+                        "{} (where the data directory would be made)",
+                        existing.display()
+                    )
+                };
+                anyhow::anyhow!(
+                    "data_dir {}: cannot create a file in {what}: {e}; run the node as a user \
+                     that owns it, or fix its permissions",
+                    dir.display()
+                )
+            })
+    }
+
     /// One line on what the file describes, for `--check`.
     pub fn summary(&self) -> String {
         let proxy = match &self.proxy {
@@ -552,6 +595,33 @@ mod tests {
         let relative = route("").replace("path = \"/dav/**\"", "path = \"dav/{x}\"");
         let err = format!("{:#}", parse(&relative).err().expect("refused"));
         assert!(err.contains("must start with '/'"), "{err}");
+    }
+
+    /// `--check` tries the data directory as the node would use it: one that exists or can be
+    /// made passes, one under a file is named with the reason.
+    #[test]
+    fn the_check_tries_the_data_directory() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let with_dir = |data: &Path| {
+            parse(&OPEN_NODE.replace("/tmp/x", &data.display().to_string())).expect("loads")
+        };
+        with_dir(dir.path())
+            .check_data_dir()
+            .expect("an existing directory");
+        with_dir(&dir.path().join("new/nested"))
+            .check_data_dir()
+            .expect("a directory the node can make");
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, b"x").expect("write");
+        let err = format!(
+            "{:#}",
+            with_dir(&file.join("data"))
+                .check_data_dir()
+                .expect_err("refused")
+        );
+        assert!(err.contains("a-file is not a directory"), "{err}");
+        let leftovers = std::fs::read_dir(dir.path()).expect("list").count();
+        assert_eq!(leftovers, 1, "the probe files are removed");
     }
 
     #[test]

@@ -8,8 +8,8 @@ use std::time::Duration;
 use lock_core::client::{AcquireOptions, Client};
 use lock_core::testkit::{eventually, phase, TestCluster};
 use lock_core::wire::{
-    AcquireResponse, CancelResponse, ClusterStatus, LockList, LockView, Member, MembershipResponse,
-    ReleaseResponse,
+    AcquireResponse, CancelResponse, ClusterStatus, DrainResponse, LockList, LockView, Member,
+    MembershipResponse, ReleaseResponse,
 };
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -476,6 +476,24 @@ async fn cluster_remove_answers_with_the_new_voter_set() {
         members.iter().all(|m| m.id != follower || !m.voter),
         "{members:?}"
     );
+    cluster.stop().await;
+}
+
+/// `cluster drain --to N` hands leadership to that voter and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_drain_hands_leadership_to_the_named_voter() {
+    let cluster = Cluster::start().await;
+    let leader = cluster.kit.wait_leader(Duration::from_secs(10)).await;
+    let to = cluster.kit.followers(leader)[1];
+    // Raft refuses votes within a lease (800 ms) of an election.
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+
+    phase("drain through the CLI, naming the successor");
+    let moved: DrainResponse = cluster
+        .json(&["cluster", "drain", "--to", &to.to_string()])
+        .await;
+    assert_eq!((moved.old_leader, moved.new_leader), (leader, to));
+    assert_eq!(cluster.kit.wait_leader(Duration::from_secs(10)).await, to);
     cluster.stop().await;
 }
 

@@ -49,6 +49,30 @@ pub struct PeerClient {
     faults: FaultLayer,
     secret: PeerSecret,
     framed: Arc<Framed>,
+    /// How long each peer has lately taken to answer appends.
+    appends: Arc<AppendTimes>,
+}
+
+/// How long appends to each peer take to be answered (failures count as what they took),
+/// smoothed over the last few: which follower keeps up best, when a leader hands over.
+#[derive(Debug, Default)]
+struct AppendTimes(std::sync::Mutex<std::collections::HashMap<u64, (Instant, Duration)>>);
+
+impl AppendTimes {
+    fn record(&self, target: u64, took: Duration) {
+        let mut times = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let smoothed = match times.get(&target) {
+            Some((_, before)) => (*before * 7 + took) / 8,
+            None => took,
+        };
+        times.insert(target, (Instant::now(), smoothed));
+    }
+
+    fn recent(&self, target: u64, within: Duration) -> Option<Duration> {
+        let times = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (at, smoothed) = times.get(&target)?;
+        (at.elapsed() <= within).then_some(*smoothed)
+    }
 }
 
 /// How long opening a connection to a peer may take.
@@ -136,7 +160,19 @@ impl PeerClient {
             faults,
             secret,
             framed: Arc::default(),
+            appends: Arc::default(),
         }
+    }
+
+    /// Notes that an append to `target` was answered (or failed) after `took`.
+    pub fn append_took(&self, target: u64, took: Duration) {
+        self.appends.record(target, took);
+    }
+
+    /// How long appends to `target` have lately taken to be answered, smoothed, if one was
+    /// answered or failed within `within`.
+    pub fn append_round_trip(&self, target: u64, within: Duration) -> Option<Duration> {
+        self.appends.recent(target, within)
     }
 
     pub fn faults(&self) -> &FaultLayer {

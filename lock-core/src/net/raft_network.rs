@@ -190,7 +190,9 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
                 PayloadTooLarge::new_entries_hint(hint),
             ));
         }
+        let sent = std::time::Instant::now();
         let reply = self.send_frame("/raft/append", body, &option).await;
+        self.client.append_took(self.target, sent.elapsed());
         self.settle(reply)
     }
 

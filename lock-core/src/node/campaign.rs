@@ -291,41 +291,68 @@ pub async fn campaign_now(node: &Arc<Node>, req: &CampaignNowRequest) -> Campaig
     CampaignNowResponse { started }
 }
 
-/// The leader's side of a hand-over: once a voter holds this leader's whole log, asks it to
-/// campaign now ([`CampaignNowRequest`]). Called with proposals and heartbeats stopped, so the
-/// log no longer grows. Returns the voter that started an election, if one did; otherwise the
-/// followers' own timers take over once their leader lease runs out (a voter of an earlier
+/// The leader's side of a hand-over: picks a voter that holds this leader's whole log and asks
+/// it to campaign now ([`CampaignNowRequest`]). Called with proposals and heartbeats stopped,
+/// so the log no longer grows. With `to`, only that voter is asked; otherwise the one whose
+/// appends have lately been answered fastest (a follower behind a slow or saturated link
+/// would make a poor leader), waiting a few heartbeats for it to catch up before settling for
+/// the fastest one that has. Returns the voter that started an election, if one did; otherwise
+/// the followers' own timers take over once their leader lease runs out (a voter of an earlier
 /// version answers 404, and a leader elected less than a lease ago is refused by raft itself).
-pub async fn hand_over(node: &Node) -> Option<u64> {
+pub async fn hand_over(node: &Node, to: Option<u64>) -> Option<u64> {
     let timing = node.config.raft;
     let waited = Duration::from_millis(timing.election_timeout_max_ms());
-    let deadline = Instant::now() + waited;
+    let heartbeat = Duration::from_millis(timing.heartbeat_ms);
+    let started = Instant::now();
     let mut rx = node.raft.metrics();
     let (target, req) = loop {
-        {
+        let chosen = {
             let m = rx.borrow();
             let last_log_id = node.raft.data_metrics().borrow().last_log;
-            let caught_up = m.replication.as_ref().and_then(|matched| {
-                m.membership_config
-                    .membership()
-                    .voter_ids()
-                    .filter(|v| *v != node.id)
-                    .find(|v| matched.get(v).is_some_and(|m| *m >= last_log_id))
-            });
-            if let Some(target) = caught_up {
+            // The candidates, fastest first; a peer not answered lately comes last.
+            let mut ranked: Vec<(Duration, u64)> = m
+                .membership_config
+                .membership()
+                .voter_ids()
+                .filter(|v| *v != node.id && to.is_none_or(|t| t == *v))
+                .map(|v| {
+                    let rtt = node.peers.append_round_trip(v, 10 * heartbeat);
+                    (rtt.unwrap_or(Duration::MAX), v)
+                })
+                .collect();
+            ranked.sort();
+            let caught_up = |v: u64| {
+                m.replication
+                    .as_ref()
+                    .and_then(|matched| matched.get(&v))
+                    .is_some_and(|matched| *matched >= last_log_id)
+            };
+            // The fastest, once caught up; after a few heartbeats, the fastest caught up.
+            let patient = started.elapsed() < 4 * heartbeat;
+            let pick = match ranked.first() {
+                Some((_, best)) if caught_up(*best) => Some(*best),
+                _ if patient => None,
+                _ => ranked.iter().map(|(_, v)| *v).find(|v| caught_up(*v)),
+            };
+            pick.map(|target| {
                 let req = CampaignNowRequest {
                     leader: node.id,
                     term: m.current_term,
                     last_log_id,
                 };
-                break (target, req);
-            }
+                (target, req)
+            })
+        };
+        if let Some(chosen) = chosen {
+            break chosen;
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || tokio::time::timeout(left, rx.changed()).await.is_err() {
+        let left = waited.saturating_sub(started.elapsed());
+        if left.is_zero() {
             tracing::info!("hand-over: no voter holds the whole log; waiting for an election");
             return None;
         }
+        // Metrics change with every append answered; the timer ends the patient wait.
+        let _ = tokio::time::timeout(left.min(heartbeat), rx.changed()).await;
     };
     let addr = node.member_addr(target)?;
     let answer: Result<CampaignNowResponse, PeerError> = node

@@ -270,6 +270,18 @@ pub struct ForceReleaseResponse {
     pub fencing_token: Option<u64>,
 }
 
+/// `POST /v1/admin/drain {operator, to}`: the leader steps aside, for `to` if named.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    #[serde(default)]
+    pub operator: String,
+    /// The voter to hand leadership to; unset: the leader picks the follower that has lately
+    /// kept up best.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<u64>,
+}
+
 /// `POST /v1/admin/drain`: the leader steps aside.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DrainResponse {

@@ -31,9 +31,9 @@ pub mod tenant;
 
 pub use admin::{
     AdminAddMember, AdminRemoveMember, AuditEntry, AuditLine, AuditTail, ClusterOverview,
-    DrainResponse, ElectionRecord, ForceReleaseResponse, GrantView, HotEntry, HotResources,
-    LeaseDetail, MetricsSample, MetricsSeries, OperatorRequest, PeerHealth, Quantiles,
-    ResourceDetail, ResourceEvent, SnapshotResponse, WaiterView,
+    DrainRequest, DrainResponse, ElectionRecord, ForceReleaseResponse, GrantView, HotEntry,
+    HotResources, LeaseDetail, MetricsSample, MetricsSeries, OperatorRequest, PeerHealth,
+    Quantiles, ResourceDetail, ResourceEvent, SnapshotResponse, WaiterView,
 };
 pub use cluster::{
     AddMemberRequest, ClusterStatus, FaultRule, FaultSnapshot, HealthStatus, LockStats, Member,

@@ -1,7 +1,8 @@
-//! `fencegate cluster status|add|remove` and `fencegate member list`.
+//! `fencegate cluster status|add|remove|drain` and `fencegate member list`.
 
 use lock_core::wire::{
-    AddMemberRequest, ClusterStatus, Member, MembershipResponse, RemoveMemberRequest, Role,
+    AddMemberRequest, ClusterStatus, DrainRequest, DrainResponse, Member, MembershipResponse,
+    RemoveMemberRequest, Role,
 };
 
 use std::time::Duration;
@@ -12,6 +13,9 @@ use super::{parse_duration, CliError, ClientArgs, Format};
 
 /// Time a membership change needs beyond catching up: joint consensus takes two commits.
 const MEMBERSHIP_SLACK: Duration = Duration::from_secs(10);
+
+/// A drain answers within 10 s (then the old leader leads on), plus a relay to the leader.
+const DRAIN_WAIT: Duration = Duration::from_secs(20);
 
 #[derive(clap::Args)]
 #[command(after_help = "\
@@ -53,6 +57,20 @@ enum ClusterCmd {
         /// is refused and the learner removed again (at most 10m).
         #[arg(long, value_parser = parse_duration, default_value = "20s")]
         catch_up_timeout: Duration,
+    },
+    /// Move leadership away from the current leader (before stopping it for maintenance): it
+    /// stops taking writes, hands over to a follower that holds its whole log, and that one
+    /// wins the next election at once. Prints the old and new leader and the new term.
+    #[command(
+        after_help = "Examples:\n  fencegate cluster drain\n  fencegate cluster drain --to 3"
+    )]
+    Drain {
+        /// The voter to hand leadership to (default: the follower that has lately kept up best).
+        #[arg(long)]
+        to: Option<u64>,
+        /// Your name, for the audit log.
+        #[arg(long, env = "USER", default_value = "cli")]
+        operator: String,
     },
     /// Remove a voter from the cluster. Its process keeps running until you stop it.
     #[command(after_help = "Example:\n  fencegate cluster remove --id 3")]
@@ -117,6 +135,17 @@ pub async fn cluster(args: ClusterArgs) -> Result<(), CliError> {
                 .admin_post("/v1/cluster/members/add", &body, wait)
                 .await?;
             print_voters(&r, format);
+        }
+        ClusterCmd::Drain { to, operator } => {
+            let body = DrainRequest { operator, to };
+            let r: DrainResponse = api.admin_post("/v1/admin/drain", &body, DRAIN_WAIT).await?;
+            match format {
+                Format::Json => json_pretty(&r),
+                Format::Table => println!(
+                    "leader {} -> {} (term {})",
+                    r.old_leader, r.new_leader, r.term
+                ),
+            }
         }
         ClusterCmd::Remove { id, force } => {
             let body = RemoveMemberRequest { node_id: id, force };

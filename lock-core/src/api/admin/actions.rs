@@ -19,7 +19,7 @@ use crate::machine::{Command, Response};
 use crate::node::{Committed, Node};
 use crate::wire::{
     validate_id, validate_stored_name, AddMemberRequest, AdminAddMember, AdminRemoveMember,
-    DrainResponse, ErrorBody, ErrorCode, ForceReleaseResponse, OperatorRequest,
+    DrainRequest, DrainResponse, ErrorBody, ErrorCode, ForceReleaseResponse, OperatorRequest,
     RemoveMemberRequest, SnapshotResponse,
 };
 
@@ -192,11 +192,16 @@ pub async fn drain(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<HttpResponse, ApiError> {
-    let req: OperatorRequest = parse_json(&body)?;
+    let req: DrainRequest = parse_json(&body)?;
     let auth = authorize(&node, &headers, "drain", &req.operator, None)?;
-    let leader = node
-        .current_leader()
-        .ok_or_else(|| ApiError::from(crate::node::ProposeError::NoQuorum))?;
+    let leader = node.current_leader().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::NoQuorum,
+            "This node knows no leader right now (an election may be under way, or it is cut \
+             off from the others), so there is none to drain; retry in a moment, or on \
+             another node.",
+        )
+    })?;
     if leader != node.id {
         // The leader does it, and audits it there too; this node records that it relayed.
         let relayed = relay(&node, leader, "/v1/admin/drain", &req, auth).await;
@@ -214,7 +219,7 @@ pub async fn drain(
         );
         return relayed;
     }
-    let result = step_aside(&node).await;
+    let result = step_aside(&node, req.to).await;
     let (outcome, detail) = match &result {
         Ok(d) => (
             "done".to_string(),
@@ -226,24 +231,37 @@ pub async fn drain(
     result.map(|d| Json(d).into_response())
 }
 
-async fn step_aside(node: &Node) -> Result<DrainResponse, ApiError> {
-    let voters = node
+async fn step_aside(node: &Node, to: Option<u64>) -> Result<DrainResponse, ApiError> {
+    let voters: Vec<u64> = node
         .raft
         .metrics()
         .borrow()
         .membership_config
         .membership()
         .voter_ids()
-        .count();
-    if voters < 2 {
+        .collect();
+    if voters.len() < 2 {
         return Err(action_failed(
             "This leader is the only voter; there is nobody to hand over to.",
         ));
     }
+    match to {
+        Some(t) if t == node.id => {
+            return Err(ApiError::invalid(format!(
+                "to: node {t} is the leader that steps aside; name another voter."
+            )))
+        }
+        Some(t) if !voters.contains(&t) => {
+            return Err(ApiError::invalid(format!(
+                "to: node {t} is not a voter of this cluster (voters: {voters:?})."
+            )))
+        }
+        _ => {}
+    }
     node.ops.draining.store(true, Ordering::Release);
     node.raft.runtime_config().heartbeat(false);
     let deadline = Instant::now() + ACTION_TIMEOUT;
-    crate::node::hand_over(node).await;
+    crate::node::hand_over(node, to).await;
     let mut rx = node.raft.metrics();
     let taken_over = loop {
         {
@@ -341,7 +359,7 @@ async fn relay(
     node: &Node,
     leader: u64,
     path: &str,
-    body: &OperatorRequest,
+    body: &DrainRequest,
     auth: &str,
 ) -> Result<HttpResponse, ApiError> {
     let unreachable = |e: &dyn std::fmt::Display| {

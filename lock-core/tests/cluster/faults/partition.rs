@@ -471,3 +471,57 @@ async fn a_drain_hands_over_to_one_follower_in_one_election() {
     assert_eq!(s, 200, "{v}");
     c.shutdown().await;
 }
+
+/// A drain picks the follower that has lately answered appends fastest, not just the first that
+/// holds the whole log: one behind a slow link would make a poor leader. An operator may name
+/// the successor instead (`to`); a name that is not another voter is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_picks_the_follower_that_keeps_up_best_or_the_one_named() {
+    use lock_core::timing::RaftTiming;
+    use lock_core::wire::FaultRule;
+
+    let c = TestCluster::start(3).await;
+    let leader = c.wait_leader(EVENT).await;
+    let mut f = c.followers(leader);
+    f.sort();
+    // The lowest id is the one a plain "first caught up" rule would pick: make it the slow one.
+    let (slow, fast) = (f[0], f[1]);
+
+    phase("appends to one follower take 40 ms longer; the leader drains");
+    c.node(leader).node.faults().set_rule(
+        slow,
+        FaultRule {
+            delay_ms: 40,
+            ..FaultRule::default()
+        },
+    );
+    // Raft refuses votes within a lease of an election; the appends meanwhile measure the links.
+    let lease = RaftTiming::default().election_timeout_max_ms();
+    tokio::time::sleep(Duration::from_millis(lease + 500)).await;
+    let term = c.cluster_status(leader).await.term;
+    let drain = async |at: u64, body: Value| c.post(at, "/v1/admin/drain", body).await;
+    let (s, v) = drain(leader, json!({ "operator": "test" })).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["new_leader"].as_u64(), Some(fast), "{v}");
+    assert_eq!(v["term"].as_u64(), Some(term + 1), "{v}");
+    c.node(leader).node.faults().heal();
+
+    phase("a name that is not another voter is refused");
+    for (to, says) in [(fast, "is the leader"), (99, "not a voter")] {
+        let (s, v) = drain(fast, json!({ "operator": "test", "to": to })).await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (400, Some("invalid_request")),
+            "{v}"
+        );
+        assert!(v["message"].as_str().unwrap_or("").contains(says), "{v}");
+    }
+
+    phase("named, the slow follower takes over (asked through another member)");
+    tokio::time::sleep(Duration::from_millis(lease + 500)).await;
+    let (s, v) = drain(leader, json!({ "operator": "test", "to": slow })).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["new_leader"].as_u64(), Some(slow), "{v}");
+    assert_eq!(v["term"].as_u64(), Some(term + 2), "{v}");
+    c.shutdown().await;
+}
