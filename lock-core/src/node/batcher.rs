@@ -14,7 +14,7 @@
 //! many commands waiting, a new one is refused at once with [`ProposeError::Overloaded`]
 //! instead of waiting behind seconds of work.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,10 @@ struct Load {
     /// How long the last raft write took, in µs: what a refused caller is told to wait is
     /// the writes the queue ahead of it makes.
     last_write_us: AtomicU64,
+    /// Whether a raft write is under way (see [`BatchQueue::writing`]).
+    writing: AtomicBool,
+    /// The log index of the last write that committed.
+    last_written: AtomicU64,
     /// The queue's length and refusals, as the node's metrics show them.
     gauge: IntGauge,
     refused: IntCounter,
@@ -67,6 +71,8 @@ pub fn queue(
     let load = Arc::new(Load {
         queued: AtomicUsize::new(0),
         last_write_us: AtomicU64::new(0),
+        writing: AtomicBool::new(false),
+        last_written: AtomicU64::new(0),
         gauge,
         refused,
     });
@@ -83,6 +89,18 @@ fn closed() -> ProposeError {
 }
 
 impl BatchQueue {
+    /// Whether a raft write is under way. While the leader drains, none starts: once this
+    /// reads false after the drain began, the leader's log no longer grows, and a follower
+    /// that holds it all can win the vote of the leader.
+    pub fn writing(&self) -> bool {
+        self.load.writing.load(Ordering::SeqCst)
+    }
+
+    /// The log index of the last write that committed (0: none yet).
+    pub fn last_written(&self) -> u64 {
+        self.load.last_written.load(Ordering::SeqCst)
+    }
+
     /// Queues `cmd` for the next write and waits for its own response.
     pub async fn submit(&self, cmd: Command) -> Result<Committed, ProposeError> {
         self.enqueue(cmd)?.await.map_err(|_| closed())?
@@ -176,7 +194,7 @@ pub async fn run(node: Arc<Node>, mut queue: BatchReceiver) {
         }
         let n = cmds.len();
         let started = Instant::now();
-        let answers = write(&node, std::mem::take(&mut cmds)).await;
+        let answers = write(&node, &queue.load, std::mem::take(&mut cmds)).await;
         queue
             .load
             .last_write_us
@@ -209,7 +227,30 @@ pub async fn run(node: Arc<Node>, mut queue: BatchReceiver) {
 /// One raft write of `cmds`, stamped now: their responses and the entry's log index. Bounded
 /// by the write timeout: a write that cannot reach a quorum must not hold up the queue behind
 /// it (it may still commit later, which is why every command is safe to retry).
-async fn write(node: &Node, cmds: Vec<Command>) -> Result<(Vec<Response>, u64), ProposeError> {
+async fn write(
+    node: &Node,
+    load: &Load,
+    cmds: Vec<Command>,
+) -> Result<(Vec<Response>, u64), ProposeError> {
+    // Marked before the drain is checked, and the drain is set before the mark is read (both
+    // sequentially consistent): either this write sees the drain, or the drain waits for it.
+    load.writing.store(true, Ordering::SeqCst);
+    let written = if node.ops.draining.load(Ordering::SeqCst) {
+        Err(ProposeError::NotLeader(None))
+    } else {
+        write_batch(node, cmds).await
+    };
+    if let Ok((_, index)) = &written {
+        load.last_written.fetch_max(*index, Ordering::SeqCst);
+    }
+    load.writing.store(false, Ordering::SeqCst);
+    written
+}
+
+async fn write_batch(
+    node: &Node,
+    cmds: Vec<Command>,
+) -> Result<(Vec<Response>, u64), ProposeError> {
     let batch = Batch::new(node.now_ms(), node.config.policy.failover_grace_ms, cmds);
     let started = Instant::now();
     let timeout = Duration::from_millis(node.config.policy.write_timeout_ms);

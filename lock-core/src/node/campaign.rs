@@ -162,6 +162,11 @@ fn election_timeout(timing: &RaftTiming) -> Duration {
 /// Whether this node may campaign at all. A node holding back its vote does not, except the
 /// founding member of a brand-new cluster until a leader has reached it.
 fn may_campaign(node: &Node) -> bool {
+    // A leader that is stepping aside and lost its leadership to the successor's campaign does
+    // not campaign to win it back (were that campaign to fail, another voter's timer elects).
+    if node.ops.draining.load(std::sync::atomic::Ordering::SeqCst) {
+        return false;
+    }
     !node.vote_hold.is_held()
         || (node.config.founder() == Some(node.id) && node.leader_contact.last().is_none())
 }
@@ -327,9 +332,15 @@ pub async fn hand_over(node: &Node, to: Option<u64>) -> Option<u64> {
                     .and_then(|matched| matched.get(&v))
                     .is_some_and(|matched| *matched >= last_log_id)
             };
-            // The fastest, once caught up; after a few heartbeats, the fastest caught up.
+            // Only once no write is under way (none starts while draining): an entry appended
+            // after `last_log_id` was read would make the leader refuse its successor's vote.
+            // Then the fastest, once caught up; after a few heartbeats, the fastest caught up.
+            // Raft's metrics may show the last write a moment after it returned.
+            let settled = !node.writes.writing()
+                && last_log_id.is_some_and(|l| l.index >= node.writes.last_written());
             let patient = started.elapsed() < 4 * heartbeat;
             let pick = match ranked.first() {
+                _ if !settled => None,
                 Some((_, best)) if caught_up(*best) => Some(*best),
                 _ if patient => None,
                 _ => ranked.iter().map(|(_, v)| *v).find(|v| caught_up(*v)),

@@ -258,7 +258,7 @@ async fn step_aside(node: &Node, to: Option<u64>) -> Result<DrainResponse, ApiEr
         }
         _ => {}
     }
-    node.ops.draining.store(true, Ordering::Release);
+    node.ops.draining.store(true, Ordering::SeqCst);
     node.raft.runtime_config().heartbeat(false);
     let deadline = Instant::now() + ACTION_TIMEOUT;
     crate::node::hand_over(node, to).await;

@@ -59,7 +59,15 @@ pub struct HealthTable {
     leader_applied: Mutex<VecDeque<(Instant, u64)>>,
     /// When this node was last found behind, and how far.
     last_behind: Mutex<Option<(Instant, Behind)>>,
+    /// The leader's first answer after none for [`REJOIN_GAP`] (this node was cut off, or just
+    /// started): what the leader had applied then, with when. Until this node has applied as
+    /// much it is behind; the samples from before the gap say nothing of now.
+    rejoined: Mutex<Option<(Instant, u64)>>,
 }
+
+/// A leader's answer after this long without one binds at once (see `HealthTable::rejoined`):
+/// two probes or more were missed.
+const REJOIN_GAP: Duration = Duration::from_millis(1_500);
 
 /// A node is behind when it has not applied what the leader had applied this long ago: its
 /// reads wait at least that long.
@@ -148,6 +156,21 @@ impl HealthTable {
     }
 
     fn behind_at(&self, applied: u64, now: Instant) -> Option<Behind> {
+        {
+            // Catching up after a gap: behind until it has what the leader had then, with no
+            // hold after (it was not found behind in steady state).
+            let mut rejoined = self.rejoined.lock().unwrap_or_else(|e| e.into_inner());
+            match *rejoined {
+                Some((at, target)) if applied < target => {
+                    return Some(Behind {
+                        leader_applied: target,
+                        ago: now.saturating_duration_since(at),
+                    })
+                }
+                Some(_) => *rejoined = None,
+                None => {}
+            }
+        }
         let behind_now = {
             let samples = self
                 .leader_applied
@@ -183,6 +206,13 @@ impl HealthTable {
             .leader_applied
             .lock()
             .unwrap_or_else(|e| e.into_inner());
+        if samples
+            .back()
+            .is_none_or(|(last, _)| at.saturating_duration_since(*last) >= REJOIN_GAP)
+        {
+            samples.clear();
+            *self.rejoined.lock().unwrap_or_else(|e| e.into_inner()) = Some((at, applied));
+        }
         samples.push_back((at, applied));
         while samples
             .get(1)
@@ -515,5 +545,37 @@ mod tests {
             None,
             "nothing heard from a leader"
         );
+    }
+
+    /// After a gap in the leader's answers (this node was cut off, or just started), the first
+    /// answer binds at once: the samples from before the gap would call a node that missed
+    /// everything meanwhile ready for the next second.
+    #[test]
+    fn after_a_gap_the_leaders_first_answer_binds_at_once() {
+        let table = HealthTable::default();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        table.leader_applied_at(at(0), 1_000);
+        assert!(
+            table.behind_at(999, at(0)).is_some(),
+            "a node that just started"
+        );
+        assert_eq!(table.behind_at(1_000, at(10)), None);
+        for i in 1..6u64 {
+            table.leader_applied_at(at(i * 500), 1_000 + i * 10);
+        }
+        assert_eq!(table.behind_at(1_050, at(2_500)), None);
+
+        // Cut off for 30 s, while the leader applied 20,000 more.
+        table.leader_applied_at(at(32_500), 21_050);
+        let behind = table.behind_at(1_050, at(32_600)).expect("behind at once");
+        assert_eq!(behind.leader_applied, 21_050);
+        assert!(table.behind_at(21_000, at(33_000)).is_some());
+        // Caught up: ready, with no hold.
+        assert_eq!(table.behind_at(21_050, at(33_100)), None);
+        assert_eq!(table.behind_at(21_050, at(33_200)), None);
+        // Steady answers do not bind at once.
+        table.leader_applied_at(at(33_000), 21_500);
+        assert_eq!(table.behind_at(21_050, at(33_300)), None);
     }
 }

@@ -525,3 +525,65 @@ async fn a_drain_picks_the_follower_that_keeps_up_best_or_the_one_named() {
     assert_eq!(v["term"].as_u64(), Some(term + 2), "{v}");
     c.shutdown().await;
 }
+
+/// Under a steady stream of writes the hand-over still takes one election: no write starts
+/// while the leader drains, and the successor is asked only once the leader's log has stopped
+/// growing (an entry appended after that made the leader refuse its successor's vote, and then
+/// the old leader won back its leadership, and a third election followed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_under_load_takes_one_election() {
+    let c = std::sync::Arc::new(TestCluster::start(3).await);
+    let leader = c.wait_leader(EVENT).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..24u64 {
+        let (c, stop) = (c.clone(), stop.clone());
+        let at = [1, 2, 3][w as usize % 3];
+        writers.push(tokio::spawn(async move {
+            let mut granted = 0u32;
+            for i in 0..5_000u64 {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let resource = format!("load:{w}-{i}");
+                let (s, _) = c
+                    .acquire(at, &resource, &format!("r-{w}-{i}"), 30_000)
+                    .await;
+                granted += u32::from(s == 200);
+            }
+            granted
+        }));
+    }
+    let lease = lock_core::timing::RaftTiming::default().election_timeout_max_ms();
+    tokio::time::sleep(Duration::from_millis(lease + 1_000)).await;
+
+    phase("three drains in turn, each while 24 writers keep the leader busy");
+    let mut at = leader;
+    for _ in 0..3 {
+        let term = c.cluster_status(at).await.term;
+        let (s, v) = c
+            .post(at, "/v1/admin/drain", json!({ "operator": "test" }))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        let next = v["new_leader"].as_u64().expect("new_leader");
+        assert_eq!(v["term"].as_u64(), Some(term + 1), "one election: {v}");
+        tokio::time::sleep(Duration::from_millis(lease + 500)).await;
+        let st = c.cluster_status(next).await;
+        assert_eq!(
+            (st.term, st.leader_id),
+            (term + 1, Some(next)),
+            "no election after"
+        );
+        at = next;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut granted = 0;
+    for w in writers {
+        granted += w.await.expect("writer");
+    }
+    assert!(granted > 0, "the writers wrote");
+    match std::sync::Arc::try_unwrap(c) {
+        Ok(c) => c.shutdown().await,
+        Err(_) => panic!("the writers are done"),
+    }
+}
