@@ -13,7 +13,7 @@ use openraft::{ChangeMembers, ServerState};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::admin::{check_admin_if_configured, require_admin};
+use super::admin::{audit_result, authorize, check_admin_if_configured};
 use super::{parse_json, ApiError};
 use crate::node::ops::Behind;
 use crate::node::Node;
@@ -162,10 +162,17 @@ pub async fn add_member(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let auth = Some(require_admin(&node, &headers)?);
+    let auth = authorize(&node, &headers, "add_member", CLUSTER_API_OPERATOR, None)?;
     let req: AddMemberRequest = parse_json(&body)?;
-    add(&node, req, auth).await
+    let detail = format!("node {} at {}", req.node_id, req.addr);
+    let result = add(&node, req, Some(auth)).await;
+    audit_result(&node, "add_member", CLUSTER_API_OPERATOR, detail, &result);
+    result
 }
+
+/// The operator name membership changes made through `/v1/cluster/members/*` (the CLI's, and
+/// those a member relays to the leader) are audited under: these calls name no operator.
+const CLUSTER_API_OPERATOR: &str = "cluster-api";
 
 pub(super) async fn add(
     node: &Node,
@@ -198,7 +205,25 @@ pub(super) async fn add(
     }
     let mut voters = voters(node);
     if voters.contains(&req.node_id) {
-        return Ok(Json(MembershipResponse { voters }).into_response());
+        // The same member again is a retry, answered as done; another address under a
+        // voter's id is a mistake (ids are never reused), refused rather than ignored.
+        let known = node
+            .member_api_addr(req.node_id)
+            .zip(node.member_addr(req.node_id));
+        return match known {
+            Some((api, peer)) if api == req.addr && peer == req.peer_addr => {
+                Ok(Json(MembershipResponse { voters }).into_response())
+            }
+            Some((api, peer)) => Err(ApiError::new(
+                ErrorCode::MembershipChangeFailed,
+                format!(
+                    "Node {} is already a voter, at {api} (peer {peer}); node ids are never \
+                     reused: give the new node an id no member has had, or remove node {} first.",
+                    req.node_id, req.node_id
+                ),
+            )),
+            None => Ok(Json(MembershipResponse { voters }).into_response()),
+        };
     }
     node.raft
         .add_learner(
@@ -294,9 +319,18 @@ pub async fn remove_member(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let auth = Some(require_admin(&node, &headers)?);
+    let auth = authorize(&node, &headers, "remove_member", CLUSTER_API_OPERATOR, None)?;
     let req: RemoveMemberRequest = parse_json(&body)?;
-    remove(&node, req, auth).await
+    let detail = format!("node {}", req.node_id);
+    let result = remove(&node, req, Some(auth)).await;
+    audit_result(
+        &node,
+        "remove_member",
+        CLUSTER_API_OPERATOR,
+        detail,
+        &result,
+    );
+    result
 }
 
 pub(super) async fn remove(
@@ -398,6 +432,16 @@ pub async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<ReadyStatus>, 
     }
     let applied = node.machine.last_applied_index();
     match node.leader_in_touch() {
+        Some(leader) if leader != node.id && node.ops.health.leader_unheard() => {
+            Err(ApiError::new(
+                ErrorCode::NodeBehind,
+                format!(
+                    "This node has just started (it has applied the log up to index {applied}) \
+                     and has not yet heard from the leader how far the log is; it is ready once \
+                     it has, and has applied as much."
+                ),
+            ))
+        }
         Some(leader)
             if leader != node.id
                 && let Some(behind) = node.ops.health.behind_leader(applied) =>
@@ -422,6 +466,17 @@ pub async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<ReadyStatus>, 
 
 /// `/readyz` of a follower that applies the log too far behind the leader.
 fn behind_leader(applied: u64, behind: Behind) -> ApiError {
+    if applied >= behind.leader_applied {
+        // Caught up, but behind a moment ago: held back a while, so it does not flap.
+        return ApiError::new(
+            ErrorCode::NodeBehind,
+            format!(
+                "This node has caught up (it has applied the log up to index {applied}), but it \
+                 was behind the leader moments ago; it reports ready once it has kept up for a \
+                 few seconds, so a node that keeps falling behind does not flap."
+            ),
+        );
+    }
     ApiError::new(
         ErrorCode::NodeBehind,
         format!(

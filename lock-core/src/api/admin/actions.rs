@@ -27,7 +27,7 @@ use crate::wire::{
 const ACTION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The credential check and the operator's name; a refusal is audited too.
-pub(super) fn authorize<'h>(
+pub(in crate::api) fn authorize<'h>(
     node: &Node,
     headers: &'h HeaderMap,
     op: &str,
@@ -337,7 +337,7 @@ pub async fn remove_member(
     result
 }
 
-fn audit_result(
+pub(in crate::api) fn audit_result(
     node: &Node,
     op: &str,
     operator: &str,

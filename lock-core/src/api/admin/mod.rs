@@ -10,6 +10,7 @@ mod quotas;
 mod reads;
 
 pub use actions::{add_member, drain, force_release, remove_member, snapshot};
+pub(super) use actions::{audit_result, authorize};
 pub use auth::{check_admin_if_configured, require_admin};
 pub use backup::backup;
 pub use idempotency::{resolve as idempotency_resolve, unknown as idempotency_unknown};

@@ -63,7 +63,13 @@ pub struct HealthTable {
     /// started): what the leader had applied then, with when. Until this node has applied as
     /// much it is behind; the samples from before the gap say nothing of now.
     rejoined: Mutex<Option<(Instant, u64)>>,
+    /// Whether the leader has answered a probe since this node started.
+    leader_answered: std::sync::atomic::AtomicBool,
 }
+
+/// How long after its start a node that has not yet heard from the leader how far the log is
+/// waits for that before it says it is ready anyway (a leader whose answers never come).
+const FIRST_ANSWER_WAIT_MS: u64 = 10_000;
 
 /// A leader's answer after this long without one binds at once (see `HealthTable::rejoined`):
 /// two probes or more were missed.
@@ -151,6 +157,21 @@ impl HealthTable {
     /// Whether a node that has applied `applied` is behind the leader: the leader had applied
     /// more [`BEHIND_AFTER`] ago or earlier (by its answers to this node's probes). Never on
     /// the leader, which probes no leader.
+    /// Whether this node, started less than [`FIRST_ANSWER_WAIT_MS`] ago, has not yet heard
+    /// from the leader how far the log is: until it has, it cannot tell whether it is behind
+    /// (a node that started empty has applied nothing, and its snapshot is still to come).
+    pub fn leader_unheard(&self) -> bool {
+        !self
+            .leader_answered
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && monotonic_ms() < FIRST_ANSWER_WAIT_MS
+    }
+
+    fn heard_leader(&self) {
+        self.leader_answered
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub fn behind_leader(&self, applied: u64) -> Option<Behind> {
         self.behind_at(applied, Instant::now())
     }
@@ -258,14 +279,18 @@ pub(in crate::node) async fn run(node: Arc<Node>) {
                 let now = node.wall_ms();
                 if let Ok(Answer {
                     leader_id: Some(leader),
-                    applied_index: Some(applied),
+                    applied_index,
                     asked,
                     ..
                 }) = &answer
                 {
-                    // The leader's own answer: what this node must have applied soon.
+                    // The leader's own answer: what this node must have applied soon (a leader
+                    // of an earlier version does not tell).
                     if *leader == id {
-                        node.ops.health.leader_applied_at(*asked, *applied);
+                        node.ops.health.heard_leader();
+                        if let Some(applied) = applied_index {
+                            node.ops.health.leader_applied_at(*asked, *applied);
+                        }
                     }
                 }
                 let (offset_ms, rate) = match &answer {
@@ -545,6 +570,18 @@ mod tests {
             None,
             "nothing heard from a leader"
         );
+    }
+
+    #[test]
+    fn a_node_that_has_not_heard_the_leader_yet_cannot_tell() {
+        let table = HealthTable::default();
+        // The test process is young enough for this only in its first seconds: check the rule,
+        // not the clock.
+        if monotonic_ms() < FIRST_ANSWER_WAIT_MS {
+            assert!(table.leader_unheard());
+        }
+        table.heard_leader();
+        assert!(!table.leader_unheard());
     }
 
     /// After a gap in the leader's answers (this node was cut off, or just started), the first

@@ -394,9 +394,45 @@ async fn a_removed_member_left_running_can_be_added_back_without_an_election() {
     assert_eq!(v["term"], term, "the removed member raised its term: {v}");
 
     phase("add it back: the same leader in the same term");
-    let (s, r) = c.post(leader, "/v1/cluster/members/add", add).await;
+    let (s, r) = c.post(leader, "/v1/cluster/members/add", add.clone()).await;
     assert_eq!(s, 200, "{r}");
     wait_voters(&c, 4, &[1, 2, 3, 4]).await;
+
+    phase("the same add again is a retry; a voter's id at another address is refused");
+    let (s, r) = c.post(leader, "/v1/cluster/members/add", add).await;
+    assert_eq!(s, 200, "{r}");
+    let elsewhere = json!({ "node_id": 4, "addr": "127.0.0.1:1", "peer_addr": "127.0.0.1:2" });
+    let (s, r) = c.post(leader, "/v1/cluster/members/add", elsewhere).await;
+    assert_eq!(
+        (s, r["error"].as_str()),
+        (409, Some("membership_change_failed")),
+        "{r}"
+    );
+    assert!(
+        r["message"].as_str().unwrap_or("").contains(&addr4),
+        "names where node 4 is: {r}"
+    );
+
+    phase("each change is in the leader's audit log");
+    let (s, audit) = c.get(leader, "/v1/admin/audit?limit=100").await;
+    assert_eq!(s, 200, "{audit}");
+    let ops: Vec<(String, String)> = audit["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|e| e["caller"] == "operator:cluster-api")
+        .map(|e| (e["op"].to_string(), e["outcome"].to_string()))
+        .collect();
+    for (op, outcome) in [
+        ("add_member", "done"),
+        ("remove_member", "done"),
+        ("add_member", "membership_change_failed"),
+    ] {
+        assert!(
+            ops.contains(&(format!("{op:?}"), format!("{outcome:?}"))),
+            "{op} {outcome} in {ops:?}"
+        );
+    }
     let got = c.acquire(4, "member:back", "m-back", 10_000).await;
     assert_grant(&got, "member:back", 10_000);
     for id in [1, 2, 3, 4] {
