@@ -11,7 +11,7 @@ mod reads;
 
 pub use actions::{add_member, drain, force_release, remove_member, snapshot};
 pub(super) use actions::{audit_result, authorize};
-pub use auth::{check_admin_if_configured, require_admin};
+pub use auth::check_admin_if_configured;
 pub use backup::backup;
 pub use idempotency::{resolve as idempotency_resolve, unknown as idempotency_unknown};
 pub use keys::{create_key, list_keys, revoke_key};
