@@ -427,6 +427,11 @@ fn raft_stopped(cause: &str) -> ApiError {
 /// Ready when this node is in touch with a leader and, as a follower, keeps up with it (it can
 /// then serve every call without waiting).
 pub async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<ReadyStatus>, ApiError> {
+    readiness(&node).map(Json)
+}
+
+/// What `/readyz` answers, and `fencegate_ready` shows.
+fn readiness(node: &Node) -> Result<ReadyStatus, ApiError> {
     if let Some(cause) = node.raft_failure() {
         return Err(raft_stopped(&cause));
     }
@@ -448,14 +453,14 @@ pub async fn readyz(State(node): State<Arc<Node>>) -> Result<Json<ReadyStatus>, 
         {
             Err(behind_leader(applied, behind))
         }
-        Some(leader_id) => Ok(Json(ReadyStatus {
+        Some(leader_id) => Ok(ReadyStatus {
             status: "ready".into(),
             leader_id,
             clock_ms: Some(node.clock.wall_ms()),
             monotonic_ms: Some(crate::node::monotonic_ms()),
             applied_index: Some(applied),
             version: Some(crate::build_info::build().to_string()),
-        })),
+        }),
         None => Err(ApiError::new(
             ErrorCode::NoLeader,
             "This node is not in touch with a leader (election in progress, partitioned, or \
@@ -492,6 +497,7 @@ fn behind_leader(applied: u64, behind: Behind) -> ApiError {
 
 pub async fn metrics(State(node): State<Arc<Node>>) -> impl IntoResponse {
     node.refresh_gauges();
+    node.metrics.ready.set(i64::from(readiness(&node).is_ok()));
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         node.metrics.render(),

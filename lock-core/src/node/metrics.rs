@@ -65,6 +65,8 @@ pub struct Metrics {
     /// 1 while this node, started with an empty data directory, votes in no election.
     pub vote_held: IntGauge,
     pub last_applied: IntGauge,
+    /// What `/readyz` would answer at the scrape: 1 ready, 0 not.
+    pub ready: IntGauge,
     /// Idempotency records this node forgot after their tombstone window (their keys are new
     /// again).
     pub idem_forgotten: IntCounter,
@@ -196,6 +198,10 @@ impl Metrics {
                  election until it has caught up with a leader",
             ),
             last_applied: gauge("raft_last_applied", "Index of the last applied log entry"),
+            ready: gauge(
+                "ready",
+                "1 if /readyz answers 200 (in touch with a leader and keeping up with it), else 0",
+            ),
             idem_forgotten: counter(
                 "idempotency_records_forgotten_total",
                 "Idempotency records forgotten after their tombstone window",
@@ -300,6 +306,7 @@ impl Metrics {
         register(Box::new(m.is_leader.clone()));
         register(Box::new(m.vote_held.clone()));
         register(Box::new(m.last_applied.clone()));
+        register(Box::new(m.ready.clone()));
         register(Box::new(m.idem_forgotten.clone()));
         register(Box::new(m.idem_resolutions.clone()));
         register(Box::new(m.auth_denied.clone()));

@@ -7,7 +7,7 @@ use lock_core::testkit::{eventually, phase, TestCluster};
 use serde_json::{json, Value};
 
 use super::{acquire_answered, recorded_lease, Granted, EVENT};
-use crate::api::support::{lock_path, release, spawn_post, wait_waiters};
+use crate::api::support::{lock_path, metrics, release, sample, spawn_post, wait_waiters};
 
 async fn timed<F: std::future::Future>(f: F) -> (F::Output, Duration) {
     let started = Instant::now();
@@ -303,9 +303,15 @@ async fn readyz_turns_503_on_a_node_cut_off_and_200_when_healed() {
             s == 503 && v["error"] == "no_leader"
         })
         .await;
+        let ready = async |id: u64| sample(&metrics(&c, id).await, "fencegate_ready", &[]);
+        assert_eq!(ready(cut).await, 0.0, "fencegate_ready of node {cut}");
         c.heal();
         eventually(EVENT, &format!("node {cut} ready again"), async || {
             c.get(cut, "/readyz").await.0 == 200
+        })
+        .await;
+        eventually(EVENT, "fencegate_ready says so too", async || {
+            ready(cut).await == 1.0
         })
         .await;
     }
