@@ -699,6 +699,18 @@ pub fn destination(value: &[u8]) -> Result<(Option<&str>, &str), String> {
         .ok()
         .filter(|v| v.is_ascii())
         .ok_or("the Destination header must be ASCII")?;
+    // One URI, as RFC 3986 spells it: a space (as in a list of two) or a character a URI
+    // cannot hold means a store would read something other than what was checked.
+    if value
+        .bytes()
+        .any(|b| b <= b' ' || b == 0x7f || br#""<>\^`{|}"#.contains(&b))
+    {
+        return Err(
+            "the Destination header must be one URI: no spaces, control characters or any of \
+             \" < > \\ ^ ` { | }"
+                .into(),
+        );
+    }
     let (host, path) = if value.starts_with('/') {
         (None, value)
     } else {
@@ -751,6 +763,11 @@ mod tests {
             "dav/b",
             "http://h/dav/b\\c",
             "/dav/p1/..;/p2/f",
+            "/dir/d1/f, /dir/d2/f",
+            "http://h/dav/b c",
+            "/dav/b\t",
+            "/dav/{b}",
+            "/dav/b|c",
         ] {
             assert!(destination(value.as_bytes()).is_err(), "{value}");
         }

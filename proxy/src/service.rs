@@ -906,11 +906,7 @@ impl ProxyHttp for FenceProxy {
                 .with_label_values(&[kind])
                 .inc();
         }
-        let message = if kind == "connect" {
-            format!("The upstream could not be reached: {e}. Nothing was sent to it.")
-        } else {
-            format!("The request could not be proxied: {e}. It may or may not have reached the upstream.")
-        };
+        let message = failure_message(kind, e.etype());
         let body = json!({ "error": code, "message": message });
         let code = match respond_json(session, status, &body).await {
             Ok(()) => status,
@@ -931,8 +927,65 @@ impl ProxyHttp for FenceProxy {
     }
 }
 
+/// What a client is told of a failure to proxy its request: what happened and what it means
+/// for the request, in the proxy's words. The error itself (with the upstream's address and
+/// the proxy's internals) is for the node's log, not for clients.
+fn failure_message(kind: &str, etype: &ErrorType) -> String {
+    let what = match etype {
+        ErrorType::ConnectTimedout => "connecting to the upstream timed out",
+        ErrorType::ConnectRefused => "the upstream refused the connection",
+        ErrorType::TLSHandshakeFailure
+        | ErrorType::TLSHandshakeTimedout
+        | ErrorType::InvalidCert
+        | ErrorType::HandshakeError => "the TLS handshake with the upstream failed",
+        ErrorType::ConnectError => "the connection to the upstream failed",
+        ErrorType::ReadTimedout => {
+            "the upstream did not answer within the route's upstream_timeout_ms"
+        }
+        ErrorType::WriteTimedout => "sending to the upstream timed out",
+        ErrorType::ConnectionClosed => "the upstream closed the connection",
+        ErrorType::ReadError | ErrorType::WriteError => "the connection to the upstream broke",
+        ErrorType::InvalidHTTPHeader | ErrorType::H1Error | ErrorType::H2Error => {
+            "the upstream's answer was not valid HTTP"
+        }
+        _ => etype.as_str(),
+    };
+    match kind {
+        "connect" => format!("The upstream could not be reached ({what}). Nothing was sent to it."),
+        "downstream" => format!(
+            "The request could not be read ({}); the connection is closed.",
+            etype.as_str()
+        ),
+        "internal" => format!(
+            "The proxy failed to pass the request on ({}). It may or may not have reached the \
+             upstream.",
+            etype.as_str()
+        ),
+        _ => format!(
+            "The request could not be proxied ({what}). It may or may not have reached the \
+             upstream."
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// Clients are told what failed and what it means for their request, never where the
+    /// upstream is or the proxy's internals.
+    #[test]
+    fn failure_messages_say_what_failed_in_the_proxys_words() {
+        let refused = failure_message("connect", &ErrorType::ConnectRefused);
+        assert!(refused.contains("refused the connection") && refused.contains("Nothing was sent"));
+        let late = failure_message("timeout", &ErrorType::ReadTimedout);
+        assert!(late.contains("upstream_timeout_ms") && late.contains("may or may not"));
+        let reset = failure_message("other", &ErrorType::ConnectionClosed);
+        assert!(reset.contains("closed the connection"), "{reset}");
+        let bad = failure_message("downstream", &ErrorType::InvalidHTTPHeader);
+        assert!(bad.contains("could not be read"), "{bad}");
+    }
+
     use super::*;
 
     fn request(headers: &[(&str, &str)]) -> RequestHeader {

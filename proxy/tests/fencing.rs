@@ -773,6 +773,11 @@ async fn t41_epoch_barrier_limit_store_applying_after_the_timeout() {
         ra.body
     );
     assert!(
+        !ra.body.to_string().contains("127.0.0.1"),
+        "does not say where the store is: {}",
+        ra.body
+    );
+    assert!(
         ra.at <= b_sent,
         "B's write was sent {:?} before A's request timed out",
         ra.at - b_sent

@@ -134,6 +134,10 @@ async fn t95_a_store_over_tls_is_verified_and_fenced() {
         let reply = put(&h, path, next.token).await;
         assert!(reply.starts_with("HTTP/1.1 502"), "{path}: {reply:?}");
         assert!(reply.contains("upstream_unavailable"), "{path}: {reply:?}");
+        assert!(
+            reply.contains("TLS handshake") && !reply.contains("127.0.0.1:"),
+            "{path}: what failed, not where the store is: {reply:?}"
+        );
         assert!(reply.contains("Nothing was sent"), "{path}: {reply:?}");
     }
     assert_eq!(
