@@ -986,8 +986,6 @@ mod tests {
         assert!(bad.contains("could not be read"), "{bad}");
     }
 
-    use super::*;
-
     fn request(headers: &[(&str, &str)]) -> RequestHeader {
         let mut req = RequestHeader::build("GET", b"/limited/a", None).expect("request");
         for (name, value) in headers {
