@@ -388,7 +388,10 @@ impl FenceGate {
                 // A revocation applied on this node while the admission was committed wins:
                 // the cluster ended the lease after admitting it.
                 if st.is_revoked(resource, token) {
-                    return Err(Rejection::Ended { presented: token });
+                    return Err(Rejection::Ended {
+                        presented: token,
+                        short_of: None,
+                    });
                 }
                 remember(&mut st, resource, grant);
                 if Instant::now() + need <= grant.deadline {
@@ -411,7 +414,11 @@ impl FenceGate {
                 _ => Duration::ZERO,
             };
             if granted < need + CLOCK_MARGIN {
-                return Err(Rejection::Ended { presented: token });
+                let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+                return Err(Rejection::Ended {
+                    presented: token,
+                    short_of: Some((ms(granted), ms(need + CLOCK_MARGIN))),
+                });
             }
         }
         // Every admission took longer than its grant could spare: the cluster is too slow to

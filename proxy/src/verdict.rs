@@ -24,8 +24,12 @@ pub enum Rejection {
     DuplicateHeader(&'static str),
     /// 412: a larger token was issued or admitted for the resource.
     Stale { presented: u64, highest: u64 },
-    /// 412: the token's lease has ended (or ends before the upstream timeout could elapse).
-    Ended { presented: u64 },
+    /// 412: the token's lease has ended, or ends before the upstream timeout could elapse:
+    /// then `short_of` is what the lease had left and what a write on this route needs (ms).
+    Ended {
+        presented: u64,
+        short_of: Option<(u64, u64)>,
+    },
     /// 412: the token was never issued for this resource.
     Unknown { presented: u64 },
     /// 503: the cluster could not decide (no quorum).
@@ -70,7 +74,7 @@ impl Rejection {
                 body["presented_token"] = json!(presented);
                 body["highest_token"] = json!(highest);
             }
-            Rejection::Ended { presented } | Rejection::Unknown { presented } => {
+            Rejection::Ended { presented, .. } | Rejection::Unknown { presented } => {
                 body["presented_token"] = json!(presented);
             }
             _ => {}
@@ -95,7 +99,16 @@ impl Rejection {
                 "Token {presented} is stale: token {highest} or a later one has been issued or \
                  admitted (tokens only grow). Stop writing; your lease is gone."
             ),
-            Rejection::Ended { presented } => format!(
+            Rejection::Ended {
+                presented,
+                short_of: Some((left_ms, needs_ms)),
+            } => format!(
+                "The lease of token {presented} has {left_ms} ms left, and a write on this route \
+                 is forwarded only while its lease outlasts the route's upstream timeout \
+                 ({needs_ms} ms with the proxy's margins). Renew before writing, and take leases \
+                 with a ttl_ms well above {needs_ms}."
+            ),
+            Rejection::Ended { presented, .. } => format!(
                 "The lease of token {presented} has ended, or ends before this write could \
                  complete (a write is forwarded only while its lease outlasts the route's \
                  upstream timeout). Renew or acquire again before writing."
@@ -200,7 +213,10 @@ pub fn grant_from_outcome(
             highest: *highest,
         }),
         AdmitOutcome::Unknown => Err(Rejection::Unknown { presented: token }),
-        AdmitOutcome::Ended => Err(Rejection::Ended { presented: token }),
+        AdmitOutcome::Ended => Err(Rejection::Ended {
+            presented: token,
+            short_of: None,
+        }),
     }
 }
 

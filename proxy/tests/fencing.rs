@@ -1124,3 +1124,24 @@ async fn t42_epoch_barrier_holds_against_a_trickling_request_body() {
     assert_eq!(c.store_value("s").await.as_deref(), Some("B-1"), "{log:#?}");
     h.shutdown().await;
 }
+
+/// A lease too short to outlast the route's upstream timeout can write nothing; the refusal says
+/// so with the numbers, so a first write that fails this way is not a mystery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_shorter_than_the_routes_timeout_is_refused_with_the_numbers() {
+    let h = FenceHarness::start().await;
+    let a = h.acquire("kv:short", "A", 1_000, 0).await;
+    let r = h.client.put(1, "short", a.token, "x").await;
+    assert_eq!(
+        (r.status, r.code()),
+        (412, "stale_fencing_token"),
+        "{}",
+        r.body
+    );
+    let message = r.body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("ms left") && message.contains("ttl_ms well above"),
+        "{message}"
+    );
+    h.shutdown().await;
+}
