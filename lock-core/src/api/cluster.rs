@@ -238,6 +238,15 @@ pub(super) async fn add(
         .map_err(membership_error)?;
     let started = Instant::now();
     if let Err(lag) = wait_caught_up(node, req.node_id, catch_up).await {
+        // The health probes reach learners too: their last failure is often the cause (a
+        // wrong peer secret, a port that refuses).
+        let probe = node
+            .ops
+            .health
+            .get(req.node_id)
+            .and_then(|p| p.error)
+            .map(|e| format!(" The leader's last call to it failed: {e}."))
+            .unwrap_or_default();
         // Leave no half-added member behind: a learner that never answers only costs the
         // leader replication work, but the operator asked for a voter and did not get one.
         if let Err(e) = node
@@ -251,8 +260,8 @@ pub(super) async fn add(
             ErrorCode::MemberNotCaughtUp,
             format!(
                 "Node {} at {} did not catch up with the leader's log within {} ms ({lag}); it \
-                 was not made a voter and was removed again. Check that it runs and is \
-                 reachable from the leader, then retry.",
+                 was not made a voter and was removed again.{probe} Check that it runs, is \
+                 reachable from the leader and has the cluster's peer secret, then retry.",
                 req.node_id,
                 req.addr,
                 catch_up.as_millis()

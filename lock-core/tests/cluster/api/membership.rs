@@ -156,12 +156,17 @@ async fn add_of_an_unreachable_node_is_refused_and_changes_no_voter() {
                 "node_id": 4,
                 "addr": dead_addr,
                 "peer_addr": dead_addr,
-                "catch_up_timeout_ms": 1500
+                "catch_up_timeout_ms": 3000
             }),
         )
         .await;
     assert_eq!(got.0, 409, "{}", got.1);
     assert_eq!(error_of(&got).error, ErrorCode::MemberNotCaughtUp);
+    let message = error_of(&got).message;
+    assert!(
+        message.contains("last call to it failed"),
+        "says what the leader saw: {message}"
+    );
 
     phase("the voter set is unchanged and node 4 is not a member at all");
     let s = c.cluster_status(leader).await;
