@@ -494,6 +494,12 @@ async fn t60_a_joining_proxy_gets_its_share_while_another_is_hot() {
         long * 2 >= waiting.len(),
         "hints of a few ms while waiting for a share"
     );
+    let hints: Vec<u64> = samples.iter().filter_map(|s| s.retry_after_ms).collect();
+    assert!(
+        hints.iter().all(|ms| *ms <= LEASE_MS),
+        "a share is leased again within a lease: no hint sends a client away for longer: \
+         {hints:?}"
+    );
     load.stop();
     assert_within_rate_and_burst(&samples);
     h.shutdown().await;

@@ -156,10 +156,14 @@ impl QuotaLimiter {
             Err(refusal) => {
                 self.count(quota, tenant, "rejected");
                 let now = self.now_ms();
+                // The share is leased again within a lease's duration, and may be larger then
+                // (after a leader change or another proxy's exit, a share is small for a
+                // moment): a hint past that would keep clients away for nothing.
+                let lease = self.specs.get(quota).map_or(u64::MAX, |s| s.lease_ms);
                 Err(Limited {
                     retry_after: refusal
                         .retry_at_ms
-                        .map(|at| Duration::from_millis(at.saturating_sub(now))),
+                        .map(|at| Duration::from_millis(at.saturating_sub(now).min(lease))),
                 })
             }
         }
