@@ -195,6 +195,13 @@ async fn t20_contract_replay_mismatch_missing_malformed_tenants() {
         (400, "invalid_idempotency_key"),
         "{two:?}"
     );
+    let underscored = post_order(&h, 1, Some("k-a"), "{}", &[("idempotency_key", "k-b")]).await;
+    assert_eq!(
+        (underscored.status, underscored.code()),
+        (400, "invalid_idempotency_key"),
+        "Idempotency_Key is a second key to servers that read it as the same header: \
+         {underscored:?}"
+    );
 
     phase("first request: 201 from the store, not marked as a replay");
     let first = post_order(&h, 1, Some("k-1"), r#"{"a":1,"b":2}"#, &[]).await;
