@@ -178,7 +178,8 @@ pub async fn snapshot(
     })
 }
 
-/// `POST /v1/admin/drain {operator}`: the leader steps aside and another voter takes over.
+/// `POST /v1/admin/drain {operator, to?}`: the leader steps aside and another voter takes over
+/// (`to`, or the follower whose appends the leader has lately seen answered fastest).
 ///
 /// openraft 0.9 has no leader transfer, so this is done with what it offers: the leader stops
 /// heartbeats and proposes nothing (callers' writes wait and retry, as in any election), and
