@@ -247,16 +247,11 @@ impl Loaded {
     /// user: a directory made by root is what this catches.
     pub fn check_data_dir(&self) -> anyhow::Result<()> {
         let dir = &self.config.data_dir;
-        let mut existing = dir.as_path();
-        while !existing.exists() {
-            match existing.parent() {
-                Some(p) if !p.as_os_str().is_empty() => existing = p,
-                _ => {
-                    existing = Path::new(".");
-                    break;
-                }
-            }
-        }
+        // A relative path's last ancestor is "": the working directory.
+        let existing = dir
+            .ancestors()
+            .find(|p| !p.as_os_str().is_empty() && p.exists())
+            .unwrap_or(Path::new("."));
         if !existing.is_dir() {
             anyhow::bail!(
                 "data_dir {}: {} is not a directory",

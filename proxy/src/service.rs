@@ -383,7 +383,7 @@ fn request_host(req: &RequestHeader) -> std::result::Result<Option<&str>, String
 /// How many headers carry `name`, counting spellings with `_` for `-`: CGI-style servers
 /// (WSGI, Rack, PHP) read `Fence_Token` and `Fence-Token` as one variable, so a second
 /// spelling is a second copy the store might read instead.
-fn copies(req: &RequestHeader, name: &str) -> usize {
+pub(crate) fn copies(req: &RequestHeader, name: &str) -> usize {
     req.headers
         .iter()
         .filter(|(n, _)| tenant::spelled_as(n.as_str(), name))

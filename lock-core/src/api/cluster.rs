@@ -445,37 +445,37 @@ fn readiness(node: &Node) -> Result<ReadyStatus, ApiError> {
         return Err(raft_stopped(&cause));
     }
     let applied = node.machine.last_applied_index();
-    match node.leader_in_touch() {
-        Some(leader) if leader != node.id && node.ops.health.leader_unheard() => {
-            Err(ApiError::new(
+    let Some(leader_id) = node.leader_in_touch() else {
+        return Err(ApiError::new(
+            ErrorCode::NoLeader,
+            "This node is not in touch with a leader (election in progress, partitioned, or \
+             not a member any more).",
+        ));
+    };
+    // A follower must also keep up with the leader; the leader is never behind itself.
+    if leader_id != node.id {
+        if node.ops.health.leader_unheard() {
+            return Err(ApiError::new(
                 ErrorCode::NodeBehind,
                 format!(
                     "This node has just started (it has applied the log up to index {applied}) \
                      and has not yet heard from the leader how far the log is; it is ready once \
                      it has, and has applied as much."
                 ),
-            ))
+            ));
         }
-        Some(leader)
-            if leader != node.id
-                && let Some(behind) = node.ops.health.behind_leader(applied) =>
-        {
-            Err(behind_leader(applied, behind))
+        if let Some(behind) = node.ops.health.behind_leader(applied) {
+            return Err(behind_leader(applied, behind));
         }
-        Some(leader_id) => Ok(ReadyStatus {
-            status: "ready".into(),
-            leader_id,
-            clock_ms: Some(node.clock.wall_ms()),
-            monotonic_ms: Some(crate::node::monotonic_ms()),
-            applied_index: Some(applied),
-            version: Some(crate::build_info::build().to_string()),
-        }),
-        None => Err(ApiError::new(
-            ErrorCode::NoLeader,
-            "This node is not in touch with a leader (election in progress, partitioned, or \
-             not a member any more).",
-        )),
     }
+    Ok(ReadyStatus {
+        status: "ready".into(),
+        leader_id,
+        clock_ms: Some(node.clock.wall_ms()),
+        monotonic_ms: Some(crate::node::monotonic_ms()),
+        applied_index: Some(applied),
+        version: Some(crate::build_info::build().to_string()),
+    })
 }
 
 /// `/readyz` of a follower that applies the log too far behind the leader.

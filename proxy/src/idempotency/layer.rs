@@ -174,14 +174,7 @@ impl IdempotencyLayer {
             // Two keys make the request's identity ambiguous; an intermediary that merged or
             // split them would dedupe on another one than the client meant. `Idempotency_Key`
             // counts too: some servers read it as the same header.
-            Some(_)
-                if req
-                    .headers
-                    .iter()
-                    .filter(|(n, _)| crate::tenant::spelled_as(n.as_str(), "idempotency-key"))
-                    .count()
-                    > 1 =>
-            {
+            Some(_) if crate::service::copies(req, "idempotency-key") > 1 => {
                 self.count("invalid_key");
                 let msg = "The request carries more than one Idempotency-Key header; send exactly \
                            one.";

@@ -15,6 +15,7 @@
 //! logged as a warning at most once a minute per member.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -64,7 +65,7 @@ pub struct HealthTable {
     /// much it is behind; the samples from before the gap say nothing of now.
     rejoined: Mutex<Option<(Instant, u64)>>,
     /// Whether the leader has answered a probe since this node started.
-    leader_answered: std::sync::atomic::AtomicBool,
+    leader_answered: AtomicBool,
 }
 
 /// How long after its start a node that has not yet heard from the leader how far the log is
@@ -154,24 +155,21 @@ impl RateWindow {
 }
 
 impl HealthTable {
-    /// Whether a node that has applied `applied` is behind the leader: the leader had applied
-    /// more [`BEHIND_AFTER`] ago or earlier (by its answers to this node's probes). Never on
-    /// the leader, which probes no leader.
     /// Whether this node, started less than [`FIRST_ANSWER_WAIT_MS`] ago, has not yet heard
     /// from the leader how far the log is: until it has, it cannot tell whether it is behind
     /// (a node that started empty has applied nothing, and its snapshot is still to come).
     pub fn leader_unheard(&self) -> bool {
-        !self
-            .leader_answered
-            .load(std::sync::atomic::Ordering::Relaxed)
-            && monotonic_ms() < FIRST_ANSWER_WAIT_MS
+        !self.leader_answered.load(Ordering::Relaxed) && monotonic_ms() < FIRST_ANSWER_WAIT_MS
     }
 
     fn heard_leader(&self) {
-        self.leader_answered
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.leader_answered.store(true, Ordering::Relaxed);
     }
 
+    /// Whether a node that has applied `applied` is behind the leader: the leader had applied
+    /// more [`BEHIND_AFTER`] ago or earlier (by its answers to this node's probes), or this
+    /// node has not yet applied what the leader had at its first answer after a gap. Never on
+    /// the leader, which probes no leader.
     pub fn behind_leader(&self, applied: u64) -> Option<Behind> {
         self.behind_at(applied, Instant::now())
     }
